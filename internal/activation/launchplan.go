@@ -1,0 +1,137 @@
+package activation
+
+import (
+	"slices"
+	"testing"
+	"time"
+
+	"iteron.dev/operator/pkg/protocol"
+)
+
+// EvidenceLimits bound what one run of a provider may produce (the manifest's
+// evidence_limits), and the stderr ring of its process.
+type EvidenceLimits struct {
+	// StdoutBytes bounds the stdout bytes of one run, start to terminal observation.
+	StdoutBytes int64
+	// StderrBytes is the size of the stderr ring (newest bytes kept).
+	StderrBytes int64
+	// Observations bounds the observations of one run.
+	Observations int
+}
+
+// LaunchPlan is everything needed to run one verified provider, and nothing
+// that was not verified. Its fields are unexported: only this package's
+// verifier mints plans (and tests, through NewLaunchPlanForTest), so a plan in
+// hand is proof that its bytes, manifest and capability ceiling were checked.
+type LaunchPlan struct {
+	module               string
+	implementationID     string
+	version              [3]uint64
+	protocolVersion      int
+	manifestSHA256       string
+	artifactSHA256       string
+	artifactRoot         string
+	executable           string
+	argv                 []string
+	candidateSHA256      string
+	admitted             []string
+	authoritySHA256      string
+	runtimeDeadline      time.Duration
+	cancellationDeadline time.Duration
+	limits               EvidenceLimits
+	contracts            protocol.ModuleContracts
+	failurePolicy        string
+}
+
+// Module is the module the provider fills (snake_case).
+func (p LaunchPlan) Module() string { return p.module }
+
+// ImplementationID is the manifest's implementation_id.
+func (p LaunchPlan) ImplementationID() string { return p.implementationID }
+
+// Version is the manifest's implementation_version.
+func (p LaunchPlan) Version() [3]uint64 { return p.version }
+
+// ProtocolVersion is 1 or 2.
+func (p LaunchPlan) ProtocolVersion() int { return p.protocolVersion }
+
+// ManifestSHA256 is the verified canonical manifest digest ("sha256:…").
+func (p LaunchPlan) ManifestSHA256() string { return p.manifestSHA256 }
+
+// ArtifactSHA256 is the verified executable digest ("sha256:…").
+func (p LaunchPlan) ArtifactSHA256() string { return p.artifactSHA256 }
+
+// ArtifactRoot is the canonical absolute artifact root (the provider's cwd).
+func (p LaunchPlan) ArtifactRoot() string { return p.artifactRoot }
+
+// Executable is the canonical absolute path of the verified executable.
+func (p LaunchPlan) Executable() string { return p.executable }
+
+// Argv is the manifest's argv (without argv[0]); a copy.
+func (p LaunchPlan) Argv() []string { return slices.Clone(p.argv) }
+
+// CandidateSHA256 is the activation's candidate digest, bound into every run.
+func (p LaunchPlan) CandidateSHA256() string { return p.candidateSHA256 }
+
+// AdmittedCapabilities is requested ∩ ceiling, sorted; a copy.
+func (p LaunchPlan) AdmittedCapabilities() []string { return slices.Clone(p.admitted) }
+
+// AuthoritySHA256 is the digest of the admitted capability array.
+func (p LaunchPlan) AuthoritySHA256() string { return p.authoritySHA256 }
+
+// RuntimeDeadline is the manifest's runtime_deadline_ms: the longest a run,
+// and a process, may live.
+func (p LaunchPlan) RuntimeDeadline() time.Duration { return p.runtimeDeadline }
+
+// CancellationDeadline is the manifest's cancellation_deadline_ms, used by
+// cancel and stop.
+func (p LaunchPlan) CancellationDeadline() time.Duration { return p.cancellationDeadline }
+
+// EvidenceLimits are the manifest's evidence_limits.
+func (p LaunchPlan) EvidenceLimits() EvidenceLimits { return p.limits }
+
+// Contracts are the module's seam-graph contracts that requests bind.
+func (p LaunchPlan) Contracts() protocol.ModuleContracts { return p.contracts }
+
+// FailurePolicy is the manifest's failure_policy as written (the host treats
+// every policy as fail_closed).
+func (p LaunchPlan) FailurePolicy() string { return p.failurePolicy }
+
+// LaunchPlanFields is the input of NewLaunchPlanForTest.
+type LaunchPlanFields struct {
+	Module, ImplementationID       string
+	Version                        [3]uint64
+	ProtocolVersion                int
+	ManifestSHA256, ArtifactSHA256 string
+	ArtifactRoot, Executable       string
+	Argv                           []string
+	CandidateSHA256                string
+	AdmittedCapabilities           []string
+	AuthoritySHA256                string
+	RuntimeDeadline                time.Duration
+	CancellationDeadline           time.Duration
+	EvidenceLimits                 EvidenceLimits
+	Contracts                      protocol.ModuleContracts
+	FailurePolicy                  string
+}
+
+// NewLaunchPlanForTest mints a plan without verification. It exists for the
+// executor's own tests, which must hand it plans the verifier would refuse
+// (a wrong digest, a missing file); it takes a testing.TB so that no
+// production path can call it.
+func NewLaunchPlanForTest(tb testing.TB, f LaunchPlanFields) LaunchPlan {
+	tb.Helper()
+	return newLaunchPlan(f)
+}
+
+func newLaunchPlan(f LaunchPlanFields) LaunchPlan {
+	return LaunchPlan{
+		module: f.Module, implementationID: f.ImplementationID, version: f.Version,
+		protocolVersion: f.ProtocolVersion, manifestSHA256: f.ManifestSHA256,
+		artifactSHA256: f.ArtifactSHA256, artifactRoot: f.ArtifactRoot, executable: f.Executable,
+		argv: slices.Clone(f.Argv), candidateSHA256: f.CandidateSHA256,
+		admitted: slices.Clone(f.AdmittedCapabilities), authoritySHA256: f.AuthoritySHA256,
+		runtimeDeadline: f.RuntimeDeadline, cancellationDeadline: f.CancellationDeadline,
+		limits: f.EvidenceLimits, contracts: f.Contracts, failurePolicy: f.FailurePolicy,
+	}
+}
