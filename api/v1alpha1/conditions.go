@@ -1,0 +1,118 @@
+package v1alpha1
+
+// Condition types of both kinds. Ready summarizes the others. Reconciling and
+// Stalled are the abnormal-true pair kstatus reads; Degraded and Verified are
+// specific to this API.
+const (
+	// ConditionReady is True when every module is Active at the desired
+	// generation (activation) or when the generation is Active (generation).
+	ConditionReady = "Ready"
+	// ConditionReconciling is True while the manager is moving towards the
+	// desired state (a plan or a transaction is in progress).
+	ConditionReconciling = "Reconciling"
+	// ConditionStalled is True when the manager will not progress without a
+	// change: a failed swap, a corrupt ledger, an authority change.
+	ConditionStalled = "Stalled"
+	// ConditionDegraded is True when part of a plan moved and part did not, or
+	// a module is not serving.
+	ConditionDegraded = "Degraded"
+	// ConditionVerified is True when every source passed verification (bytes,
+	// manifest, capability ceiling, graph).
+	ConditionVerified = "Verified"
+)
+
+// Condition reasons: the CamelCase twins of the error reasons of the design's
+// table (status `reason` fields carry the snake_case form), plus the reasons of
+// normal progress.
+const (
+	ReasonUnsupportedVersion    = "UnsupportedVersion"
+	ReasonVerificationFailed    = "VerificationFailed"
+	ReasonSchemaMismatch        = "SchemaMismatch"
+	ReasonDependencyUnsatisfied = "DependencyUnsatisfied"
+	ReasonDependencyCycle       = "DependencyCycle"
+	ReasonStaleGeneration       = "StaleGeneration"
+	ReasonAuthorityChanged      = "AuthorityChanged"
+	ReasonPermissionDenied      = "PermissionDenied"
+	ReasonActivationFailed      = "ActivationFailed"
+	ReasonProviderFailed        = "ProviderFailed"
+	ReasonDeadlineExceeded      = "DeadlineExceeded"
+	ReasonCleanupFailed         = "CleanupFailed"
+	ReasonRollbackFailed        = "RollbackFailed"
+	ReasonLedgerCorrupt         = "LedgerCorrupt"
+	ReasonQueueFull             = "QueueFull"
+
+	// ReasonNotImplemented is set while a reconciler has nothing to act with.
+	ReasonNotImplemented = "NotImplemented"
+	// ReasonSucceeded: the desired state holds.
+	ReasonSucceeded = "Succeeded"
+	// ReasonProgressing: a plan or transaction is in progress.
+	ReasonProgressing = "Progressing"
+	// ReasonPaused: spec.paused is true; spec changes are not acted on.
+	ReasonPaused = "Paused"
+	// ReasonRetryRequested: the iteron.dev/retry annotation changed.
+	ReasonRetryRequested = "RetryRequested"
+)
+
+// Error reasons carried in status `reason` fields and in the ledger
+// (DESIGN §8): snake_case, stable, machine-readable.
+const (
+	CodeUnsupportedVersion    = "unsupported_version"
+	CodeVerificationFailed    = "verification_failed"
+	CodeSchemaMismatch        = "schema_mismatch"
+	CodeDependencyUnsatisfied = "dependency_unsatisfied"
+	CodeDependencyCycle       = "dependency_cycle"
+	CodeStaleGeneration       = "stale_generation"
+	CodeAuthorityChanged      = "authority_changed"
+	CodePermissionDenied      = "permission_denied"
+	CodeActivationFailed      = "activation_failed"
+	CodeProviderFailed        = "provider_failed"
+	CodeDeadlineExceeded      = "deadline_exceeded"
+	CodeCleanupFailed         = "cleanup_failed"
+	CodeRollbackFailed        = "rollback_failed"
+	CodeLedgerCorrupt         = "ledger_corrupt"
+	CodeQueueFull             = "queue_full"
+)
+
+// ReasonForCode returns the CamelCase condition reason of an error code, or ""
+// for an unknown code.
+func ReasonForCode(code string) string {
+	return codeReasons[code]
+}
+
+var codeReasons = map[string]string{
+	CodeUnsupportedVersion:    ReasonUnsupportedVersion,
+	CodeVerificationFailed:    ReasonVerificationFailed,
+	CodeSchemaMismatch:        ReasonSchemaMismatch,
+	CodeDependencyUnsatisfied: ReasonDependencyUnsatisfied,
+	CodeDependencyCycle:       ReasonDependencyCycle,
+	CodeStaleGeneration:       ReasonStaleGeneration,
+	CodeAuthorityChanged:      ReasonAuthorityChanged,
+	CodePermissionDenied:      ReasonPermissionDenied,
+	CodeActivationFailed:      ReasonActivationFailed,
+	CodeProviderFailed:        ReasonProviderFailed,
+	CodeDeadlineExceeded:      ReasonDeadlineExceeded,
+	CodeCleanupFailed:         ReasonCleanupFailed,
+	CodeRollbackFailed:        ReasonRollbackFailed,
+	CodeLedgerCorrupt:         ReasonLedgerCorrupt,
+	CodeQueueFull:             ReasonQueueFull,
+}
+
+// Annotations and labels.
+const (
+	// AnnotationRetry, set to a timestamp, starts a new attempt of a swap that
+	// failed for the same target (the Flux requestedAt pattern); the handled
+	// value is echoed in status.lastHandledRetryAt.
+	AnnotationRetry = "iteron.dev/retry"
+	// LabelActivation names the activation a Generation belongs to. For people
+	// only: the manager selects by spec.nodeName and owner, never by label.
+	LabelActivation = "iteron.dev/activation"
+	// LabelModule names the module of a Generation. For people only.
+	LabelModule = "iteron.dev/module"
+	// FinalizerActivation holds an activation until every module is retired,
+	// every process reaped and every Generation deleted.
+	FinalizerActivation = "iteron.dev/retire"
+)
+
+// MaxMessageBytes bounds every status message (etcd's request limit is far
+// above the sum of all bounded status fields).
+const MaxMessageBytes = 1024
