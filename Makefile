@@ -1,0 +1,78 @@
+# iteron-operator. `make` alone lists the targets.
+#
+# Every tool comes from the Go module proxy (go.mod `tool` directives, run with
+# `go tool`) or from hack/; nothing is downloaded from anywhere else.
+
+SHELL := /usr/bin/env bash -o pipefail
+.SHELLFLAGS := -ec
+
+BIN_DIR ?= $(CURDIR)/bin
+K8S_BIN_DIR ?= $(BIN_DIR)/k8s
+export KUBEBUILDER_ASSETS ?= $(K8S_BIN_DIR)
+GO ?= go
+GO_TEST_FLAGS ?=
+CONTROLLER_GEN := $(GO) tool controller-gen
+
+.DEFAULT_GOAL := help
+
+##@ General
+
+.PHONY: help
+help: ## Show this help.
+	@awk 'BEGIN {FS = ":.*##"; printf "Usage: make \033[36m<target>\033[0m\n"} /^[a-zA-Z_0-9-]+:.*?##/ { printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2 } /^##@/ { printf "\n\033[1m%s\033[0m\n", substr($$0, 5) } ' $(MAKEFILE_LIST)
+
+##@ Development
+
+.PHONY: generate
+generate: manifests ## Generate deepcopy code, CRDs and RBAC from the markers.
+	$(CONTROLLER_GEN) object:headerFile=hack/boilerplate.go.txt paths=./api/...
+
+.PHONY: manifests
+manifests: ## Generate CRDs (config/crd/bases) and the manager's RBAC (config/rbac/role.yaml).
+	$(CONTROLLER_GEN) crd paths=./api/... output:crd:artifacts:config=config/crd/bases
+	$(CONTROLLER_GEN) rbac:roleName=iteron-manager paths=./controllers/... output:rbac:artifacts:config=config/rbac
+
+.PHONY: verify-generated
+verify-generated: ## Fail when committed generated files differ from what `make generate` writes.
+	hack/verify-generated.sh
+
+.PHONY: fmt
+fmt: ## Run gofmt on the tree.
+	gofmt -w $$(git ls-files '*.go')
+
+.PHONY: vet
+vet: ## Run go vet.
+	$(GO) vet ./...
+
+.PHONY: build
+build: ## Build the manager and the kubectl plugin into bin/.
+	$(GO) build -o $(BIN_DIR)/manager ./cmd/manager
+	$(GO) build -o $(BIN_DIR)/kubectl-iteron ./cmd/kubectl-iteron
+
+.PHONY: controlplane
+controlplane: ## Build etcd, kube-apiserver and kubectl v1.37.2 into bin/k8s (once; from the Go module proxy).
+	hack/build-controlplane.sh
+
+##@ Test
+
+.PHONY: test
+test: controlplane verify-generated vet ## Unit tests, envtest suites against the real API server, and the e2e suite.
+	@gofmt_out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$gofmt_out" ]; then echo "gofmt would change: $$gofmt_out"; exit 1; fi
+	$(GO) test $(GO_TEST_FLAGS) ./...
+
+.PHONY: e2e
+e2e: controlplane ## The end-to-end suite (against $$KUBECONFIG when set, else the local control plane).
+	$(GO) test $(GO_TEST_FLAGS) -count=1 ./test/e2e/...
+
+##@ Run
+
+.PHONY: demo
+demo: ## The guided demo (not yet available).
+	@echo "make demo: not available yet. It needs the controllers and hot-swap coordinator (issue 6),"
+	@echo "the durability work (issue 7) and the gateway (issue 8); the demo itself is issue 9."
+	@echo "Until then: 'make controlplane' builds the local control plane and 'make test' runs every suite."
+	@exit 1
+
+.PHONY: clean
+clean: ## Remove build outputs (bin/), keeping the control-plane binaries unless CLEAN_K8S=1.
+	@if [ "$(CLEAN_K8S)" = 1 ]; then rm -rf $(BIN_DIR); else find $(BIN_DIR) -mindepth 1 -maxdepth 1 ! -name k8s -exec rm -rf {} + 2>/dev/null || true; fi

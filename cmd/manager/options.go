@@ -1,0 +1,230 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+
+	iteronv1 "iteron.dev/operator/api/v1alpha1"
+)
+
+// options are the manager's validated flags.
+type options struct {
+	kubeconfig             string
+	nodeName               string
+	stateDir               string
+	allowedRoots           []string
+	interpreters           []string
+	providerUID            uint32
+	providerGID            uint32
+	metricsBindAddress     string
+	healthProbeBindAddress string
+	gatewaySocket          string
+	gatewayGroup           int
+	gatewayAllow           gatewayAllow
+	capabilityCeiling      []string
+}
+
+// gatewayAllow maps peer credentials to the namespaces they may call through
+// the gateway. "*" allows every namespace.
+type gatewayAllow struct {
+	uids map[uint32][]string
+	gids map[uint32][]string
+}
+
+// maxSocketPath is the longest unix socket path Linux accepts (sun_path is
+// 108 bytes including the terminating NUL).
+const maxSocketPath = 107
+
+// flagError is a bad flag value: it names the flag, the value and why.
+type flagError struct {
+	flag, value, why string
+}
+
+func (e *flagError) Error() string {
+	return fmt.Sprintf("--%s=%q: %s", e.flag, e.value, e.why)
+}
+
+func parseOptions(args []string, stderr io.Writer) (*options, error) {
+	hostname, _ := os.Hostname()
+	fs := flag.NewFlagSet("manager", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var (
+		o                                      options
+		roots, interpreters, ceiling, uid, gid string
+		gatewayAllowValues                     multiFlag
+	)
+	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "path to a kubeconfig; empty uses $KUBECONFIG or the in-cluster config")
+	fs.StringVar(&o.nodeName, "node-name", hostname, "the node whose activations this manager runs (only objects with this spec.nodeName are watched)")
+	fs.StringVar(&o.stateDir, "state-dir", "/var/lib/iteron/state", "directory for ledgers, durable snapshots and the manager lock")
+	fs.StringVar(&roots, "allowed-roots", "/var/lib/iteron/providers", "comma-separated absolute directories under which catalogs and artifact roots must lie; may not overlap --state-dir")
+	fs.StringVar(&interpreters, "interpreters", "/bin/sh", "comma-separated absolute interpreter paths a '#!' provider script may name")
+	fs.StringVar(&uid, "provider-uid", "65534", "uid providers run as")
+	fs.StringVar(&gid, "provider-gid", "65534", "gid providers run as")
+	fs.StringVar(&o.metricsBindAddress, "metrics-bind-address", "127.0.0.1:8080", "address of the Prometheus metrics endpoint; 0 disables it")
+	fs.StringVar(&o.healthProbeBindAddress, "health-probe-bind-address", "127.0.0.1:8081", "address of /healthz and /readyz; 0 disables them")
+	fs.StringVar(&o.gatewaySocket, "gateway-socket", "/run/iteron/gateway.sock", "unix socket of the node-local gRPC gateway (at most 107 bytes)")
+	fs.IntVar(&o.gatewayGroup, "gateway-group", 0, "group owning the gateway socket (mode 0660): the callers' group")
+	fs.Var(&gatewayAllowValues, "gateway-allow", "repeatable: uid:<n>=<ns>[,<ns>...] or gid:<n>=<ns>[,<ns>...]; '*' is every namespace")
+	fs.StringVar(&ceiling, "capability-ceiling", "read_only,reversible_local", "comma-separated capabilities this node admits at most")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	if o.nodeName == "" {
+		return nil, &flagError{"node-name", o.nodeName, "must not be empty (no hostname could be read)"}
+	}
+	if err := checkAbsoluteClean("state-dir", o.stateDir); err != nil {
+		return nil, err
+	}
+	var err error
+	if o.allowedRoots, err = parsePathList("allowed-roots", roots); err != nil {
+		return nil, err
+	}
+	for _, root := range o.allowedRoots {
+		if within(root, o.stateDir) || within(o.stateDir, root) {
+			return nil, &flagError{"allowed-roots", roots, fmt.Sprintf("%s overlaps --state-dir %s: a provider could read or replace the ledger", root, o.stateDir)}
+		}
+	}
+	if o.interpreters, err = parsePathList("interpreters", interpreters); err != nil {
+		return nil, err
+	}
+	if o.providerUID, err = parseID("provider-uid", uid); err != nil {
+		return nil, err
+	}
+	if o.providerGID, err = parseID("provider-gid", gid); err != nil {
+		return nil, err
+	}
+	if err := checkAbsoluteClean("gateway-socket", o.gatewaySocket); err != nil {
+		return nil, err
+	}
+	if len(o.gatewaySocket) > maxSocketPath {
+		return nil, &flagError{"gateway-socket", o.gatewaySocket, fmt.Sprintf("is %d bytes; a unix socket path is at most %d", len(o.gatewaySocket), maxSocketPath)}
+	}
+	if o.gatewayGroup < 0 {
+		return nil, &flagError{"gateway-group", strconv.Itoa(o.gatewayGroup), "must be a gid (≥ 0)"}
+	}
+	if o.gatewayAllow, err = parseGatewayAllow(gatewayAllowValues); err != nil {
+		return nil, err
+	}
+	if o.capabilityCeiling, err = parseCapabilities(ceiling); err != nil {
+		return nil, err
+	}
+	return &o, nil
+}
+
+// multiFlag collects the values of a repeatable flag.
+type multiFlag []string
+
+func (m *multiFlag) String() string     { return strings.Join(*m, " ") }
+func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }
+
+func checkAbsoluteClean(name, p string) error {
+	if p == "" || !filepath.IsAbs(p) || filepath.Clean(p) != p || p == "/" {
+		return &flagError{name, p, "must be an absolute, clean path other than /"}
+	}
+	return nil
+}
+
+func parsePathList(name, value string) ([]string, error) {
+	var out []string
+	for _, p := range strings.Split(value, ",") {
+		if err := checkAbsoluteClean(name, p); err != nil {
+			return nil, &flagError{name, value, fmt.Sprintf("%q must be an absolute, clean path other than /", p)}
+		}
+		if !slices.Contains(out, p) {
+			out = append(out, p)
+		}
+	}
+	return out, nil
+}
+
+// within reports whether p is dir or lies under it.
+func within(p, dir string) bool {
+	return p == dir || strings.HasPrefix(p, dir+"/")
+}
+
+func parseID(name, value string) (uint32, error) {
+	n, err := strconv.ParseUint(value, 10, 32)
+	if err != nil || n == 0 && name == "provider-uid" {
+		why := "must be a number from 1 to 4294967295"
+		if err == nil {
+			why = "must not be 0: providers never run as root"
+		}
+		return 0, &flagError{name, value, why}
+	}
+	return uint32(n), nil
+}
+
+func parseCapabilities(value string) ([]string, error) {
+	known := []string{
+		string(iteronv1.CapabilityReadOnly), string(iteronv1.CapabilityReversibleLocal), string(iteronv1.CapabilityCodeExecuting),
+		string(iteronv1.CapabilityTrustMutating), string(iteronv1.CapabilityIrreversibleExternal),
+	}
+	var out []string
+	if value == "" {
+		return out, nil
+	}
+	for _, c := range strings.Split(value, ",") {
+		if !slices.Contains(known, c) {
+			return nil, &flagError{"capability-ceiling", value, fmt.Sprintf("unknown capability %q (known: %s)", c, strings.Join(known, ", "))}
+		}
+		if !slices.Contains(out, c) {
+			out = append(out, c)
+		}
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+func parseGatewayAllow(values []string) (gatewayAllow, error) {
+	allow := gatewayAllow{uids: map[uint32][]string{}, gids: map[uint32][]string{}}
+	for _, v := range values {
+		kind, rest, ok := strings.Cut(v, ":")
+		id, namespaces, ok2 := strings.Cut(rest, "=")
+		if !ok || !ok2 || (kind != "uid" && kind != "gid") {
+			return allow, &flagError{"gateway-allow", v, "must look like uid:<n>=<ns>[,<ns>...] or gid:<n>=<ns>[,<ns>...]"}
+		}
+		n, err := strconv.ParseUint(id, 10, 32)
+		if err != nil {
+			return allow, &flagError{"gateway-allow", v, fmt.Sprintf("%q is not a numeric %s", id, kind)}
+		}
+		var list []string
+		for _, ns := range strings.Split(namespaces, ",") {
+			if ns != "*" && !isDNSLabel(ns) {
+				return allow, &flagError{"gateway-allow", v, fmt.Sprintf("%q is not a namespace name or *", ns)}
+			}
+			list = append(list, ns)
+		}
+		m := allow.uids
+		if kind == "gid" {
+			m = allow.gids
+		}
+		m[uint32(n)] = append(m[uint32(n)], list...)
+	}
+	return allow, nil
+}
+
+// isDNSLabel reports whether s is a valid namespace name (RFC 1123 label).
+func isDNSLabel(s string) bool {
+	if len(s) == 0 || len(s) > 63 {
+		return false
+	}
+	for i, c := range s {
+		alnum := c >= 'a' && c <= 'z' || c >= '0' && c <= '9'
+		if !alnum && (c != '-' || i == 0 || i == len(s)-1) {
+			return false
+		}
+	}
+	return true
+}
+
+var errLocked = errors.New("another manager holds the state directory")

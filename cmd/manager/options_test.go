@@ -1,0 +1,84 @@
+package main
+
+import (
+	"errors"
+	"io"
+	"strings"
+	"testing"
+)
+
+func TestParseOptionsRefusesBadValuesNamingTheFlag(t *testing.T) {
+	cases := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"an allowed root that contains the state dir", []string{"--state-dir=/var/lib/iteron/state", "--allowed-roots=/var/lib/iteron"}, "--allowed-roots"},
+		{"an allowed root inside the state dir", []string{"--state-dir=/srv/state", "--allowed-roots=/srv/state/providers"}, "overlaps --state-dir"},
+		{"an allowed root equal to the state dir", []string{"--state-dir=/srv/x", "--allowed-roots=/opt/p,/srv/x"}, "overlaps"},
+		{"a relative allowed root", []string{"--allowed-roots=providers"}, "--allowed-roots"},
+		{"a state dir with a dot segment", []string{"--state-dir=/var/lib/../state"}, "--state-dir"},
+		{"the root as state dir", []string{"--state-dir=/"}, "--state-dir"},
+		{"a relative interpreter", []string{"--interpreters=sh"}, "--interpreters"},
+		{"a provider uid of 0", []string{"--provider-uid=0"}, "providers never run as root"},
+		{"a negative provider gid", []string{"--provider-gid=-1"}, "--provider-gid"},
+		{"a gateway socket path over 107 bytes", []string{"--gateway-socket=/" + strings.Repeat("s", 107)}, "at most 107"},
+		{"a gateway allow rule without a kind", []string{"--gateway-allow=1000=default"}, "--gateway-allow"},
+		{"a gateway allow rule with a bad namespace", []string{"--gateway-allow=uid:1000=Default"}, "not a namespace name"},
+		{"an unknown capability", []string{"--capability-ceiling=read_only,root"}, `unknown capability "root"`},
+		{"an empty node name", []string{"--node-name="}, "--node-name"},
+		{"a stray argument", []string{"extra"}, "unexpected arguments"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := parseOptions(tc.args, io.Discard)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("parseOptions(%q) error = %v; want it to contain %q", tc.args, err, tc.want)
+			}
+		})
+	}
+}
+
+func TestParseOptionsDefaults(t *testing.T) {
+	o, err := parseOptions(nil, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.stateDir != "/var/lib/iteron/state" || strings.Join(o.allowedRoots, ",") != "/var/lib/iteron/providers" ||
+		strings.Join(o.interpreters, ",") != "/bin/sh" || o.providerUID != 65534 || o.providerGID != 65534 ||
+		strings.Join(o.capabilityCeiling, ",") != "read_only,reversible_local" || o.nodeName == "" {
+		t.Fatalf("defaults: %+v", o)
+	}
+}
+
+func TestParseOptionsGatewayAllow(t *testing.T) {
+	o, err := parseOptions([]string{"--gateway-allow=uid:1000=team-a,team-b", "--gateway-allow=gid:2000=*", "--gateway-allow=uid:1000=team-c"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(o.gatewayAllow.uids[1000], ","); got != "team-a,team-b,team-c" {
+		t.Fatalf("uid 1000 → %q", got)
+	}
+	if got := strings.Join(o.gatewayAllow.gids[2000], ","); got != "*" {
+		t.Fatalf("gid 2000 → %q", got)
+	}
+}
+
+func TestStateDirLockFencesASecondManager(t *testing.T) {
+	dir := t.TempDir()
+	first, err := lockStateDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := lockStateDir(dir); !errors.Is(err, errLocked) {
+		t.Fatalf("second lock: %v; want errLocked", err)
+	}
+	if err := first.Release(); err != nil {
+		t.Fatal(err)
+	}
+	again, err := lockStateDir(dir)
+	if err != nil {
+		t.Fatalf("lock after release: %v", err)
+	}
+	_ = again.Release()
+}
