@@ -58,7 +58,7 @@ controlplane: ## Build etcd, kube-apiserver and kubectl v1.37.2 into bin/k8s (on
 .PHONY: test
 test: controlplane verify-generated vet ## Unit tests, envtest suites against the real API server, and the e2e suite.
 	@gofmt_out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$gofmt_out" ]; then echo "gofmt would change: $$gofmt_out"; exit 1; fi
-	$(GO) test $(GO_TEST_FLAGS) ./...
+	GO_TEST_FLAGS="$(GO_TEST_FLAGS)" hack/test.sh ./...
 
 .PHONY: e2e
 e2e: controlplane ## The end-to-end suite (against $$KUBECONFIG when set, else the local control plane).

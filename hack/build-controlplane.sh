@@ -17,11 +17,15 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
   ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
 done
 
+# current reports whether bin/k8s/$1 reports the pinned version. The output is
+# captured first: `grep -q` on a pipe would end early and, under pipefail,
+# make a current binary look stale.
 current() {
+  local v
   case "$1" in
-    kube-apiserver) "$out/$1" --version 2>/dev/null | grep -q "Kubernetes $K8S_VERSION" ;;
-    kubectl) "$out/$1" version --client 2>/dev/null | grep -q "Client Version: $K8S_VERSION" ;;
-    etcd) "$out/$1" --version 2>/dev/null | grep -q "etcd Version: $ETCD_VERSION" ;;
+    kube-apiserver) v=$("$out/$1" --version 2>/dev/null) && [[ "$v" == *"Kubernetes $K8S_VERSION"* ]] ;;
+    kubectl) v=$("$out/$1" version --client 2>/dev/null) && [[ "$v" == *"Client Version: $K8S_VERSION"* ]] ;;
+    etcd) v=$("$out/$1" --version 2>/dev/null) && [[ "$v" == *"etcd Version: $ETCD_VERSION"* ]] ;;
   esac
 }
 
