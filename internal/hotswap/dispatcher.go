@@ -1,0 +1,424 @@
+package hotswap
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// DefaultQueueLimit bounds the calls waiting for one module.
+const DefaultQueueLimit = 1024
+
+// Observation is one observation a run emitted, as raw JSON.
+type Observation struct {
+	// Sequence is the provider's sequence number.
+	Sequence uint64
+	// Terminal is true for the run's last observation.
+	Terminal bool
+	// Body is the observation object (raw JSON, validated by the executor).
+	Body []byte
+}
+
+// Backend runs calls on one generation's process. The coordinator adapts a
+// provider process to it; the dispatcher never sees a process directly.
+type Backend interface {
+	// Run starts a run and blocks until its terminal observation or error,
+	// passing every observation (the terminal one included) to observe in
+	// order. ctx ends the wait only; cancelling a run is Cancel's job.
+	Run(ctx context.Context, runID string, input []byte, deadline time.Duration, observe func(Observation)) (Observation, error)
+	// Cancel asks the provider to cancel a run and waits (bounded by the
+	// cancellation deadline) for it to end.
+	Cancel(ctx context.Context, runID, reason string) error
+	// Fits reports whether a run with this deadline can complete before the
+	// process must be renewed; a call that does not fit waits for the renewal.
+	Fits(deadline time.Duration) bool
+}
+
+// Route is what the dispatcher sends calls to: one generation's backend.
+type Route struct {
+	// Lineage is the generation's lineage number.
+	Lineage int64
+	// Name is the Generation object's name.
+	Name string
+	// Epoch is the module's epoch at this generation.
+	Epoch string
+	// Backend runs the calls.
+	Backend Backend
+}
+
+// Call is one invocation of a module.
+type Call struct {
+	// ID identifies the invocation (and becomes the run ID).
+	ID string
+	// Input is the run's input object (raw JSON).
+	Input []byte
+	// Deadline bounds the whole call, waiting included; it becomes the
+	// run's deadline_ms when the run starts.
+	Deadline time.Time
+	// PinnedLineage, when non-zero, requires the call to run on that lineage;
+	// after a cutover it fails with stale_generation.
+	PinnedLineage int64
+	// Observe, when set, receives every observation of the run in order.
+	Observe func(Observation)
+	// OnStart, when set, is called as the run is dispatched, with the route
+	// that serves it.
+	OnStart func(Route)
+}
+
+// Result is a finished call.
+type Result struct {
+	// Lineage and Name identify the generation that served the call.
+	Lineage int64
+	Name    string
+	// Terminal is the run's terminal observation.
+	Terminal Observation
+	// QueuedFor is how long the call waited before its run started.
+	QueuedFor time.Duration
+}
+
+// CallError is a call that failed, with its DESIGN §8 reason code.
+type CallError struct {
+	// Code is the reason code (queue_full, stale_generation, deadline_exceeded,
+	// provider_failed, activation_failed, …).
+	Code string
+	// Message explains it.
+	Message string
+	// Err is the underlying error, if any.
+	Err error
+}
+
+func (e *CallError) Error() string { return e.Code + ": " + e.Message }
+func (e *CallError) Unwrap() error { return e.Err }
+
+// Reason codes produced by the dispatcher itself.
+const (
+	CodeQueueFull        = "queue_full"
+	CodeStaleGeneration  = "stale_generation"
+	CodeDeadlineExceeded = "deadline_exceeded"
+	CodeProviderFailed   = "provider_failed"
+	CodeActivationFailed = "activation_failed"
+)
+
+// ErrDispatcherClosed is wrapped by calls failed because the module was retired.
+var ErrDispatcherClosed = errors.New("module retired")
+
+type pendingCall struct {
+	call     Call
+	enqueued time.Time
+	done     chan struct{}
+	result   Result
+	err      error
+}
+
+// InFlight describes the run occupying the slot.
+type InFlight struct {
+	// CallID is the call's ID (the run ID).
+	CallID string
+	// Route is the generation running it.
+	Route Route
+	// StartedAt is when it was dispatched.
+	StartedAt time.Time
+}
+
+// Dispatcher routes one module's calls to its active generation: a bounded
+// queue, one run slot, pause (quiesce) and an atomic switch of the route. The
+// gateway is a thin adapter over it. Calls arriving during a swap wait in the
+// queue — bounded by their own deadlines — instead of failing.
+type Dispatcher struct {
+	module     string
+	queueLimit int
+
+	mu       sync.Mutex
+	route    *Route
+	paused   bool
+	closed   bool
+	queue    []*pendingCall
+	inFlight *InFlight
+	idle     chan struct{} // closed when the slot empties; replaced when it fills
+	kick     chan struct{}
+	stop     chan struct{}
+	stopped  chan struct{}
+}
+
+// NewDispatcher returns a paused dispatcher with no route; Switch installs
+// the first route and Resume starts dispatching.
+func NewDispatcher(module string, queueLimit int) *Dispatcher {
+	if queueLimit <= 0 {
+		queueLimit = DefaultQueueLimit
+	}
+	d := &Dispatcher{
+		module: module, queueLimit: queueLimit, paused: true,
+		idle: make(chan struct{}), kick: make(chan struct{}, 1),
+		stop: make(chan struct{}), stopped: make(chan struct{}),
+	}
+	close(d.idle)
+	go d.loop()
+	return d
+}
+
+// Module is the module the dispatcher serves.
+func (d *Dispatcher) Module() string { return d.module }
+
+// Route returns the current route (nil before the first switch).
+func (d *Dispatcher) Route() *Route {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.route == nil {
+		return nil
+	}
+	r := *d.route
+	return &r
+}
+
+// QueueLength is the number of calls waiting.
+func (d *Dispatcher) QueueLength() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return len(d.queue)
+}
+
+// Invoke queues a call and waits for its result. It fails at once with
+// queue_full when the queue is at its bound, with stale_generation when the
+// call pins a lineage that is no longer routed, and with deadline_exceeded
+// when its deadline passes while it waits.
+func (d *Dispatcher) Invoke(ctx context.Context, call Call) (Result, error) {
+	if call.Deadline.IsZero() {
+		return Result{}, &CallError{Code: CodeDeadlineExceeded, Message: "a call needs a deadline"}
+	}
+	p := &pendingCall{call: call, enqueued: time.Now(), done: make(chan struct{})}
+	d.mu.Lock()
+	switch {
+	case d.closed:
+		d.mu.Unlock()
+		return Result{}, &CallError{Code: CodeActivationFailed, Message: fmt.Sprintf("module %s is retired", d.module), Err: ErrDispatcherClosed}
+	case call.PinnedLineage != 0 && d.route != nil && d.route.Lineage != call.PinnedLineage:
+		cur := d.route.Lineage
+		d.mu.Unlock()
+		return Result{}, &CallError{Code: CodeStaleGeneration, Message: fmt.Sprintf("module %s serves generation %d, the call pins %d", d.module, cur, call.PinnedLineage)}
+	case len(d.queue) >= d.queueLimit:
+		d.mu.Unlock()
+		return Result{}, &CallError{Code: CodeQueueFull, Message: fmt.Sprintf("module %s has %d calls waiting", d.module, d.queueLimit)}
+	}
+	d.queue = append(d.queue, p)
+	d.mu.Unlock()
+	d.poke()
+
+	timer := time.NewTimer(time.Until(call.Deadline))
+	defer timer.Stop()
+	select {
+	case <-p.done:
+		return p.result, p.err
+	case <-timer.C:
+	case <-ctx.Done():
+	}
+	// Still queued: withdraw. Already running: the run's own deadline ends
+	// it; wait for its result so the slot is never double-booked.
+	if d.withdraw(p) {
+		if ctx.Err() != nil {
+			return Result{}, &CallError{Code: CodeDeadlineExceeded, Message: "the caller gave up while the call was queued", Err: ctx.Err()}
+		}
+		return Result{}, &CallError{Code: CodeDeadlineExceeded, Message: fmt.Sprintf("the deadline passed after %s in module %s's queue", time.Since(p.enqueued).Round(time.Millisecond), d.module)}
+	}
+	<-p.done
+	return p.result, p.err
+}
+
+func (d *Dispatcher) withdraw(p *pendingCall) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for i, q := range d.queue {
+		if q == p {
+			d.queue = append(d.queue[:i], d.queue[i+1:]...)
+			return true
+		}
+	}
+	return false
+}
+
+func (d *Dispatcher) poke() {
+	select {
+	case d.kick <- struct{}{}:
+	default:
+	}
+}
+
+// loop dispatches queued calls one at a time while not paused.
+func (d *Dispatcher) loop() {
+	defer close(d.stopped)
+	for {
+		select {
+		case <-d.stop:
+			return
+		case <-d.kick:
+		}
+		for d.dispatchOne() {
+		}
+	}
+}
+
+// dispatchOne starts the head call if it can; it reports whether it did
+// something (so the loop tries again).
+func (d *Dispatcher) dispatchOne() bool {
+	d.mu.Lock()
+	if d.paused || d.closed || d.route == nil || d.inFlight != nil || len(d.queue) == 0 {
+		d.mu.Unlock()
+		return false
+	}
+	p := d.queue[0]
+	route := *d.route
+	if p.call.PinnedLineage != 0 && p.call.PinnedLineage != route.Lineage {
+		d.queue = d.queue[1:]
+		d.mu.Unlock()
+		p.err = &CallError{Code: CodeStaleGeneration, Message: fmt.Sprintf("module %s switched to generation %d while the call, pinned to %d, waited", d.module, route.Lineage, p.call.PinnedLineage)}
+		close(p.done)
+		return true
+	}
+	remaining := time.Until(p.call.Deadline)
+	if remaining <= 0 {
+		d.queue = d.queue[1:]
+		d.mu.Unlock()
+		p.err = &CallError{Code: CodeDeadlineExceeded, Message: "the deadline passed in the queue"}
+		close(p.done)
+		return true
+	}
+	if !route.Backend.Fits(remaining) {
+		// The process is about to be renewed: wait for the switch (Switch
+		// pokes the loop).
+		d.mu.Unlock()
+		return false
+	}
+	d.queue = d.queue[1:]
+	d.inFlight = &InFlight{CallID: p.call.ID, Route: route, StartedAt: time.Now()}
+	d.idle = make(chan struct{})
+	d.mu.Unlock()
+
+	go d.run(p, route, remaining)
+	return true
+}
+
+func (d *Dispatcher) run(p *pendingCall, route Route, deadline time.Duration) {
+	started := time.Now()
+	if p.call.OnStart != nil {
+		p.call.OnStart(route)
+	}
+	observe := p.call.Observe
+	if observe == nil {
+		observe = func(Observation) {}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), deadline+time.Second)
+	terminal, err := route.Backend.Run(ctx, p.call.ID, p.call.Input, deadline, observe)
+	cancel()
+	p.result = Result{Lineage: route.Lineage, Name: route.Name, Terminal: terminal, QueuedFor: started.Sub(p.enqueued)}
+	if err != nil {
+		var ce *CallError
+		if !errors.As(err, &ce) {
+			err = &CallError{Code: CodeProviderFailed, Message: err.Error(), Err: err}
+		}
+		p.err = err
+	}
+	close(p.done)
+
+	d.mu.Lock()
+	d.inFlight = nil
+	close(d.idle)
+	d.mu.Unlock()
+	d.poke()
+}
+
+// Pause stops dispatching new calls (quiesce) and waits up to timeout for the
+// in-flight run. If it is still running then, Pause cancels it (waiting for
+// the cancellation to end, bounded by ctx) and returns what was cancelled, for
+// the receipt. Calls keep queueing while paused.
+func (d *Dispatcher) Pause(ctx context.Context, timeout time.Duration) (*InFlight, error) {
+	d.mu.Lock()
+	d.paused = true
+	idle := d.idle
+	d.mu.Unlock()
+
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	select {
+	case <-idle:
+		return nil, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-timer.C:
+	}
+	d.mu.Lock()
+	inflight := d.inFlight
+	idle = d.idle
+	d.mu.Unlock()
+	if inflight == nil {
+		return nil, nil
+	}
+	cancelled := *inflight
+	err := inflight.Route.Backend.Cancel(ctx, inflight.CallID, "quiesce timeout: the module is being swapped")
+	select {
+	case <-idle:
+	case <-ctx.Done():
+		return &cancelled, errors.Join(err, ctx.Err())
+	}
+	return &cancelled, err
+}
+
+// Paused reports whether dispatching is paused.
+func (d *Dispatcher) Paused() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.paused
+}
+
+// Switch atomically replaces the route: every call dispatched after it runs
+// on the new generation. The dispatcher must be paused (the caller resumes
+// it when the transaction allows). Calls pinned to the old lineage that are
+// still queued fail with stale_generation when they reach the head.
+func (d *Dispatcher) Switch(route Route) (previous *Route, err error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if !d.paused {
+		return nil, fmt.Errorf("switch module %s: the dispatcher is not paused", d.module)
+	}
+	if d.inFlight != nil {
+		return nil, fmt.Errorf("switch module %s: run %s is still in flight", d.module, d.inFlight.CallID)
+	}
+	previous = d.route
+	d.route = &route
+	return previous, nil
+}
+
+// Resume starts dispatching again.
+func (d *Dispatcher) Resume() {
+	d.mu.Lock()
+	d.paused = false
+	d.mu.Unlock()
+	d.poke()
+}
+
+// Wake makes the dispatcher re-check whether the head call can run (for
+// example after a backend's remaining lifetime changed).
+func (d *Dispatcher) Wake() { d.poke() }
+
+// Close fails every queued call (activation_failed: module retired), waits
+// for the in-flight run to finish, and stops the dispatcher. Idempotent.
+func (d *Dispatcher) Close() {
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		<-d.stopped
+		return
+	}
+	d.closed = true
+	queue := d.queue
+	d.queue = nil
+	idle := d.idle
+	d.mu.Unlock()
+	for _, p := range queue {
+		p.err = &CallError{Code: CodeActivationFailed, Message: fmt.Sprintf("module %s was retired while the call waited", d.module), Err: ErrDispatcherClosed}
+		close(p.done)
+	}
+	<-idle
+	close(d.stop)
+	<-d.stopped
+}
