@@ -1,0 +1,230 @@
+package hotswap
+
+import (
+	"cmp"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"iteron.dev/operator/pkg/strictjson"
+)
+
+// MaxSnapshotBytes bounds a stored snapshot file: 512 KiB of state (the
+// protocol's bound) plus its envelope.
+const MaxSnapshotBytes = 600 << 10
+
+// StoredSnapshot is a durable snapshot of one module's state, stored
+// content-addressed by its state digest.
+type StoredSnapshot struct {
+	// Module is the module the state belongs to.
+	Module string `json:"module"`
+	// ImplementationID is the implementation whose state it is.
+	ImplementationID string `json:"implementation_id"`
+	// Lineage is the state's generation (lineage number).
+	Lineage int64 `json:"lineage"`
+	// StateSchema is the module's lifecycle/snapshot contract ID.
+	StateSchema string `json:"state_schema"`
+	// StateSHA256 is "sha256:" over the canonical state; the file name.
+	StateSHA256 string `json:"state_sha256"`
+	// Kind says why it was taken: rollback, restored, checkpoint, retirement.
+	Kind string `json:"kind"`
+	// TakenUnixMs is when it became durable.
+	TakenUnixMs int64 `json:"taken_unix_ms"`
+	// State is the state object, canonical JSON.
+	State json.RawMessage `json:"state"`
+}
+
+// Snapshot kinds.
+const (
+	SnapshotRollback   = "rollback"
+	SnapshotRestored   = "restored"
+	SnapshotCheckpoint = "checkpoint"
+	SnapshotRetirement = "retirement"
+)
+
+// SnapshotStore keeps durable snapshots under
+// <state-dir>/snapshots/<activation-uid>/<module>/<hex digest>.json, written
+// to a temporary file, fsynced, renamed into place and the directory fsynced:
+// a snapshot file either exists whole or not at all.
+type SnapshotStore struct {
+	root string
+}
+
+// NewSnapshotStore returns the store rooted at <stateDir>/snapshots.
+func NewSnapshotStore(stateDir string) *SnapshotStore {
+	return &SnapshotStore{root: filepath.Join(stateDir, "snapshots")}
+}
+
+func (s *SnapshotStore) dir(activationUID, module string) string {
+	return filepath.Join(s.root, activationUID, module)
+}
+
+// Put makes a snapshot durable. It recomputes the digest from the state and
+// refuses a snapshot whose claimed digest differs.
+func (s *SnapshotStore) Put(activationUID string, snap StoredSnapshot) (string, error) {
+	canonical, err := strictjson.CanonicalValue(snap.State)
+	if err != nil {
+		return "", fmt.Errorf("snapshot of %s: state is not valid JSON: %w", snap.Module, err)
+	}
+	digest := strictjson.Digest(canonical)
+	if snap.StateSHA256 != "" && snap.StateSHA256 != digest {
+		return "", fmt.Errorf("snapshot of %s: claimed %s, state hashes to %s", snap.Module, snap.StateSHA256, digest)
+	}
+	snap.StateSHA256 = digest
+	snap.State = canonical
+	if snap.TakenUnixMs == 0 {
+		snap.TakenUnixMs = time.Now().UnixMilli()
+	}
+	data, err := json.Marshal(snap)
+	if err != nil {
+		return "", err
+	}
+	if len(data) > MaxSnapshotBytes {
+		return "", fmt.Errorf("snapshot of %s is %d bytes, over the %d-byte bound", snap.Module, len(data), MaxSnapshotBytes)
+	}
+	dir := s.dir(activationUID, snap.Module)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", err
+	}
+	name := strings.TrimPrefix(digest, strictjson.DigestPrefix) + "-" + snap.Kind + ".json"
+	path := filepath.Join(dir, name)
+	if err := writeFileDurably(path, data); err != nil {
+		return "", fmt.Errorf("store snapshot of %s: %w", snap.Module, err)
+	}
+	return path, nil
+}
+
+// Latest returns the newest durable snapshot of a module (by time taken),
+// verifying its digest; ok is false when there is none.
+func (s *SnapshotStore) Latest(activationUID, module string) (snap StoredSnapshot, ok bool, err error) {
+	all, err := s.List(activationUID, module)
+	if err != nil || len(all) == 0 {
+		return StoredSnapshot{}, false, err
+	}
+	return all[len(all)-1], true, nil
+}
+
+// Get returns the stored snapshot with the given state digest and kind.
+func (s *SnapshotStore) Get(activationUID, module, digest, kind string) (StoredSnapshot, error) {
+	path := filepath.Join(s.dir(activationUID, module), strings.TrimPrefix(digest, strictjson.DigestPrefix)+"-"+kind+".json")
+	return readSnapshot(path)
+}
+
+// List returns a module's snapshots, oldest first, each verified.
+func (s *SnapshotStore) List(activationUID, module string) ([]StoredSnapshot, error) {
+	entries, err := os.ReadDir(s.dir(activationUID, module))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var out []StoredSnapshot
+	for _, e := range entries {
+		if !e.Type().IsRegular() || !strings.HasSuffix(e.Name(), ".json") {
+			continue
+		}
+		snap, err := readSnapshot(filepath.Join(s.dir(activationUID, module), e.Name()))
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, snap)
+	}
+	slices.SortStableFunc(out, func(a, b StoredSnapshot) int {
+		if c := cmp.Compare(a.TakenUnixMs, b.TakenUnixMs); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.Lineage, b.Lineage)
+	})
+	return out, nil
+}
+
+// Prune keeps the newest keep snapshots of a kind for a module and removes
+// the rest.
+func (s *SnapshotStore) Prune(activationUID, module, kind string, keep int) error {
+	all, err := s.List(activationUID, module)
+	if err != nil {
+		return err
+	}
+	var ofKind []StoredSnapshot
+	for _, snap := range all {
+		if snap.Kind == kind {
+			ofKind = append(ofKind, snap)
+		}
+	}
+	for i := 0; i < len(ofKind)-keep; i++ {
+		name := strings.TrimPrefix(ofKind[i].StateSHA256, strictjson.DigestPrefix) + "-" + kind + ".json"
+		if err := os.Remove(filepath.Join(s.dir(activationUID, module), name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+	}
+	return syncDir(s.dir(activationUID, module))
+}
+
+// RemoveActivation deletes every snapshot of an activation.
+func (s *SnapshotStore) RemoveActivation(activationUID string) error {
+	return os.RemoveAll(filepath.Join(s.root, activationUID))
+}
+
+func readSnapshot(path string) (StoredSnapshot, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return StoredSnapshot{}, err
+	}
+	defer f.Close()
+	data, err := strictjson.ReadBounded(f, MaxSnapshotBytes)
+	if err != nil {
+		return StoredSnapshot{}, fmt.Errorf("read snapshot %s: %w", path, err)
+	}
+	var snap StoredSnapshot
+	if err := strictjson.Decode(data, &snap, MaxSnapshotBytes); err != nil {
+		return StoredSnapshot{}, fmt.Errorf("snapshot %s: %w", path, err)
+	}
+	digest, err := strictjson.DigestOfValue(snap.State)
+	if err != nil || digest != snap.StateSHA256 {
+		return StoredSnapshot{}, fmt.Errorf("snapshot %s: state hashes to %s, recorded %s: the file is corrupt", path, digest, snap.StateSHA256)
+	}
+	return snap, nil
+}
+
+// writeFileDurably writes data to path atomically: temp file, fsync, rename,
+// directory fsync.
+func writeFileDurably(path string, data []byte) error {
+	dir := filepath.Dir(path)
+	tmp, err := os.CreateTemp(dir, ".tmp-*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return err
+	}
+	return syncDir(dir)
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
