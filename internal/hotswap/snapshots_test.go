@@ -66,7 +66,7 @@ func TestSnapshotStorePrunesOldCheckpoints(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if _, err := store.Put("uid-1", StoredSnapshot{Module: "m", Kind: SnapshotRollback, TakenUnixMs: 0, State: []byte(`{"n":"r"}`)}); err != nil {
+	if _, err := store.Put("uid-1", StoredSnapshot{Module: "m", Kind: SnapshotRollback, TakenUnixMs: 100, State: []byte(`{"n":"r"}`)}); err != nil {
 		t.Fatal(err)
 	}
 	if err := store.Prune("uid-1", "m", SnapshotCheckpoint, 2); err != nil {
@@ -80,7 +80,7 @@ func TestSnapshotStorePrunesOldCheckpoints(t *testing.T) {
 	for _, s := range all {
 		kinds = append(kinds, s.Kind+":"+string(s.State))
 	}
-	if got := strings.Join(kinds, " "); got != `rollback:{"n":"r"} checkpoint:{"n":3} checkpoint:{"n":4}` {
+	if got := strings.Join(kinds, " "); got != `checkpoint:{"n":3} checkpoint:{"n":4} rollback:{"n":"r"}` {
 		t.Fatalf("after prune: %s", got)
 	}
 }
