@@ -384,6 +384,11 @@ func (d *Dispatcher) Switch(route Route) (previous *Route, err error) {
 		return nil, fmt.Errorf("switch module %s: run %s is still in flight", d.module, d.inFlight.CallID)
 	}
 	previous = d.route
+	if route.Backend == nil {
+		// Undoing a first switch: no route at all again.
+		d.route = nil
+		return previous, nil
+	}
 	d.route = &route
 	return previous, nil
 }

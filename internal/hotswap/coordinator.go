@@ -1,0 +1,252 @@
+package hotswap
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+
+	"iteron.dev/operator/internal/activation"
+	"iteron.dev/operator/internal/effects"
+)
+
+// Config configures a Coordinator.
+type Config struct {
+	// StateDir holds ledgers (ledgers/<uid>) and snapshots (snapshots/<uid>).
+	StateDir string
+	// Launch starts provider processes.
+	Launch Launcher
+	// Notify is called (from coordinator goroutines, never under a lock)
+	// after an activation's or a generation's state changed, so the
+	// controllers requeue them. It must not block.
+	Notify func(Notification)
+	// Log receives the coordinator's log lines.
+	Log logr.Logger
+	// QueueLimit bounds each module's call queue (DefaultQueueLimit if 0).
+	QueueLimit int
+	// Now is the clock (time.Now if nil).
+	Now func() time.Time
+	// AfterPhase, when set, is called after each phase record of a
+	// transaction is durable. Tests use it to act at an exact point of a
+	// transaction (a call after the switch, a SIGKILL mid-swap).
+	AfterPhase func(key ActivationKey, module, phase string)
+}
+
+// Notification says which objects changed.
+type Notification struct {
+	// Namespace and Name of the activation.
+	Namespace, Name string
+	// Generations are the Generation objects whose state changed.
+	Generations []string
+}
+
+// SwapPolicy is spec.swap.
+type SwapPolicy struct {
+	// Deadline bounds one whole transaction.
+	Deadline time.Duration
+	// QuiesceTimeout is how long quiesce waits for the in-flight run.
+	QuiesceTimeout time.Duration
+	// Cold selects the cold strategy (no state moves).
+	Cold bool
+	// Discard drops state instead of migrating it.
+	Discard bool
+}
+
+// ModuleTarget is the desired generation of one module.
+type ModuleTarget struct {
+	// Module is the module.
+	Module string
+	// Plan is the verified launch plan.
+	Plan activation.LaunchPlan
+	// Epoch is the module's epoch (DESIGN §6).
+	Epoch string
+	// GenerationName is the Generation object of this target.
+	GenerationName string
+	// Lineage is its lineage number.
+	Lineage int64
+	// Attempt is its attempt number at that lineage.
+	Attempt int32
+	// DependsOn are the modules of this activation that must be Active
+	// before this one is activated.
+	DependsOn []string
+}
+
+// Desired is what the activation controller wants for one activation.
+type Desired struct {
+	// Key identifies the activation.
+	Key ActivationKey
+	// SpecGeneration is the metadata.generation this was derived from.
+	SpecGeneration int64
+	// CandidateSHA256 is spec.candidateSHA256.
+	CandidateSHA256 string
+	// Swap is spec.swap.
+	Swap SwapPolicy
+	// CheckpointInterval is spec.checkpoint.intervalSeconds (0: only at swaps).
+	CheckpointInterval time.Duration
+	// Modules are the desired modules.
+	Modules []ModuleTarget
+	// ActivateOrder is the order transactions run in.
+	ActivateOrder []string
+	// DrainOrder is the reverse; modules no longer desired are retired in
+	// the reverse of their last known activation order.
+	DrainOrder []string
+}
+
+// Coordinator is the node-local coordinator. Safe for concurrent use.
+type Coordinator struct {
+	cfg       Config
+	snapshots *SnapshotStore
+	receipts  *effects.ReceiptStore
+
+	mu          sync.Mutex
+	activations map[string]*activationRuntime
+	closed      bool
+}
+
+// ErrClosed is returned after Shutdown.
+var ErrClosed = errors.New("coordinator is shut down")
+
+// New returns a coordinator. It starts nothing until Apply.
+func New(cfg Config) (*Coordinator, error) {
+	if cfg.StateDir == "" || cfg.Launch == nil {
+		return nil, errors.New("hotswap: Config needs StateDir and Launch")
+	}
+	if cfg.Notify == nil {
+		cfg.Notify = func(Notification) {}
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.QueueLimit == 0 {
+		cfg.QueueLimit = DefaultQueueLimit
+	}
+	return &Coordinator{
+		cfg: cfg, snapshots: NewSnapshotStore(cfg.StateDir), receipts: effects.NewReceiptStore(),
+		activations: map[string]*activationRuntime{},
+	}, nil
+}
+
+// Apply hands the desired state of one activation to the coordinator and
+// returns at once; the activation's worker runs the transactions.
+func (c *Coordinator) Apply(d Desired) error {
+	if d.Key.UID == "" {
+		return errors.New("hotswap: Apply needs the activation UID")
+	}
+	a, err := c.runtime(d.Key, true)
+	if err != nil {
+		return err
+	}
+	a.setDesired(d)
+	return nil
+}
+
+// Remove retires every module of the activation in drain order and reaps
+// every process; Status reports Removed when done. Idempotent.
+func (c *Coordinator) Remove(key ActivationKey) error {
+	a, err := c.runtime(key, true)
+	if err != nil {
+		return err
+	}
+	a.remove()
+	return nil
+}
+
+// Forget drops a removed activation's runtime state (after its finalizer
+// is gone). It refuses while the activation still has modules.
+func (c *Coordinator) Forget(uid string) error {
+	c.mu.Lock()
+	a, ok := c.activations[uid]
+	c.mu.Unlock()
+	if !ok {
+		return nil
+	}
+	st := a.status()
+	if !st.Removed {
+		return fmt.Errorf("activation %s/%s is not retired yet", st.Key.Namespace, st.Key.Name)
+	}
+	a.shutdown(context.Background())
+	c.mu.Lock()
+	delete(c.activations, uid)
+	c.mu.Unlock()
+	return nil
+}
+
+// Status returns a snapshot of one activation, and false when the
+// coordinator does not know it.
+func (c *Coordinator) Status(uid string) (ActivationStatus, bool) {
+	c.mu.Lock()
+	a, ok := c.activations[uid]
+	c.mu.Unlock()
+	if !ok {
+		return ActivationStatus{}, false
+	}
+	return a.status(), true
+}
+
+// Dispatcher returns the dispatcher of a module of an activation (by
+// namespace and name), for the gateway.
+func (c *Coordinator) Dispatcher(namespace, name, module string) (*Dispatcher, bool) {
+	c.mu.Lock()
+	var found *activationRuntime
+	for _, a := range c.activations {
+		if a.key.Namespace == namespace && a.key.Name == name {
+			found = a
+		}
+	}
+	c.mu.Unlock()
+	if found == nil {
+		return nil, false
+	}
+	return found.dispatcher(module)
+}
+
+// Activations lists the keys of the activations the coordinator knows.
+func (c *Coordinator) Activations() []ActivationKey {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	keys := make([]ActivationKey, 0, len(c.activations))
+	for _, a := range c.activations {
+		keys = append(keys, a.key)
+	}
+	return keys
+}
+
+// Shutdown stops every worker after its current transaction, then stops
+// every provider and closes the ledgers. Calls fail afterwards.
+func (c *Coordinator) Shutdown(ctx context.Context) error {
+	c.mu.Lock()
+	c.closed = true
+	all := make([]*activationRuntime, 0, len(c.activations))
+	for _, a := range c.activations {
+		all = append(all, a)
+	}
+	c.mu.Unlock()
+	var errs []error
+	for _, a := range all {
+		if err := a.shutdown(ctx); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (c *Coordinator) runtime(key ActivationKey, create bool) (*activationRuntime, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil, ErrClosed
+	}
+	if a, ok := c.activations[key.UID]; ok {
+		return a, nil
+	}
+	if !create {
+		return nil, fmt.Errorf("activation %s is unknown", key.UID)
+	}
+	a := newActivationRuntime(c, key)
+	c.activations[key.UID] = a
+	go a.run()
+	return a, nil
+}

@@ -1,0 +1,80 @@
+package hotswap
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"iteron.dev/operator/internal/activation"
+	"iteron.dev/operator/internal/ledger"
+)
+
+// State is a module's state as it moves between generations: the host
+// computed Digest from the canonical Body.
+type State struct {
+	// ImplementationID is the implementation whose state it is.
+	ImplementationID string
+	// Lineage is the state's generation.
+	Lineage int64
+	// Schema is the state_schema contract ID.
+	Schema string
+	// Digest is "sha256:" over the canonical Body.
+	Digest string
+	// Body is the state object, canonical JSON.
+	Body []byte
+}
+
+// Provider is one provider process as the coordinator drives it. The
+// executor's Process satisfies it through an adapter (see NewExecutorLauncher).
+type Provider interface {
+	Backend
+	// Pid is the process id.
+	Pid() int
+	// StartedAt is when the process started.
+	StartedAt() time.Time
+	// Load binds the verified artifact and contracts (the shadow_load phase).
+	Load(ctx context.Context) error
+	// Snapshot exports the state of the given lineage.
+	Snapshot(ctx context.Context, lineage int64) (State, error)
+	// Migrate converts state to the target lineage (source + 1).
+	Migrate(ctx context.Context, from State, target int64) (State, error)
+	// Restore imports state.
+	Restore(ctx context.Context, st State) error
+	// Readiness proves the process is ready for the restored state.
+	Readiness(ctx context.Context, lineage int64, digest string) error
+	// Stop asks the process to exit and waits, escalating to killing its
+	// group after the cancellation deadline; an error means it had to be
+	// killed or did not exit cleanly.
+	Stop(ctx context.Context, reason string) error
+	// Close kills the group and reaps it; idempotent.
+	Close() error
+	// Exited is closed once the process has exited, for any reason.
+	Exited() <-chan struct{}
+	// StderrTail returns the newest stderr bytes and how many were dropped.
+	StderrTail() (string, int64)
+}
+
+// Launcher starts a provider process from a verified launch plan (not yet
+// loaded).
+type Launcher func(ctx context.Context, plan activation.LaunchPlan) (Provider, error)
+
+// reasonCoder is implemented by errors that carry a DESIGN §8 reason code
+// (the executor's faults, verification errors, dispatcher call errors).
+type reasonCoder interface{ ReasonCode() string }
+
+// codeOf returns the reason code of err: its own when it carries one,
+// deadline_exceeded for a context deadline, otherwise fallback.
+func codeOf(err error, fallback ledger.ReasonCode) ledger.ReasonCode {
+	var rc reasonCoder
+	if errors.As(err, &rc) && rc.ReasonCode() != "" {
+		return ledger.ReasonCode(rc.ReasonCode())
+	}
+	var ce *CallError
+	if errors.As(err, &ce) {
+		return ledger.ReasonCode(ce.Code)
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		return ledger.ReasonDeadlineExceeded
+	}
+	return fallback
+}

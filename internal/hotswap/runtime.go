@@ -1,0 +1,503 @@
+package hotswap
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	iteronv1 "iteron.dev/operator/api/v1alpha1"
+	"iteron.dev/operator/internal/effects"
+	"iteron.dev/operator/internal/ledger"
+)
+
+// maxKeptGenerations bounds the generations a module remembers (active,
+// shadow and recent history) so status lookups stay bounded.
+const maxKeptGenerations = 16
+
+// generationRuntime is one generation's live state. Fields are guarded by
+// the activation's mutex.
+type generationRuntime struct {
+	name    string
+	module  string
+	lineage int64
+	attempt int32
+	target  ModuleTarget
+
+	proc  Provider
+	scope *effects.EffectScope
+
+	phase       iteronv1.ModulePhase
+	step        iteronv1.GenerationStep
+	reason      string
+	message     string
+	stateDigest string
+	checkpoint  *CheckpointInfo
+	renewals    int32
+	// rCount numbers the generation's /r<n> transactions: renewals,
+	// relaunches and its retirement.
+	rCount        uint64
+	txnID         string
+	lastSeq       uint64
+	lastHash      string
+	startedAt     time.Time
+	activatedAt   time.Time
+	drainedAt     time.Time
+	lastPid       int
+	procStartedAt time.Time
+	stderrTail    string
+	stderrDropped int64
+}
+
+// moduleRuntime is one module's live state.
+type moduleRuntime struct {
+	name       string
+	dispatcher *Dispatcher
+	active     *generationRuntime
+	gens       map[string]*generationRuntime
+	order      []string // generation names, oldest first
+	// waiting explains why the module's target is not being activated yet.
+	waitingCode, waitingMessage string
+	// activateIndex is the module's position in the last activate order,
+	// for retiring modules that left the plan.
+	activateIndex int
+}
+
+func (m *moduleRuntime) remember(g *generationRuntime) {
+	if _, ok := m.gens[g.name]; !ok {
+		m.order = append(m.order, g.name)
+	}
+	m.gens[g.name] = g
+	for len(m.order) > maxKeptGenerations {
+		oldest := m.order[0]
+		if m.active != nil && m.active.name == oldest {
+			break
+		}
+		m.order = m.order[1:]
+		delete(m.gens, oldest)
+	}
+}
+
+// activationRuntime owns one activation: its ledger, modules and worker.
+type activationRuntime struct {
+	c   *Coordinator
+	key ActivationKey
+	log func(msg string, kv ...any)
+
+	mu        sync.Mutex
+	desired   *Desired
+	removing  bool
+	removed   bool
+	busy      bool
+	led       *ledger.Ledger
+	ledgerErr error
+	modules   map[string]*moduleRuntime
+	failed    map[string]Failure // by generation name
+
+	wake chan struct{}
+	stop chan struct{}
+	done chan struct{}
+}
+
+func newActivationRuntime(c *Coordinator, key ActivationKey) *activationRuntime {
+	log := c.cfg.Log.WithValues("activation", key.Namespace+"/"+key.Name, "uid", key.UID)
+	return &activationRuntime{
+		c: c, key: key, log: func(msg string, kv ...any) { log.Info(msg, kv...) },
+		modules: map[string]*moduleRuntime{}, failed: map[string]Failure{},
+		wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
+	}
+}
+
+func (a *activationRuntime) poke() {
+	select {
+	case a.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (a *activationRuntime) setDesired(d Desired) {
+	a.mu.Lock()
+	d.Modules = slices.Clone(d.Modules)
+	a.desired = &d
+	if !a.removing {
+		a.busy = true
+	}
+	a.mu.Unlock()
+	a.poke()
+}
+
+func (a *activationRuntime) remove() {
+	a.mu.Lock()
+	if !a.removing {
+		a.removing = true
+		a.busy = true
+	}
+	a.mu.Unlock()
+	a.poke()
+}
+
+func (a *activationRuntime) notify(generations ...string) {
+	a.c.cfg.Notify(Notification{Namespace: a.key.Namespace, Name: a.key.Name, Generations: generations})
+}
+
+func (a *activationRuntime) dispatcher(module string) (*Dispatcher, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	m, ok := a.modules[module]
+	if !ok || m.dispatcher == nil {
+		return nil, false
+	}
+	return m.dispatcher, true
+}
+
+// run is the activation's worker: one transaction at a time.
+func (a *activationRuntime) run() {
+	defer close(a.done)
+	for {
+		select {
+		case <-a.stop:
+			return
+		case <-a.wake:
+		}
+		for {
+			select {
+			case <-a.stop:
+				return
+			default:
+			}
+			if !a.step() {
+				break
+			}
+		}
+		a.mu.Lock()
+		a.busy = false
+		a.mu.Unlock()
+		a.notify()
+	}
+}
+
+// openLedger opens (creating) the activation's ledger once, closing an
+// interrupted transaction forward. A corrupt ledger stops all work.
+func (a *activationRuntime) openLedger() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.led != nil {
+		return nil
+	}
+	if a.ledgerErr != nil {
+		return a.ledgerErr
+	}
+	led, report, err := ledger.OpenActivation(a.c.cfg.StateDir, a.key.UID, ledger.Options{Create: true, Now: a.c.cfg.Now})
+	if err != nil {
+		a.ledgerErr = err
+		return err
+	}
+	if report.TornTail != nil {
+		a.log("ledger had a torn tail; truncated", "file", report.TornTail.File, "bytes", report.TornTail.Bytes)
+	}
+	if report.State.Open != nil {
+		rec, err := led.Recover()
+		if err != nil {
+			_ = led.Close()
+			a.ledgerErr = err
+			return err
+		}
+		if rec != nil {
+			a.log("closed an interrupted transaction forward", "transaction", rec.TransactionID, "outcome", rec.Outcome)
+		}
+	}
+	a.led = led
+	return nil
+}
+
+// step does the next unit of work and reports whether there may be more.
+func (a *activationRuntime) step() bool {
+	if err := a.openLedger(); err != nil {
+		a.log("ledger unusable; not acting on this activation", "error", err.Error())
+		return false
+	}
+	a.mu.Lock()
+	removing, desired := a.removing, a.desired
+	a.mu.Unlock()
+
+	if removing {
+		return a.retireNext(nil)
+	}
+	if desired == nil {
+		return false
+	}
+	// Modules that left the plan are retired first, consumers before
+	// providers.
+	if a.retireNext(desired) {
+		return true
+	}
+	targets := map[string]ModuleTarget{}
+	for _, t := range desired.Modules {
+		targets[t.Module] = t
+	}
+	for i, module := range desired.ActivateOrder {
+		t, ok := targets[module]
+		if !ok {
+			continue
+		}
+		a.mu.Lock()
+		m := a.module(module)
+		m.activateIndex = i
+		active := m.active
+		failure, failed := a.failed[t.GenerationName]
+		a.mu.Unlock()
+		if active != nil && active.name == t.GenerationName {
+			a.setWaiting(m, "", "")
+			continue
+		}
+		if failed {
+			// The rest of the plan waits: a failed target is not retried
+			// until the controller hands a new attempt.
+			a.log("plan halted at a failed target", "module", module, "generation", t.GenerationName, "reason", failure.Code)
+			return false
+		}
+		if code, msg := a.dependencyGate(t); code != "" {
+			a.setWaiting(m, code, msg)
+			continue
+		}
+		a.setWaiting(m, "", "")
+		ctx := context.Background()
+		switch {
+		case active == nil:
+			a.firstActivation(ctx, desired, t)
+		case desired.Swap.Cold || desired.Swap.Discard || active.target.Plan.ProtocolVersion() == 1 && t.Plan.ProtocolVersion() == 1:
+			a.coldReplace(ctx, desired, t, active)
+		default:
+			a.hotSwap(ctx, desired, t, active)
+		}
+		return true
+	}
+	return false
+}
+
+// dependencyGate refuses to activate a module before the modules it depends
+// on are Active in this coordinator (never the informer cache).
+func (a *activationRuntime) dependencyGate(t ModuleTarget) (code, message string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, dep := range t.DependsOn {
+		m, ok := a.modules[dep]
+		if !ok || m.active == nil || m.active.phase != iteronv1.PhaseActive {
+			why := "not active yet"
+			if ok && m.waitingCode != "" {
+				why = m.waitingCode + ": " + m.waitingMessage
+			}
+			return string(ledger.ReasonDependencyUnsatisfied), fmt.Sprintf("%s waits for %s (%s)", t.Module, dep, why)
+		}
+	}
+	return "", ""
+}
+
+func (a *activationRuntime) setWaiting(m *moduleRuntime, code, message string) {
+	a.mu.Lock()
+	changed := m.waitingCode != code || m.waitingMessage != message
+	m.waitingCode, m.waitingMessage = code, message
+	a.mu.Unlock()
+	if changed {
+		a.notify()
+	}
+}
+
+// module returns (creating) a module's runtime. Caller holds a.mu.
+func (a *activationRuntime) module(name string) *moduleRuntime {
+	m, ok := a.modules[name]
+	if !ok {
+		m = &moduleRuntime{name: name, gens: map[string]*generationRuntime{}, dispatcher: NewDispatcher(name, a.c.cfg.QueueLimit)}
+		a.modules[name] = m
+	}
+	return m
+}
+
+// retireNext retires one module that is not desired (all of them when
+// desired is nil), in drain order; it reports whether it did something.
+func (a *activationRuntime) retireNext(desired *Desired) bool {
+	a.mu.Lock()
+	var candidates []*moduleRuntime
+	for name, m := range a.modules {
+		if desired != nil && slices.ContainsFunc(desired.Modules, func(t ModuleTarget) bool { return t.Module == name }) {
+			continue
+		}
+		candidates = append(candidates, m)
+	}
+	// Drain order: the reverse of the last activation order.
+	sort.Slice(candidates, func(i, j int) bool {
+		if candidates[i].activateIndex != candidates[j].activateIndex {
+			return candidates[i].activateIndex > candidates[j].activateIndex
+		}
+		return candidates[i].name > candidates[j].name
+	})
+	var next *moduleRuntime
+	for _, m := range candidates {
+		if m.active != nil {
+			next = m
+			break
+		}
+	}
+	if next == nil {
+		// Nothing left with a process: drop the modules that left.
+		for _, m := range candidates {
+			m.dispatcher.Close()
+			delete(a.modules, m.name)
+		}
+		if desired == nil && !a.removed {
+			a.removed = true
+			a.mu.Unlock()
+			a.notify()
+			return false
+		}
+		a.mu.Unlock()
+		return false
+	}
+	active := next.active
+	a.mu.Unlock()
+	var swap SwapPolicy
+	var candidate string
+	if d := a.currentDesired(); d != nil {
+		swap, candidate = d.Swap, d.CandidateSHA256
+	}
+	a.retire(context.Background(), swap, candidate, next, active)
+	return true
+}
+
+func (a *activationRuntime) currentDesired() *Desired {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.desired
+}
+
+// shutdown stops the worker after its current transaction, stops every
+// process and closes the ledger.
+func (a *activationRuntime) shutdown(ctx context.Context) error {
+	select {
+	case <-a.stop:
+	default:
+		close(a.stop)
+	}
+	<-a.done
+	a.mu.Lock()
+	var procs []*generationRuntime
+	var dispatchers []*Dispatcher
+	for _, m := range a.modules {
+		dispatchers = append(dispatchers, m.dispatcher)
+		if m.active != nil && m.active.proc != nil {
+			procs = append(procs, m.active)
+		}
+	}
+	led := a.led
+	a.led = nil
+	a.mu.Unlock()
+	var errs []error
+	for _, d := range dispatchers {
+		d.Close()
+	}
+	for _, g := range procs {
+		if err := g.proc.Stop(ctx, "manager shutting down"); err != nil {
+			errs = append(errs, fmt.Errorf("stop %s: %w", g.name, err))
+		}
+		_ = g.proc.Close()
+	}
+	if led != nil {
+		if err := led.Close(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// status builds a consistent snapshot.
+func (a *activationRuntime) status() ActivationStatus {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	st := ActivationStatus{
+		Key: a.key, Busy: a.busy, Removing: a.removing, Removed: a.removed,
+		Modules: map[string]ModuleStatus{}, Generations: map[string]GenerationStatus{},
+	}
+	if a.desired != nil {
+		st.AppliedSpecGeneration = a.desired.SpecGeneration
+		for _, t := range a.desired.Modules {
+			if f, ok := a.failed[t.GenerationName]; ok {
+				st.Failures = append(st.Failures, f)
+			}
+		}
+	}
+	if a.led != nil {
+		sum := a.led.Summary()
+		st.Ledger = &sum
+		st.LedgerFile = a.led.Dir()
+		if err := a.led.Err(); err != nil {
+			st.LedgerError = err.Error()
+		}
+	}
+	if a.ledgerErr != nil {
+		st.LedgerError = a.ledgerErr.Error()
+	}
+	for name, m := range a.modules {
+		ms := ModuleStatus{Module: name, Phase: iteronv1.PhaseInactive, Reason: m.waitingCode, Message: m.waitingMessage}
+		if g := m.active; g != nil {
+			ms.Active, ms.ImplementationID, ms.Lineage, ms.Epoch = g.name, g.target.Plan.ImplementationID(), g.lineage, g.target.Epoch
+			ms.AdmittedCapabilities = g.target.Plan.AdmittedCapabilities()
+			ms.Phase = g.phase
+			if g.proc != nil {
+				ms.Pid = g.proc.Pid()
+			}
+		}
+		st.Modules[name] = ms
+		for _, g := range m.gens {
+			st.Generations[g.name] = a.generationStatus(g)
+		}
+	}
+	return st
+}
+
+func (a *activationRuntime) generationStatus(g *generationRuntime) GenerationStatus {
+	gs := GenerationStatus{
+		Name: g.name, Module: g.module, Lineage: g.lineage, Attempt: g.attempt, Phase: g.phase, Step: g.step,
+		Renewals: g.renewals, StateSHA256: g.stateDigest, Reason: g.reason, Message: g.message,
+		TransactionID: g.txnID, LastSequence: g.lastSeq, LastRecordSHA256: g.lastHash,
+		StartedAt: g.startedAt, ActivatedAt: g.activatedAt, DrainedAt: g.drainedAt,
+		StderrTail: g.stderrTail, StderrDropped: g.stderrDropped,
+	}
+	if g.checkpoint != nil {
+		cp := *g.checkpoint
+		gs.LastCheckpoint = &cp
+	}
+	if g.proc != nil {
+		gs.Pid = g.proc.Pid()
+		gs.ProcessStartedAt = g.proc.StartedAt()
+		gs.StderrTail, gs.StderrDropped = g.proc.StderrTail()
+	}
+	sum := a.c.receipts.Summary(g.name)
+	gs.Receipts = ReceiptCounts{Total: int32(sum.Total), Irreversible: int32(sum.Irreversible), Truncated: sum.Truncated}
+	return gs
+}
+
+// truncateMessage bounds a status message to 1 KiB at a rune boundary.
+func truncateMessage(s string) string {
+	if len(s) <= iteronv1.MaxMessageBytes {
+		return s
+	}
+	cut := iteronv1.MaxMessageBytes - len("…")
+	for cut > 0 && !utf8RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "…"
+}
+
+func utf8RuneStart(b byte) bool { return b&0xC0 != 0x80 }
+
+// firstLine is the first line of s, for ledger reasons and messages.
+func firstLine(s string) string {
+	if i := strings.IndexAny(s, "\r\n"); i >= 0 {
+		return s[:i]
+	}
+	return s
+}
