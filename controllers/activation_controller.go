@@ -2,14 +2,21 @@ package controllers
 
 import (
 	"context"
+	"fmt"
+	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
+	"iteron.dev/operator/internal/hotswap"
 )
 
 // +kubebuilder:rbac:groups=iteron.dev,resources=implementationactivations,verbs=get;list;watch;update;patch
@@ -21,40 +28,141 @@ import (
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch
 
-// ActivationReconciler reconciles ImplementationActivations of this node.
+// Coordinator is what the activation controller needs of the node-local
+// coordinator (internal/hotswap.Coordinator).
+type Coordinator interface {
+	Apply(hotswap.Desired) error
+	Remove(hotswap.ActivationKey) error
+	Forget(uid string) error
+	Status(uid string) (hotswap.ActivationStatus, bool)
+}
+
+// ActivationReconciler reconciles the ImplementationActivations of this
+// node: verify → graph → plan → desired Generations → Apply, and mirrors the
+// coordinator's state into status.
 type ActivationReconciler struct {
 	// Client reads and writes objects (through the node-scoped cache).
 	Client client.Client
+	// NodeName is this manager's node.
+	NodeName string
+	// Coordinator runs the transactions.
+	Coordinator Coordinator
+	// Resolve verifies a spec and orders its modules.
+	Resolve func(ctx context.Context, spec *iteronv1.ImplementationActivationSpec) Resolution
+	// Recorder emits events.
+	Recorder events.EventRecorder
+	// Notifications requeues activations when the coordinator reports
+	// progress.
+	Notifications <-chan event.GenericEvent
+	// Cleanup runs after the coordinator retired an activation, before its
+	// finalizer goes (archive the ledger, remove snapshots).
+	Cleanup func(ctx context.Context, uid string) error
+	// Now is the clock (time.Now if nil).
+	Now func() time.Time
 }
 
-// Reconcile sets Ready=Unknown with reason NotImplemented until the
-// verification and coordinator layers land (issue 6).
-func (r *ActivationReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+// Reconcile runs the activation's phases and patches its status once.
+func (r *ActivationReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, retErr error) {
 	var act iteronv1.ImplementationActivation
 	if err := r.Client.Get(ctx, req.NamespacedName, &act); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
-	base := act.DeepCopy()
-	act.Status.ObservedGeneration = act.Generation
-	act.Status.ModuleCount = int32(len(act.Spec.Sources))
-	meta.SetStatusCondition(&act.Status.Conditions, metav1.Condition{
-		Type:               iteronv1.ConditionReady,
-		Status:             metav1.ConditionUnknown,
-		Reason:             iteronv1.ReasonNotImplemented,
-		Message:            "the activation reconciler does not act yet",
-		ObservedGeneration: act.Generation,
-	})
-	err := r.Client.Status().Patch(ctx, &act, client.MergeFrom(base))
-	if apierrors.IsNotFound(err) {
+	if act.Spec.NodeName != r.NodeName {
+		// The cache is scoped to this node; an object that moved (nodeName
+		// is immutable, but the API server is not the only way in) is not
+		// ours to act on.
 		return ctrl.Result{}, nil
 	}
-	return ctrl.Result{}, err
+	s := &activationScope{act: &act, base: act.DeepCopy(), key: keyOf(&act)}
+	defer func() {
+		if err := r.patchStatus(ctx, s); err != nil && retErr == nil {
+			retErr = err
+		}
+	}()
+
+	if !act.DeletionTimestamp.IsZero() {
+		return r.reconcileDelete(ctx, s)
+	}
+	if !controllerutil.ContainsFinalizer(&act, iteronv1.FinalizerActivation) {
+		patch := client.MergeFrom(act.DeepCopy())
+		controllerutil.AddFinalizer(&act, iteronv1.FinalizerActivation)
+		if err := r.Client.Patch(ctx, &act, patch); err != nil {
+			return ctrl.Result{}, err
+		}
+		s.base.Finalizers = act.Finalizers
+		s.base.ResourceVersion = act.ResourceVersion
+	}
+	for _, phase := range []func(context.Context, *activationScope) error{
+		r.reconcileResolve,
+		r.reconcileGenerations,
+		r.reconcileApply,
+	} {
+		if err := phase(ctx, s); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
+	r.summarize(s)
+	if s.requeueAfter > 0 {
+		return ctrl.Result{RequeueAfter: s.requeueAfter}, nil
+	}
+	return ctrl.Result{}, nil
 }
 
-// SetupWithManager registers the reconciler.
+// reconcileDelete retires every module in drain order, reaps every process,
+// deletes the Generation objects (a cluster without a garbage collector
+// keeps them otherwise) and then removes the finalizer.
+func (r *ActivationReconciler) reconcileDelete(ctx context.Context, s *activationScope) (ctrl.Result, error) {
+	if !controllerutil.ContainsFinalizer(s.act, iteronv1.FinalizerActivation) {
+		return ctrl.Result{}, nil
+	}
+	if err := r.Coordinator.Remove(s.key); err != nil {
+		return ctrl.Result{}, err
+	}
+	st, _ := r.Coordinator.Status(s.key.UID)
+	s.status, s.haveStatus = st, true
+	if !st.Removed {
+		r.summarize(s)
+		return ctrl.Result{RequeueAfter: 5 * time.Second}, nil
+	}
+	gens, err := r.ownedGenerations(ctx, s.act)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	for i := range gens {
+		if err := r.Client.Delete(ctx, &gens[i]); err != nil && !apierrors.IsNotFound(err) {
+			return ctrl.Result{}, fmt.Errorf("delete Generation %s: %w", gens[i].Name, err)
+		}
+	}
+	if err := r.Coordinator.Forget(s.key.UID); err != nil {
+		return ctrl.Result{}, err
+	}
+	if r.Cleanup != nil {
+		if err := r.Cleanup(ctx, s.key.UID); err != nil {
+			return ctrl.Result{}, fmt.Errorf("clean up the state of %s: %w", s.key.UID, err)
+		}
+	}
+	patch := client.MergeFrom(s.act.DeepCopy())
+	controllerutil.RemoveFinalizer(s.act, iteronv1.FinalizerActivation)
+	s.deleted = true
+	r.Recorder.Eventf(s.act, nil, corev1.EventTypeNormal, "Retired", "Retire", "every module retired, every process reaped, %d Generation objects deleted", len(gens))
+	return ctrl.Result{}, r.Client.Patch(ctx, s.act, patch)
+}
+
+// SetupWithManager registers the reconciler; coordinator notifications
+// requeue activations through a channel source.
 func (r *ActivationReconciler) SetupWithManager(mgr ctrl.Manager) error {
-	return ctrl.NewControllerManagedBy(mgr).
+	if r.Now == nil {
+		r.Now = time.Now
+	}
+	b := ctrl.NewControllerManagedBy(mgr).
 		For(&iteronv1.ImplementationActivation{}).
-		Named("implementationactivation").
-		Complete(r)
+		Named("implementationactivation")
+	if r.Notifications != nil {
+		b = b.WatchesRawSource(source.Channel(r.Notifications, &handler.EnqueueRequestForObject{}))
+	}
+	return b.Complete(r)
+}
+
+func keyOf(act *iteronv1.ImplementationActivation) hotswap.ActivationKey {
+	return hotswap.ActivationKey{Namespace: act.Namespace, Name: act.Name, UID: string(act.UID)}
 }

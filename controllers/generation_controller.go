@@ -3,48 +3,120 @@ package controllers
 import (
 	"context"
 
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
+	"iteron.dev/operator/internal/hotswap"
 )
 
-// GenerationReconciler mirrors the coordinator's state into Generation status.
+// GenerationStatusSource is what the generation controller reads of the
+// coordinator.
+type GenerationStatusSource interface {
+	Status(uid string) (hotswap.ActivationStatus, bool)
+}
+
+// GenerationReconciler mirrors the coordinator's state of each generation
+// into its Generation object's status. It never blocks on a process: the
+// coordinator reports changes through Notifications.
 type GenerationReconciler struct {
 	// Client reads and writes objects (through the node-scoped cache).
 	Client client.Client
+	// Coordinator is read, never changed.
+	Coordinator GenerationStatusSource
+	// Notifications requeues Generations the coordinator changed.
+	Notifications <-chan event.GenericEvent
 }
 
-// Reconcile sets Ready=Unknown with reason NotImplemented until the
-// coordinator lands (issue 6).
+// Reconcile copies the coordinator's view of one generation into status.
 func (r *GenerationReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	var gen iteronv1.Generation
 	if err := r.Client.Get(ctx, req.NamespacedName, &gen); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
-	base := gen.DeepCopy()
-	gen.Status.ObservedGeneration = gen.Generation
-	meta.SetStatusCondition(&gen.Status.Conditions, metav1.Condition{
-		Type:               iteronv1.ConditionReady,
-		Status:             metav1.ConditionUnknown,
-		Reason:             iteronv1.ReasonNotImplemented,
-		Message:            "the generation reconciler does not act yet",
-		ObservedGeneration: gen.Generation,
-	})
-	err := r.Client.Status().Patch(ctx, &gen, client.MergeFrom(base))
-	if apierrors.IsNotFound(err) {
+	owner := metav1.GetControllerOf(&gen)
+	if owner == nil {
 		return ctrl.Result{}, nil
 	}
-	return ctrl.Result{}, err
+	st, ok := r.Coordinator.Status(string(owner.UID))
+	if !ok {
+		return ctrl.Result{}, nil
+	}
+	gs, ok := st.Generations[gen.Name]
+	if !ok {
+		return ctrl.Result{}, nil
+	}
+	base := gen.DeepCopy()
+	mirrorGeneration(&gen, gs)
+	err := r.Client.Status().Patch(ctx, &gen, client.MergeFrom(base))
+	return ctrl.Result{}, client.IgnoreNotFound(err)
+}
+
+func timeOrNil(t metav1.Time) *metav1.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
+}
+
+// mirrorGeneration writes a coordinator generation status into an object.
+func mirrorGeneration(gen *iteronv1.Generation, gs hotswap.GenerationStatus) {
+	s := &gen.Status
+	s.ObservedGeneration = gen.Generation
+	s.Phase, s.Step = gs.Phase, gs.Step
+	s.Pid = int64(gs.Pid)
+	if gs.Pid != 0 {
+		s.ProcessStartedAt = timeOrNil(metav1.NewTime(gs.ProcessStartedAt))
+	}
+	s.Renewals = gs.Renewals
+	s.StateSHA256 = gs.StateSHA256
+	if gs.LastCheckpoint != nil {
+		s.LastCheckpoint = &iteronv1.Checkpoint{StateSHA256: gs.LastCheckpoint.StateSHA256, At: metav1.NewTime(gs.LastCheckpoint.At)}
+	}
+	s.Reason, s.Message = gs.Reason, truncate(gs.Message, iteronv1.MaxMessageBytes)
+	s.StderrTail = tailBytes(gs.StderrTail, 2048)
+	s.StderrDroppedBytes = gs.StderrDropped
+	s.Receipts = &iteronv1.ReceiptSummary{Total: gs.Receipts.Total, Irreversible: gs.Receipts.Irreversible, Truncated: gs.Receipts.Truncated}
+	if gs.TransactionID != "" {
+		s.Ledger = &iteronv1.LedgerPosition{TransactionID: gs.TransactionID, LastSequence: int64(gs.LastSequence), LastRecordSHA256: gs.LastRecordSHA256}
+	}
+	s.StartedAt = timeOrNil(metav1.NewTime(gs.StartedAt))
+	s.ActivatedAt = timeOrNil(metav1.NewTime(gs.ActivatedAt))
+	s.DrainedAt = timeOrNil(metav1.NewTime(gs.DrainedAt))
+	ready := metav1.Condition{Type: iteronv1.ConditionReady, Status: metav1.ConditionFalse, Reason: iteronv1.ReasonProgressing, Message: string(gs.Phase) + " at " + string(gs.Step), ObservedGeneration: gen.Generation}
+	switch {
+	case gs.Phase == iteronv1.PhaseActive:
+		ready.Status, ready.Reason, ready.Message = metav1.ConditionTrue, iteronv1.ReasonSucceeded, "serving"
+	case gs.Reason != "":
+		ready.Reason, ready.Message = reasonOf(gs.Reason), truncate(gs.Message, iteronv1.MaxMessageBytes)
+	}
+	meta.SetStatusCondition(&s.Conditions, ready)
+}
+
+// tailBytes keeps the last n bytes of s, starting at a rune boundary.
+func tailBytes(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	cut := len(s) - n
+	for cut < len(s) && s[cut]&0xC0 == 0x80 {
+		cut++
+	}
+	return s[cut:]
 }
 
 // SetupWithManager registers the reconciler.
 func (r *GenerationReconciler) SetupWithManager(mgr ctrl.Manager) error {
-	return ctrl.NewControllerManagedBy(mgr).
+	b := ctrl.NewControllerManagedBy(mgr).
 		For(&iteronv1.Generation{}).
-		Named("generation").
-		Complete(r)
+		Named("generation")
+	if r.Notifications != nil {
+		b = b.WatchesRawSource(source.Channel(r.Notifications, &handler.EnqueueRequestForObject{}))
+	}
+	return b.Complete(r)
 }

@@ -1,0 +1,414 @@
+package controllers
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	iteronv1 "iteron.dev/operator/api/v1alpha1"
+	"iteron.dev/operator/internal/activation"
+	"iteron.dev/operator/internal/hotswap"
+)
+
+// activationScope carries one reconcile's state between phases.
+type activationScope struct {
+	act  *iteronv1.ImplementationActivation
+	base *iteronv1.ImplementationActivation
+	key  hotswap.ActivationKey
+
+	res        Resolution
+	resolved   bool
+	status     hotswap.ActivationStatus
+	haveStatus bool
+	// targets are the desired generations, by module.
+	targets map[string]hotswap.ModuleTarget
+	// stalled explains modules whose failed target is not retried.
+	stalled map[string]hotswap.Failure
+	// retryHandled is the retry annotation value acted on.
+	retryHandled string
+
+	requeueAfter time.Duration
+	deleted      bool
+}
+
+// reconcileResolve verifies the spec and orders its modules. A paused
+// activation is not resolved: nothing changes while paused.
+func (r *ActivationReconciler) reconcileResolve(ctx context.Context, s *activationScope) error {
+	s.status, s.haveStatus = r.Coordinator.Status(s.key.UID)
+	if s.act.Spec.Paused {
+		return nil
+	}
+	s.res = r.Resolve(ctx, &s.act.Spec)
+	s.resolved = true
+	return nil
+}
+
+// reconcileGenerations decides the desired generation of every runnable
+// module and creates the Generation objects that do not exist yet.
+func (r *ActivationReconciler) reconcileGenerations(ctx context.Context, s *activationScope) error {
+	if !s.resolved || s.res.DocumentError != nil {
+		return nil
+	}
+	gens, err := r.ownedGenerations(ctx, s.act)
+	if err != nil {
+		return err
+	}
+	retry := s.act.Annotations[iteronv1.AnnotationRetry]
+	retryRequested := retry != "" && retry != s.act.Status.LastHandledRetryAt
+	s.targets = map[string]hotswap.ModuleTarget{}
+	s.stalled = map[string]hotswap.Failure{}
+	for _, rm := range s.res.Modules {
+		if rm.Plan == nil {
+			continue
+		}
+		target, create, stalled := r.desiredGeneration(s, rm, gens, retryRequested)
+		if stalled != nil {
+			s.stalled[rm.Module] = *stalled
+		}
+		if target == nil {
+			continue
+		}
+		if create != nil {
+			if err := r.Client.Create(ctx, create); err != nil {
+				return fmt.Errorf("create Generation %s: %w", create.Name, err)
+			}
+			gens = append(gens, *create)
+			r.Recorder.Eventf(s.act, create, corev1.EventTypeNormal, "GenerationCreated", "Plan", "module %s: generation %d attempt %d (%s)", rm.Module, target.Lineage, target.Attempt, rm.Plan.ImplementationID())
+		}
+		s.targets[rm.Module] = *target
+	}
+	if retryRequested {
+		s.retryHandled = retry
+	}
+	return nil
+}
+
+// desiredGeneration picks the target generation of one module: the active
+// one when its epoch is unchanged; else the next lineage, reusing an
+// existing Generation for the same target unless it failed and a retry was
+// requested (a failed attempt's number is never reused). A failed target
+// without a retry keeps the active generation and reports the failure.
+func (r *ActivationReconciler) desiredGeneration(s *activationScope, rm ResolvedModule, gens []iteronv1.Generation, retryRequested bool) (target *hotswap.ModuleTarget, create *iteronv1.Generation, stalled *hotswap.Failure) {
+	mk := func(name string, lineage int64, attempt int32) *hotswap.ModuleTarget {
+		return &hotswap.ModuleTarget{Module: rm.Module, Plan: *rm.Plan, Epoch: rm.Epoch, GenerationName: name, Lineage: lineage, Attempt: attempt, DependsOn: rm.DependsOn}
+	}
+	active, activeLineage, activeEpoch := r.activeOf(s, rm.Module)
+	var activeGen *iteronv1.Generation
+	for i := range gens {
+		if gens[i].Name == active {
+			activeGen = &gens[i]
+		}
+	}
+	if active != "" && activeEpoch == rm.Epoch && activeGen != nil {
+		return mk(active, activeGen.Spec.Generation, activeGen.Spec.Attempt), nil, nil
+	}
+	lineage := activeLineage + 1
+	if active == "" {
+		// No active generation: continue after the last lineage that was
+		// ever active (a module removed and added back).
+		for _, g := range gens {
+			if g.Spec.Module == rm.Module && g.Status.ActivatedAt != nil && g.Spec.Generation >= lineage {
+				lineage = g.Spec.Generation + 1
+			}
+		}
+	}
+	var match *iteronv1.Generation
+	maxAttempt := int32(0)
+	for i := range gens {
+		g := &gens[i]
+		if g.Spec.Module != rm.Module || g.Spec.Generation != lineage {
+			continue
+		}
+		maxAttempt = max(maxAttempt, g.Spec.Attempt)
+		if sameTarget(g, rm.Plan, active) && (match == nil || g.Spec.Attempt > match.Spec.Attempt) {
+			match = g
+		}
+	}
+	if match != nil {
+		failure := r.failureOf(s, match)
+		switch {
+		case failure == nil:
+			return mk(match.Name, lineage, match.Spec.Attempt), nil, nil
+		case !retryRequested:
+			// Not retried for the same target: keep what serves.
+			if activeGen != nil {
+				return mk(active, activeGen.Spec.Generation, activeGen.Spec.Attempt), nil, failure
+			}
+			return nil, nil, failure
+		}
+	}
+	attempt := maxAttempt + 1
+	g := newGeneration(s.act, rm, lineage, attempt, active)
+	return mk(g.Name, lineage, attempt), g, nil
+}
+
+// activeOf returns the active generation of a module: the coordinator's,
+// else status.modules (the source of truth written after each switch).
+func (r *ActivationReconciler) activeOf(s *activationScope, module string) (name string, lineage int64, epoch string) {
+	if s.haveStatus {
+		if ms, ok := s.status.Modules[module]; ok && ms.Active != "" {
+			return ms.Active, ms.Lineage, ms.Epoch
+		}
+		return "", 0, ""
+	}
+	for _, ms := range s.act.Status.Modules {
+		if ms.Module == module && ms.Phase == iteronv1.PhaseActive {
+			return ms.GenerationName, ms.Generation, ms.Epoch
+		}
+	}
+	return "", 0, ""
+}
+
+// failureOf reports whether a Generation's attempt failed: the coordinator
+// knows at once, the Generation's status durably.
+func (r *ActivationReconciler) failureOf(s *activationScope, g *iteronv1.Generation) *hotswap.Failure {
+	if s.haveStatus {
+		for _, f := range s.status.Failures {
+			if f.GenerationName == g.Name {
+				return &f
+			}
+		}
+		if gs, ok := s.status.Generations[g.Name]; ok && gs.Phase == iteronv1.PhaseFailed {
+			return &hotswap.Failure{Module: g.Spec.Module, GenerationName: g.Name, Code: gs.Reason, Message: gs.Message}
+		}
+	}
+	if g.Status.Phase == iteronv1.PhaseFailed {
+		return &hotswap.Failure{Module: g.Spec.Module, GenerationName: g.Name, Code: g.Status.Reason, Message: g.Status.Message}
+	}
+	return nil
+}
+
+func sameTarget(g *iteronv1.Generation, p *activation.LaunchPlan, previous string) bool {
+	return g.Spec.Implementation.ID == p.ImplementationID() &&
+		g.Spec.Implementation.ManifestSHA256 == p.ManifestSHA256() &&
+		g.Spec.Implementation.ArtifactSHA256 == p.ArtifactSHA256() &&
+		g.Spec.AuthoritySHA256 == p.AuthoritySHA256() &&
+		g.Spec.Previous == previous
+}
+
+// GenerationName is <activation>-<module with _ → ->-g<lineage>-<attempt>.
+func GenerationName(activationName, module string, lineage int64, attempt int32) string {
+	return fmt.Sprintf("%s-%s-g%d-%d", activationName, strings.ReplaceAll(module, "_", "-"), lineage, attempt)
+}
+
+func newGeneration(act *iteronv1.ImplementationActivation, rm ResolvedModule, lineage int64, attempt int32, previous string) *iteronv1.Generation {
+	p := rm.Plan
+	v := p.Version()
+	caps := make([]iteronv1.Capability, 0, len(p.AdmittedCapabilities()))
+	for _, c := range p.AdmittedCapabilities() {
+		caps = append(caps, iteronv1.Capability(c))
+	}
+	limits := p.EvidenceLimits()
+	return &iteronv1.Generation{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:      GenerationName(act.Name, rm.Module, lineage, attempt),
+			Namespace: act.Namespace,
+			Labels:    map[string]string{iteronv1.LabelActivation: act.Name, iteronv1.LabelModule: strings.ReplaceAll(rm.Module, "_", "-")},
+			OwnerReferences: []metav1.OwnerReference{{
+				APIVersion: iteronv1.GroupVersion.String(), Kind: "ImplementationActivation",
+				Name: act.Name, UID: act.UID, Controller: ptr.To(true), BlockOwnerDeletion: ptr.To(true),
+			}},
+		},
+		Spec: iteronv1.GenerationSpec{
+			ActivationName: act.Name, NodeName: act.Spec.NodeName, Module: rm.Module,
+			Generation: lineage, Attempt: attempt, Previous: previous, CandidateSHA256: act.Spec.CandidateSHA256,
+			Implementation: iteronv1.Implementation{
+				ID: p.ImplementationID(), Version: fmt.Sprintf("%d.%d.%d", v[0], v[1], v[2]),
+				ManifestSHA256: p.ManifestSHA256(), ArtifactSHA256: p.ArtifactSHA256(),
+				ArtifactRoot: p.ArtifactRoot(), Executable: p.Executable(), Argv: p.Argv(),
+				ProtocolVersion: int32(p.ProtocolVersion()),
+			},
+			AdmittedCapabilities: caps,
+			AuthoritySHA256:      p.AuthoritySHA256(),
+			Deadlines:            iteronv1.Deadlines{RuntimeMs: p.RuntimeDeadline().Milliseconds(), CancellationMs: p.CancellationDeadline().Milliseconds()},
+			EvidenceLimits:       iteronv1.EvidenceLimits{StdoutBytes: limits.StdoutBytes, StderrBytes: limits.StderrBytes, Observations: int64(limits.Observations)},
+		},
+	}
+}
+
+// ownedGenerations lists the Generations of an activation (by owner, never
+// by label).
+func (r *ActivationReconciler) ownedGenerations(ctx context.Context, act *iteronv1.ImplementationActivation) ([]iteronv1.Generation, error) {
+	var list iteronv1.GenerationList
+	if err := r.Client.List(ctx, &list, client.InNamespace(act.Namespace)); err != nil {
+		return nil, err
+	}
+	var out []iteronv1.Generation
+	for _, g := range list.Items {
+		if metav1.IsControlledBy(&g, act) {
+			out = append(out, g)
+		}
+	}
+	return out, nil
+}
+
+// reconcileApply hands the desired state to the coordinator.
+func (r *ActivationReconciler) reconcileApply(ctx context.Context, s *activationScope) error {
+	if !s.resolved || s.res.DocumentError != nil {
+		return nil
+	}
+	spec := s.act.Spec
+	d := hotswap.Desired{
+		Key: s.key, SpecGeneration: s.act.Generation, CandidateSHA256: spec.CandidateSHA256,
+		Swap: hotswap.SwapPolicy{
+			Deadline:       time.Duration(max(spec.Swap.DeadlineSeconds, 1)) * time.Second,
+			QuiesceTimeout: time.Duration(ptr.Deref(spec.Swap.QuiesceTimeoutSeconds, 10)) * time.Second,
+			Cold:           spec.Swap.Strategy == iteronv1.SwapStrategyCold,
+			Discard:        spec.Swap.StateDisposition == iteronv1.StateDispositionDiscard,
+		},
+		CheckpointInterval: time.Duration(ptr.Deref(spec.Checkpoint.IntervalSeconds, 60)) * time.Second,
+	}
+	for _, m := range s.res.ActivateOrder {
+		if t, ok := s.targets[m]; ok {
+			d.ActivateOrder = append(d.ActivateOrder, m)
+			d.Modules = append(d.Modules, t)
+		}
+	}
+	for _, m := range s.res.DrainOrder {
+		if _, ok := s.targets[m]; ok {
+			d.DrainOrder = append(d.DrainOrder, m)
+		}
+	}
+	if err := r.Coordinator.Apply(d); err != nil {
+		return err
+	}
+	s.status, s.haveStatus = r.Coordinator.Status(s.key.UID)
+	return nil
+}
+
+// summarize writes status from the resolution and the coordinator.
+func (r *ActivationReconciler) summarize(s *activationScope) {
+	act, st := s.act, s.status
+	act.Status.ObservedGeneration = act.Generation
+	act.Status.ModuleCount = int32(len(act.Spec.Sources))
+	if s.retryHandled != "" {
+		act.Status.LastHandledRetryAt = s.retryHandled
+	}
+	if st.Ledger != nil {
+		act.Status.Ledger = ledgerStatus(st)
+	}
+	if s.resolved {
+		act.Status.Modules, act.Status.Plan = moduleStatuses(s), planStatus(s)
+	}
+	active := int32(0)
+	for _, ms := range act.Status.Modules {
+		if ms.Phase == iteronv1.PhaseActive {
+			active++
+		}
+	}
+	act.Status.ActiveCount = active
+	for _, c := range conditionsFor(s) {
+		c.ObservedGeneration = act.Generation
+		meta.SetStatusCondition(&act.Status.Conditions, c)
+	}
+	if s.haveStatus && (st.Busy || st.AppliedSpecGeneration < act.Generation && !act.Spec.Paused) {
+		s.requeueAfter = 10 * time.Second
+	}
+}
+
+func ledgerStatus(st hotswap.ActivationStatus) *iteronv1.LedgerStatus {
+	ls := &iteronv1.LedgerStatus{File: st.LedgerFile, HeadSHA256: st.Ledger.HeadSHA256, Records: int64(st.Ledger.Records), Verified: st.LedgerError == ""}
+	for _, b := range st.Ledger.Recent {
+		ls.Recent = append(ls.Recent, iteronv1.LedgerRecordSummary{
+			Sequence: int64(b.Sequence), TransactionID: b.TransactionID, Module: b.Module,
+			Phase: string(b.Phase), Outcome: string(b.Outcome), Reason: truncate(b.Reason, 256),
+		})
+	}
+	return ls
+}
+
+// moduleStatuses lists every source's module in ModuleId order.
+func moduleStatuses(s *activationScope) []iteronv1.ModuleStatus {
+	var out []iteronv1.ModuleStatus
+	for _, rm := range s.res.Modules {
+		ms := iteronv1.ModuleStatus{Module: rm.Module, Phase: iteronv1.PhaseInactive, Epoch: rm.Epoch}
+		if rt, ok := s.status.Modules[rm.Module]; ok {
+			if rt.Active != "" {
+				ms.ImplementationID, ms.Generation, ms.GenerationName, ms.Epoch = rt.ImplementationID, rt.Lineage, rt.Active, rt.Epoch
+				ms.Phase = rt.Phase
+				for _, c := range rt.AdmittedCapabilities {
+					ms.AdmittedCapabilities = append(ms.AdmittedCapabilities, iteronv1.Capability(c))
+				}
+			}
+			ms.Reason, ms.Message = rt.Reason, rt.Message
+		}
+		switch {
+		case rm.Code != "":
+			ms.Reason, ms.Message = rm.Code, rm.Message
+		case s.stalled[rm.Module].Code != "":
+			f := s.stalled[rm.Module]
+			ms.Reason, ms.Message = f.Code, fmt.Sprintf("%s (not retried for the same target: change the spec or set the %s annotation)", f.Message, iteronv1.AnnotationRetry)
+		}
+		if ms.Reason == "" && ms.Phase != iteronv1.PhaseActive {
+			if f := failureFor(s.status, rm.Module); f != nil {
+				ms.Reason, ms.Message = f.Code, f.Message
+				ms.Phase = iteronv1.PhaseFailed
+			}
+		}
+		ms.Message = truncate(ms.Message, iteronv1.MaxMessageBytes)
+		out = append(out, ms)
+	}
+	return out
+}
+
+func failureFor(st hotswap.ActivationStatus, module string) *hotswap.Failure {
+	for _, f := range st.Failures {
+		if f.Module == module {
+			return &f
+		}
+	}
+	return nil
+}
+
+// planStatus is the RuntimePlan of this spec against what runs.
+func planStatus(s *activationScope) *iteronv1.PlanStatus {
+	p := &iteronv1.PlanStatus{ActivateOrder: s.res.ActivateOrder, DrainOrder: s.res.DrainOrder}
+	desired := map[string]bool{}
+	for _, rm := range s.res.Modules {
+		desired[rm.Module] = true
+		rt, running := s.status.Modules[rm.Module]
+		switch {
+		case !running || rt.Active == "":
+			p.Added = append(p.Added, rm.Module)
+		case rt.Epoch == rm.Epoch:
+			p.Unchanged = append(p.Unchanged, rm.Module)
+		default:
+			p.Reloaded = append(p.Reloaded, rm.Module)
+		}
+	}
+	for m, rt := range s.status.Modules {
+		if !desired[m] && rt.Active != "" {
+			p.Removed = append(p.Removed, m)
+		}
+	}
+	slices.Sort(p.Removed)
+	return p
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	cut := n - len("…")
+	for cut > 0 && s[cut]&0xC0 == 0x80 {
+		cut--
+	}
+	return s[:cut] + "…"
+}
+
+// patchStatus writes status once per reconcile, with observedGeneration.
+func (r *ActivationReconciler) patchStatus(ctx context.Context, s *activationScope) error {
+	if s.deleted {
+		return nil
+	}
+	err := r.Client.Status().Patch(ctx, s.act, client.MergeFrom(s.base))
+	return client.IgnoreNotFound(err)
+}

@@ -1,0 +1,41 @@
+package controllers
+
+import (
+	"iteron.dev/operator/internal/activation"
+)
+
+// Resolution is what verification and the dependency graph made of a spec:
+// per module either a verified launch plan with its epoch, or the reason it
+// cannot run.
+type Resolution struct {
+	// DocumentError refuses the whole spec (duplicate modules, bad
+	// document); nothing is applied and the running generations stay.
+	DocumentError error
+	// DocumentCode is DocumentError's reason code.
+	DocumentCode string
+	// Modules are the spec's modules in ModuleId order.
+	Modules []ResolvedModule
+	// ActivateOrder is the topological order of the admitted modules.
+	ActivateOrder []string
+	// DrainOrder is its reverse.
+	DrainOrder []string
+}
+
+// ResolvedModule is one module of a resolution.
+type ResolvedModule struct {
+	// Module is the module.
+	Module string
+	// Plan is the verified launch plan; nil when the module cannot run.
+	Plan *activation.LaunchPlan
+	// Epoch is the module's epoch (DESIGN §6).
+	Epoch string
+	// Identity is module|implementation_id|version|artifact_sha256.
+	Identity string
+	// DependsOn are the modules of this activation it needs Active first.
+	DependsOn []string
+	// Code and Message say why the module cannot run (verification_failed,
+	// dependency_unsatisfied, dependency_cycle, …); empty when it can.
+	Code, Message string
+	// NotAdmitted are requested capabilities the ceiling dropped.
+	NotAdmitted []string
+}
