@@ -1,18 +1,183 @@
 package main
 
 import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"time"
 
+	"github.com/go-json-experiment/json/jsontext"
 	"github.com/spf13/cobra"
+
+	"iteron.dev/operator/internal/activation"
+	"iteron.dev/operator/internal/procexec"
+	"iteron.dev/operator/internal/procexec/conformance"
+	"iteron.dev/operator/pkg/protocol"
+	"iteron.dev/operator/pkg/strictjson"
 )
 
-// newConformanceCmd is a placeholder until issue 3 lands the command.
 func newConformanceCmd() *cobra.Command {
-	return &cobra.Command{
-		Use:   "conformance",
-		Short: "not implemented yet (issue 3)",
-		RunE: func(*cobra.Command, []string) error {
-			return invalid(errors.New("conformance is not implemented yet (issue 3)"))
+	var (
+		protocolVersion int
+		module, implID  string
+		timeout         time.Duration
+		input           string
+		uid, gid        int
+		interpreters    []string
+		stderrBytes     int64
+	)
+	cmd := &cobra.Command{
+		Use:   "conformance <executable> --protocol 1|2 --module <module> [-- argv...]",
+		Short: "Run a provider executable through the whole protocol and report each violation",
+		Long: `conformance hashes the executable itself and runs it exactly as the executor runs a
+verified provider (sealed copy, no shell, empty environment, own process group,
+provider uid/gid, NoNewPrivs, no capabilities), then drives it: load; start with
+a minimal input and observe to the terminal observation; start a second run and
+cancel it; for protocol 2 snapshot, migrate, restore and readiness; then stop.
+Each violation is reported with its operation and the offending frame.
+
+Exit status: 0 conformant, 1 violations found, 2 usage.`,
+		Args: cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			dash := cmd.ArgsLenAtDash()
+			var argv []string
+			switch {
+			case dash == 0:
+				return usage(errors.New("the executable comes before --"))
+			case dash > 0:
+				if dash != 1 {
+					return usage(fmt.Errorf("one executable expected before --, got %q", args[:dash]))
+				}
+				argv = args[dash:]
+			case len(args) != 1:
+				return usage(fmt.Errorf("one executable expected, got %q (put its arguments after --)", args))
+			}
+			if protocolVersion != 1 && protocolVersion != 2 {
+				return usage(fmt.Errorf("--protocol must be 1 or 2, not %d", protocolVersion))
+			}
+			if module == "" {
+				return usage(errors.New("--module is required"))
+			}
+			if err := protocol.ValidModule(module); err != nil {
+				return usage(fmt.Errorf("--module: %v", err))
+			}
+			if timeout <= 0 {
+				return usage(fmt.Errorf("--timeout must be positive"))
+			}
+			in := jsontext.Value(input)
+			if err := protocol.ValidPayload(in, protocol.MaxPayloadBytes); err != nil {
+				return usage(fmt.Errorf("--input: %v", err))
+			}
+			if uid < 0 || gid < 0 {
+				return usage(errors.New("--uid and --gid must be non-negative"))
+			}
+			exe, err := filepath.Abs(args[0])
+			if err != nil {
+				return usage(err)
+			}
+			if resolved, err := filepath.EvalSymlinks(exe); err == nil {
+				exe = resolved
+			}
+			digest, err := hashFile(exe)
+			if err != nil {
+				return usage(fmt.Errorf("executable: %w", err))
+			}
+			plan, err := activation.PlanForConformance(activation.ConformanceTarget{
+				Module: module, ImplementationID: implID, ProtocolVersion: protocolVersion,
+				Executable: exe, ArtifactSHA256: digest, Argv: argv,
+				RuntimeDeadline: max(20*timeout, time.Minute), CancellationDeadline: timeout,
+				EvidenceLimits: activation.EvidenceLimits{StdoutBytes: 4 << 20, StderrBytes: stderrBytes, Observations: 4096},
+			})
+			if err != nil {
+				return usage(err)
+			}
+			records, err := os.MkdirTemp("", "iteron-conformance-")
+			if err != nil {
+				return err
+			}
+			defer os.RemoveAll(records)
+			cfg := procexec.DefaultConfig(records)
+			cfg.ProviderUID, cfg.ProviderGID = uint32(uid), uint32(gid)
+			cfg.Interpreters = interpreters
+			ex, err := procexec.NewExecutor(cfg)
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			fmt.Fprintf(out, "conformance of %s (protocol %d, module %s, %s, uid %d gid %d)\n", exe, protocolVersion, module, digest, uid, gid)
+			ctx := cmd.Context()
+			if ctx == nil {
+				ctx = context.Background()
+			}
+			rep := conformance.Run(ctx, ex, plan, conformance.Options{Timeout: timeout, Input: in})
+			printReport(out, rep)
+			if !rep.Conformant() {
+				return invalid(fmt.Errorf("%d violation(s)", len(rep.Violations)))
+			}
+			return nil
 		},
+	}
+	defUID, defGID := procexec.DefaultProviderID, procexec.DefaultProviderID
+	if os.Geteuid() != 0 {
+		// Only root can run a provider as another uid.
+		defUID, defGID = os.Geteuid(), os.Getegid()
+	}
+	f := cmd.Flags()
+	f.IntVar(&protocolVersion, "protocol", 0, "protocol version the provider speaks: 1 or 2 (required)")
+	f.StringVar(&module, "module", "", "module to drive the provider as, e.g. prompt_system (required)")
+	f.StringVar(&implID, "implementation-id", "conformance", "implementation ID the requests carry")
+	f.DurationVar(&timeout, "timeout", 5*time.Second, "bound of each operation and run")
+	f.StringVar(&input, "input", "{}", "JSON input of the observed and the cancelled run")
+	f.IntVar(&uid, "uid", defUID, "uid to run the provider as")
+	f.IntVar(&gid, "gid", defGID, "gid to run the provider as")
+	f.StringSliceVar(&interpreters, "interpreters", []string{"/bin/sh"}, "interpreters a #! script may name")
+	f.Int64Var(&stderrBytes, "stderr-bytes", 64<<10, "stderr the provider may write (evidence_limits.stderr_bytes); more is a violation")
+	return cmd
+}
+
+func hashFile(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return "", err
+	}
+	if !fi.Mode().IsRegular() {
+		return "", fmt.Errorf("%s is not a regular file", path)
+	}
+	h := sha256.New()
+	if _, err := io.CopyBuffer(h, io.LimitReader(f, procexec.MaxExecutableBytes+1), make([]byte, 64<<10)); err != nil {
+		return "", err
+	}
+	return strictjson.DigestPrefix + hex.EncodeToString(h.Sum(nil)), nil
+}
+
+func printReport(w io.Writer, rep *conformance.Report) {
+	for _, s := range rep.Steps {
+		status := "ok  "
+		if !s.OK {
+			status = "FAIL"
+		}
+		fmt.Fprintf(w, "  %s  %-10s %8s  %s\n", status, s.Op, s.Duration.Round(10*time.Microsecond), s.Detail)
+	}
+	for _, v := range rep.Violations {
+		fmt.Fprintf(w, "  violation during %s: %s: %s\n", v.Op, v.Kind, v.Detail)
+		if len(v.Frame) > 0 {
+			fmt.Fprintf(w, "    frame: %s\n", v.Frame)
+		}
+	}
+	fmt.Fprintf(w, "  provider %s\n", rep.Exit)
+	if rep.Conformant() {
+		fmt.Fprintf(w, "conformant: %d operations passed\n", len(rep.Steps))
+	} else {
+		fmt.Fprintf(w, "not conformant: %d violation(s)\n", len(rep.Violations))
 	}
 }

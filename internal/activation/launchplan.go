@@ -1,11 +1,14 @@
 package activation
 
 import (
+	"fmt"
+	"path/filepath"
 	"slices"
 	"testing"
 	"time"
 
 	"iteron.dev/operator/pkg/protocol"
+	"iteron.dev/operator/pkg/strictjson"
 )
 
 // EvidenceLimits bound what one run of a provider may produce (the manifest's
@@ -134,4 +137,66 @@ func newLaunchPlan(f LaunchPlanFields) LaunchPlan {
 		runtimeDeadline: f.RuntimeDeadline, cancellationDeadline: f.CancellationDeadline,
 		limits: f.EvidenceLimits, contracts: f.Contracts, failurePolicy: f.FailurePolicy,
 	}
+}
+
+// ConformanceTarget describes a local executable that `kubectl iteron
+// conformance` runs through the protocol: no catalog, no activation
+// document, no verification — the CLI hashed the file itself, and the
+// executor copies and re-hashes it at spawn as it does for any plan.
+type ConformanceTarget struct {
+	// Module is the module the provider is driven as (snake_case).
+	Module string
+	// ImplementationID is the ID the requests carry.
+	ImplementationID string
+	// ProtocolVersion is 1 or 2.
+	ProtocolVersion int
+	// Executable is the absolute, clean path of the executable; its
+	// directory is the artifact root (the provider's cwd).
+	Executable string
+	// ArtifactSHA256 is the digest the CLI computed ("sha256:…").
+	ArtifactSHA256 string
+	// Argv are the arguments after argv[0].
+	Argv []string
+	// RuntimeDeadline and CancellationDeadline bound the process and its
+	// cancel and stop.
+	RuntimeDeadline, CancellationDeadline time.Duration
+	// EvidenceLimits bound each run's output and the stderr ring.
+	EvidenceLimits EvidenceLimits
+}
+
+// conformanceCandidate is the candidate digest conformance runs carry.
+var conformanceCandidate = strictjson.Digest([]byte("iteron conformance"))
+
+// PlanForConformance mints the plan of an unverified local executable. It is
+// the conformance CLI's own door, and no other caller may use it: the plan it
+// returns proves nothing about a catalog or an activation, only that the CLI
+// hashed the bytes it names. Contracts are the built-in graph's for the
+// module; no capability is admitted; the candidate digest is a fixed
+// conformance digest.
+func PlanForConformance(t ConformanceTarget) (LaunchPlan, error) {
+	switch {
+	case t.ProtocolVersion != 1 && t.ProtocolVersion != 2:
+		return LaunchPlan{}, fmt.Errorf("conformance: protocol version %d, want 1 or 2", t.ProtocolVersion)
+	case protocol.ValidModule(t.Module) != nil:
+		return LaunchPlan{}, fmt.Errorf("conformance: module: %v", protocol.ValidModule(t.Module))
+	case protocol.ValidID(t.ImplementationID) != nil:
+		return LaunchPlan{}, fmt.Errorf("conformance: implementation ID: %v", protocol.ValidID(t.ImplementationID))
+	case !filepath.IsAbs(t.Executable) || filepath.Clean(t.Executable) != t.Executable:
+		return LaunchPlan{}, fmt.Errorf("conformance: executable %q must be an absolute, clean path", t.Executable)
+	case protocol.ValidDigest(t.ArtifactSHA256) != nil:
+		return LaunchPlan{}, fmt.Errorf("conformance: artifact digest: %v", protocol.ValidDigest(t.ArtifactSHA256))
+	case t.RuntimeDeadline <= 0 || t.CancellationDeadline <= 0:
+		return LaunchPlan{}, fmt.Errorf("conformance: deadlines must be positive")
+	}
+	authority, err := strictjson.DigestOf([]string{})
+	if err != nil {
+		return LaunchPlan{}, err
+	}
+	return newLaunchPlan(LaunchPlanFields{
+		Module: t.Module, ImplementationID: t.ImplementationID, ProtocolVersion: t.ProtocolVersion,
+		ArtifactSHA256: t.ArtifactSHA256, ArtifactRoot: filepath.Dir(t.Executable), Executable: t.Executable,
+		Argv: t.Argv, CandidateSHA256: conformanceCandidate, AdmittedCapabilities: []string{}, AuthoritySHA256: authority,
+		RuntimeDeadline: t.RuntimeDeadline, CancellationDeadline: t.CancellationDeadline,
+		EvidenceLimits: t.EvidenceLimits, Contracts: protocol.BuiltinContracts(t.Module), FailurePolicy: "fail_closed",
+	}), nil
 }

@@ -1,0 +1,287 @@
+package procexec
+
+import (
+	"fmt"
+	"os"
+	"os/signal"
+	"slices"
+	"sync"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// The reaper makes the manager a child subreaper (PR_SET_CHILD_SUBREAPER):
+// descendants of a provider whose parent dies are re-parented to the manager
+// rather than to init, so the manager can kill and reap them. It never calls
+// wait4(-1), which would reap children that are none of its business (a
+// test's etcd): it scans /proc for processes whose PPid is the manager and
+// reaps only
+//   - zombies in a recorded provider group (pid + pgid + start time), and
+//   - processes running as a provider uid that is not the manager's own, which
+//     can only descend from a provider that left its group (setsid): those are
+//     killed, then reaped.
+//
+// Group leaders are never reaped here: each Process reaps its own leader
+// through its pidfd, after the group is gone.
+
+type group struct {
+	pid, pgid int
+	startTime uint64
+	uid       int
+}
+
+var reaper struct {
+	once sync.Once
+	err  error
+	self int
+
+	// mu is held while reaping anything but a leader, so that a pid read
+	// from /proc is not reaped (and reused) by another goroutine between the
+	// read and the wait.
+	mu     sync.Mutex
+	groups map[int]group // by pgid
+	// providerUIDs are the uids, other than the manager's, that providers
+	// have run as during this manager's life: an escaped descendant keeps
+	// its uid long after its group is gone.
+	providerUIDs map[int]bool
+	// escaped are the escaped descendants killed, for ReapOrphans.
+	escaped []int
+	kick    chan struct{}
+}
+
+func startReaper() error {
+	reaper.once.Do(func() {
+		if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+			reaper.err = fmt.Errorf("procexec: prctl(PR_SET_CHILD_SUBREAPER): %w", err)
+			return
+		}
+		reaper.self = os.Getpid()
+		reaper.groups = map[int]group{}
+		reaper.providerUIDs = map[int]bool{}
+		reaper.kick = make(chan struct{}, 1)
+		sig := make(chan os.Signal, 1)
+		signal.Notify(sig, syscall.SIGCHLD)
+		go reaperLoop(sig, reaper.kick)
+	})
+	return reaper.err
+}
+
+// reaperLoop is the permanent reaper goroutine: it scans on SIGCHLD, when
+// kicked, and every few seconds as a backstop (signals coalesce).
+func reaperLoop(sig <-chan os.Signal, kick <-chan struct{}) {
+	tick := time.NewTicker(5 * time.Second)
+	for {
+		select {
+		case <-sig:
+		case <-kick:
+		case <-tick.C:
+		}
+		reapOrphans()
+	}
+}
+
+func kickReaper() {
+	select {
+	case reaper.kick <- struct{}{}:
+	default:
+	}
+}
+
+func registerGroup(g group) {
+	reaper.mu.Lock()
+	defer reaper.mu.Unlock()
+	reaper.groups[g.pgid] = g
+	if g.uid != os.Geteuid() {
+		reaper.providerUIDs[g.uid] = true
+	}
+}
+
+func unregisterGroup(g group) {
+	reaper.mu.Lock()
+	defer reaper.mu.Unlock()
+	delete(reaper.groups, g.pgid)
+}
+
+// ReapOrphans scans /proc at once, as the reaper does on SIGCHLD: it reaps
+// zombie members of recorded provider groups re-parented to the manager and
+// kills (and reaps) descendants that left their provider's group. It returns
+// the pids of the escaped descendants killed since the last call (by this
+// scan or the reaper's own), which the conformance check reports as
+// processes left behind.
+func ReapOrphans() []int {
+	if startReaper() != nil {
+		return nil
+	}
+	reapOrphans()
+	reaper.mu.Lock()
+	defer reaper.mu.Unlock()
+	out := reaper.escaped
+	reaper.escaped = nil
+	return out
+}
+
+func reapOrphans() {
+	pids, err := listPIDs()
+	if err != nil {
+		return
+	}
+	reaper.mu.Lock()
+	defer reaper.mu.Unlock()
+	for _, pid := range pids {
+		st, err := readStat(pid)
+		if err != nil || st.ppid != reaper.self {
+			continue
+		}
+		if g, ok := reaper.groups[st.pgid]; ok {
+			if pid != g.pid && st.state == 'Z' {
+				reapPID(pid)
+			}
+			continue
+		}
+		if len(reaper.providerUIDs) == 0 {
+			continue
+		}
+		uid, err := readUID(pid)
+		if err != nil || !reaper.providerUIDs[uid] {
+			continue
+		}
+		// A provider's descendant that left its group: kill it, and reap it
+		// once it is a zombie (now or at the next scan).
+		if st.state != 'Z' && len(reaper.escaped) < 1024 && !slices.Contains(reaper.escaped, pid) {
+			reaper.escaped = append(reaper.escaped, pid)
+		}
+		syscall.Kill(pid, syscall.SIGKILL)
+		if st.state == 'Z' {
+			reapPID(pid)
+		} else {
+			kickLater()
+		}
+	}
+}
+
+var kickPending sync.Mutex
+
+// kickLater rescans shortly, to reap what was just killed.
+func kickLater() {
+	if !kickPending.TryLock() {
+		return
+	}
+	time.AfterFunc(20*time.Millisecond, func() {
+		kickPending.Unlock()
+		kickReaper()
+	})
+}
+
+// reapPID reaps one child that is known to be a zombie (caller holds
+// reaper.mu).
+func reapPID(pid int) {
+	var info siginfo
+	waitid(unix.P_PID, pid, &info, unix.WEXITED|unix.WNOHANG)
+}
+
+// siginfo is the part of siginfo_t that waitid fills for a child.
+type siginfo struct {
+	Signo  int32
+	Errno  int32
+	Code   int32
+	_      int32
+	Pid    int32
+	UID    uint32
+	Status int32
+	_      [100]byte
+}
+
+// si_code values of a SIGCHLD siginfo.
+const cldExited = 1
+
+// Exit describes how a child ended.
+type Exit struct {
+	// Exited is true for a normal exit with Code; false for death by Signal.
+	Exited bool
+	Code   int
+	Signal syscall.Signal
+}
+
+func (e Exit) String() string {
+	if e.Exited {
+		return fmt.Sprintf("exit status %d", e.Code)
+	}
+	return fmt.Sprintf("killed by signal %d (%v)", int(e.Signal), e.Signal)
+}
+
+// Success reports a normal exit with status 0.
+func (e Exit) Success() bool { return e.Exited && e.Code == 0 }
+
+func exitOf(info *siginfo) Exit {
+	switch info.Code {
+	case cldExited:
+		return Exit{Exited: true, Code: int(info.Status)}
+	default:
+		return Exit{Signal: syscall.Signal(info.Status)}
+	}
+}
+
+func waitid(idtype, id int, info *siginfo, options int) error {
+	for {
+		_, _, e := syscall.Syscall6(syscall.SYS_WAITID, uintptr(idtype), uintptr(id), uintptr(unsafe.Pointer(info)), uintptr(options), 0, 0)
+		if e == syscall.EINTR {
+			continue
+		}
+		if e != 0 {
+			return e
+		}
+		return nil
+	}
+}
+
+// sweepGroup waits until no process but the (already exited, unreaped)
+// leader is left in group pgid, reaping the members re-parented to the
+// manager as they die. The group has been sent SIGKILL while the leader was
+// unreaped, so no process can join it any more; it is sent SIGKILL again on
+// every pass anyway (the leader still pins the pgid). It returns the pids
+// still present at the deadline.
+func sweepGroup(pgid, leader int, deadline time.Time) []int {
+	wait := 50 * time.Microsecond
+	for {
+		syscall.Kill(-pgid, syscall.SIGKILL)
+		members, err := groupMembers(pgid)
+		if err != nil {
+			return nil
+		}
+		var others []procStat
+		for _, m := range members {
+			if m.pid != leader {
+				others = append(others, m)
+			}
+		}
+		if len(others) == 0 {
+			return nil
+		}
+		reaped := 0
+		reaper.mu.Lock()
+		for _, m := range others {
+			if m.ppid == reaper.self && m.state == 'Z' {
+				reapPID(m.pid)
+				reaped++
+			}
+		}
+		reaper.mu.Unlock()
+		if reaped == len(others) {
+			// Every member seen was a zombie child of ours and is reaped; no
+			// new member can have appeared since the kill.
+			return nil
+		}
+		if time.Now().After(deadline) {
+			var left []int
+			for _, m := range others {
+				left = append(left, m.pid)
+			}
+			return left
+		}
+		time.Sleep(wait)
+		wait = min(2*wait, 5*time.Millisecond)
+	}
+}

@@ -1,0 +1,182 @@
+package procexec
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+
+	"iteron.dev/operator/pkg/strictjson"
+)
+
+// Record is the durable trace of one live provider group, written (with
+// fsync of the file and the directory) when the process starts and removed
+// when its group is gone. A manager that died leaves its records behind, and
+// Sweep at the next start kills the groups they name: pid, pgid and start
+// time (and the boot) must all match, so a reused pid is never killed.
+type Record struct {
+	PID              int    `json:"pid"`
+	PGID             int    `json:"pgid"`
+	StartTime        uint64 `json:"start_time"`
+	BootID           string `json:"boot_id"`
+	UID              int    `json:"uid"`
+	Module           string `json:"module"`
+	ImplementationID string `json:"implementation_id"`
+	ArtifactSHA256   string `json:"artifact_sha256"`
+}
+
+// maxRecordBytes bounds a record file.
+const maxRecordBytes = 4096
+
+func (r Record) fileName() string { return fmt.Sprintf("%d-%d.json", r.PID, r.StartTime) }
+
+func writeRecord(dir string, r Record) (string, error) {
+	b, err := strictjson.Canonical(r)
+	if err != nil {
+		return "", err
+	}
+	path := filepath.Join(dir, r.fileName())
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY|syscall.O_CLOEXEC, 0o600)
+	if err != nil {
+		return "", err
+	}
+	if _, err := f.Write(append(b, '\n')); err != nil {
+		f.Close()
+		os.Remove(tmp)
+		return "", err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		os.Remove(tmp)
+		return "", err
+	}
+	if err := f.Close(); err != nil {
+		os.Remove(tmp)
+		return "", err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		os.Remove(tmp)
+		return "", err
+	}
+	return path, syncDir(dir)
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+func readRecord(path string) (Record, error) {
+	var r Record
+	f, err := os.Open(path)
+	if err != nil {
+		return r, err
+	}
+	defer f.Close()
+	b, err := strictjson.ReadBounded(f, maxRecordBytes)
+	if err != nil {
+		return r, err
+	}
+	if err := strictjson.Decode(b, &r, maxRecordBytes); err != nil {
+		return r, err
+	}
+	if r.PID <= 0 || r.PGID <= 0 {
+		return r, fmt.Errorf("record %s: pid %d, pgid %d", path, r.PID, r.PGID)
+	}
+	return r, nil
+}
+
+// SweepReport says what Sweep found.
+type SweepReport struct {
+	// Killed are the records whose groups were still alive and were killed.
+	Killed []Record
+	// Stale counts records naming no live process (a reused pid included).
+	Stale int
+	// Invalid lists record files that could not be read; they are removed.
+	Invalid []string
+}
+
+// sweep kills the leftover groups recorded in dir by an earlier manager and
+// removes their records. live names the groups of this executor, which are
+// never touched.
+func sweep(dir string, live func(pid int) bool) (SweepReport, error) {
+	var rep SweepReport
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return rep, err
+	}
+	boot := bootID()
+	for _, e := range entries {
+		name := e.Name()
+		path := filepath.Join(dir, name)
+		if strings.HasSuffix(name, ".tmp") {
+			os.Remove(path) // an interrupted write: the process was not yet recorded
+			continue
+		}
+		if !strings.HasSuffix(name, ".json") || !e.Type().IsRegular() {
+			continue
+		}
+		r, err := readRecord(path)
+		if err != nil {
+			rep.Invalid = append(rep.Invalid, path)
+			os.Remove(path)
+			continue
+		}
+		if live(r.PID) {
+			continue
+		}
+		if r.BootID != boot || !killRecorded(r) {
+			rep.Stale++
+		} else {
+			rep.Killed = append(rep.Killed, r)
+		}
+		if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return rep, err
+		}
+	}
+	return rep, syncDir(dir)
+}
+
+// killRecorded kills what is left of a recorded group and reports whether
+// anything was. The leader is killed (with its group) only if pid, pgid and
+// start time all still match. A leader that is gone may have left members:
+// they are killed if they are still in the recorded group, run as the
+// recorded uid and started after the leader (a later group reusing the pgid
+// would need a leader of its own, which is checked first).
+func killRecorded(r Record) bool {
+	if st, err := readStat(r.PID); err == nil {
+		if st.startTime != r.StartTime || st.pgid != r.PGID {
+			return false // the pid was reused
+		}
+		syscall.Kill(-r.PGID, syscall.SIGKILL)
+		syscall.Kill(r.PID, syscall.SIGKILL)
+		return true
+	}
+	if st, err := readStat(r.PGID); err == nil && st.pgid == r.PGID && st.startTime != r.StartTime {
+		return false // another group now owns this pgid
+	}
+	members, err := groupMembers(r.PGID)
+	if err != nil {
+		return false
+	}
+	killed := false
+	for _, m := range members {
+		if m.startTime < r.StartTime {
+			continue
+		}
+		if uid, err := readUID(m.pid); err != nil || uid != r.UID {
+			continue
+		}
+		syscall.Kill(m.pid, syscall.SIGKILL)
+		killed = true
+	}
+	return killed
+}

@@ -1,0 +1,100 @@
+package procexec
+
+import (
+	"fmt"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// The spawner is one goroutine locked to its OS thread for the life of the
+// process. Every provider is forked from that thread, so:
+//   - Pdeathsig (SIGKILL) fires when the manager dies, not when some thread
+//     that happened to fork exits (Go issue 27505);
+//   - NoNewPrivs, which SysProcAttr has no field for, is set once with prctl
+//     on that thread and inherited by every child;
+//   - the capability bounding set of that thread is emptied, so a provider
+//     can gain no capability by exec, whatever its uid.
+//
+// The Go runtime never clones new threads from a locked thread (it asks its
+// template thread instead), so these thread attributes do not leak into the
+// rest of the manager.
+
+type spawnRequest struct {
+	argv  []string
+	attr  *syscall.ProcAttr
+	reply chan spawnResult
+}
+
+type spawnResult struct {
+	pid, pidfd int
+	err        error
+}
+
+var spawner struct {
+	once sync.Once
+	reqs chan spawnRequest
+	err  error
+	// capsDropped reports whether the bounding set could be emptied (it
+	// cannot without CAP_SETPCAP; a non-root manager has no capabilities to
+	// pass on anyway).
+	capsDropped bool
+}
+
+func startSpawner() error {
+	spawner.once.Do(func() {
+		spawner.reqs = make(chan spawnRequest)
+		ready := make(chan error)
+		go spawnerLoop(spawner.reqs, ready)
+		spawner.err = <-ready
+	})
+	return spawner.err
+}
+
+// spawnerLoop is the permanent spawner goroutine. It never returns while the
+// setup succeeded: its thread must outlive every provider it forked.
+func spawnerLoop(reqs <-chan spawnRequest, ready chan<- error) {
+	runtime.LockOSThread() // never unlocked
+	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
+		ready <- fmt.Errorf("procexec: prctl(PR_SET_NO_NEW_PRIVS) on the spawner thread: %w", err)
+		return
+	}
+	spawner.capsDropped = dropBoundingSet() == nil
+	ready <- nil
+	for req := range reqs {
+		pidfd := -1
+		req.attr.Sys.PidFD = &pidfd
+		pid, err := syscall.ForkExec(req.argv[0], req.argv[1:len(req.argv):len(req.argv)], req.attr)
+		req.reply <- spawnResult{pid: pid, pidfd: pidfd, err: err}
+	}
+}
+
+// spawn forks and execs on the spawner thread. argv[0] is the path to exec;
+// the child's argv is argv[1:].
+func spawn(argv []string, attr *syscall.ProcAttr) (pid, pidfd int, err error) {
+	reply := make(chan spawnResult, 1)
+	spawner.reqs <- spawnRequest{argv: argv, attr: attr, reply: reply}
+	r := <-reply
+	return r.pid, r.pidfd, r.err
+}
+
+// dropBoundingSet empties the calling thread's capability bounding set.
+func dropBoundingSet() error {
+	last := 40
+	if b, err := os.ReadFile("/proc/sys/kernel/cap_last_cap"); err == nil {
+		if n, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
+			last = n
+		}
+	}
+	for c := 0; c <= last; c++ {
+		if err := unix.Prctl(unix.PR_CAPBSET_DROP, uintptr(c), 0, 0, 0); err != nil && err != unix.EINVAL {
+			return err
+		}
+	}
+	return nil
+}

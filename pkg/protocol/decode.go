@@ -1,0 +1,842 @@
+package protocol
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"strconv"
+	"strings"
+
+	"github.com/go-json-experiment/json/jsontext"
+)
+
+// Decoding is strict and single-pass where it can be: one jsontext.Decoder
+// walks the frame token by token, rejecting duplicate names at any depth,
+// invalid UTF-8, unknown and missing members, values of the wrong type and
+// trailing data. Raw values (input, observation, state) are validated by the
+// same walk and returned as sub-slices of the input, never copied or
+// re-encoded: the caller must not reuse the input buffer while it holds them.
+
+// DecodeRequest decodes one host → provider frame (the provider side). It
+// checks shape only; Validate checks values.
+func DecodeRequest(frame []byte) (*Request, error) {
+	if len(frame) > MaxFrameBytes {
+		return nil, errorf(ErrTooLarge, "", "frame of %d bytes exceeds %d", len(frame), MaxFrameBytes)
+	}
+	d := newDecoder(frame)
+	if err := d.open(""); err != nil {
+		return nil, err
+	}
+	var r Request
+	var payload jsontext.Value
+	seen, err := d.members("", envelopeNames, 0, func(i int, p string) (err error) {
+		switch i {
+		case 0:
+			r.Protocol, err = d.string(p)
+		case 1:
+			r.RequestID, err = d.string(p)
+		case 2:
+			r.ImplementationID, err = d.string(p)
+		case 3:
+			r.Module, err = d.string(p)
+		case 4:
+			payload, err = d.raw(p)
+		}
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := requireAll("", envelopeNames, seen, 1<<len(envelopeNames)-1); err != nil {
+		return nil, err
+	}
+	if err := d.end(); err != nil {
+		return nil, err
+	}
+	r.Payload, err = decodeRequestPayload(payload)
+	if err != nil {
+		return nil, err
+	}
+	return &r, nil
+}
+
+// DecodeFrame decodes one provider → host line (the host side): a response
+// if it is an object with request_id, otherwise an observation (spec/wire.md
+// §4). It checks shape only; Correlate and CheckObservation check values.
+func DecodeFrame(frame []byte) (Frame, error) {
+	if len(frame) > MaxFrameBytes {
+		return Frame{}, errorf(ErrTooLarge, "", "frame of %d bytes exceeds %d", len(frame), MaxFrameBytes)
+	}
+	d := newDecoder(frame)
+	if err := d.open(""); err != nil {
+		return Frame{}, err
+	}
+	var (
+		env     Envelope
+		payload jsontext.Value
+		obs     Observation
+	)
+	seen, err := d.members("", frameNames, 0, func(i int, p string) (err error) {
+		switch i {
+		case 0:
+			env.Protocol, err = d.string(p)
+		case 1:
+			env.RequestID, err = d.string(p)
+		case 2:
+			env.ImplementationID, err = d.string(p)
+		case 3:
+			env.Module, err = d.string(p)
+		case 4:
+			payload, err = d.raw(p)
+		case 5:
+			obs.RunID, err = d.string(p)
+		case 6:
+			obs.Sequence, err = d.uint(p)
+		case 7:
+			obs.Schema, err = d.contract(p)
+		case 8:
+			obs.Terminal, err = d.bool(p)
+		case 9:
+			obs.Observation, err = d.raw(p)
+		}
+		return err
+	})
+	if err != nil {
+		return Frame{}, err
+	}
+	if err := d.end(); err != nil {
+		return Frame{}, err
+	}
+	const (
+		responseMembers    = 1<<0 | 1<<1 | 1<<2 | 1<<3 | 1<<4
+		observationMembers = 1<<0 | 1<<2 | 1<<3 | 1<<5 | 1<<6 | 1<<7 | 1<<8 | 1<<9
+	)
+	if seen&(1<<1) != 0 {
+		if err := onlyMembers("", frameNames, seen, responseMembers, "a response"); err != nil {
+			return Frame{}, err
+		}
+		if err := requireAll("", frameNames, seen, responseMembers); err != nil {
+			return Frame{}, err
+		}
+		p, err := decodeResponsePayload(payload)
+		if err != nil {
+			return Frame{}, err
+		}
+		return Frame{Response: &Response{Envelope: env, Payload: p}}, nil
+	}
+	if err := onlyMembers("", frameNames, seen, observationMembers, "an observation (a frame without request_id)"); err != nil {
+		return Frame{}, err
+	}
+	if err := requireAll("", frameNames, seen, observationMembers); err != nil {
+		return Frame{}, err
+	}
+	obs.Protocol, obs.ImplementationID, obs.Module = env.Protocol, env.ImplementationID, env.Module
+	return Frame{Observation: &obs}, nil
+}
+
+// DecodeResponse decodes a frame that must be a response.
+func DecodeResponse(frame []byte) (*Response, error) {
+	f, err := DecodeFrame(frame)
+	if err != nil {
+		return nil, err
+	}
+	if f.Response == nil {
+		return nil, errorf(ErrMalformed, "", "an observation where a response was expected")
+	}
+	return f.Response, nil
+}
+
+var (
+	envelopeNames = []string{"protocol", "request_id", "implementation_id", "module", "payload"}
+	frameNames    = []string{"protocol", "request_id", "implementation_id", "module", "payload",
+		"run_id", "sequence", "schema", "terminal", "observation"}
+	contractNames = []string{"id", "version"}
+	stateNames    = []string{"module", "implementation_id", "run_id", "generation", "state_schema", "state_sha256", "state"}
+)
+
+// Request payload member names; index 0 is always the tag.
+var requestNames = map[Operation][]string{
+	OpLoad:      {"operation", "lifecycle_contract", "definition_contract", "provider_contract", "consumer_contract", "observation_schema", "artifact_sha256", "admitted_capabilities"},
+	OpStart:     {"operation", "lifecycle_contract", "run_id", "candidate_sha256", "input_schema", "input", "deadline_ms"},
+	OpCancel:    {"operation", "lifecycle_contract", "run_id", "reason"},
+	OpStop:      {"operation", "lifecycle_contract", "reason"},
+	OpSnapshot:  {"operation", "lifecycle_contract", "run_id", "generation", "state_schema", "deadline_ms"},
+	OpMigrate:   {"operation", "lifecycle_contract", "source", "target_generation", "deadline_ms"},
+	OpRestore:   {"operation", "lifecycle_contract", "state", "deadline_ms"},
+	OpReadiness: {"operation", "lifecycle_contract", "run_id", "generation", "state_schema", "state_sha256", "deadline_ms"},
+}
+
+// Response payload member names; index 0 is always the tag.
+var responseNames = map[Result][]string{
+	ResultLoaded:      {"result", "provider_contract", "observation_schema"},
+	ResultStarted:     {"result", "run_id"},
+	ResultCancelled:   {"result", "run_id"},
+	ResultStopped:     {"result"},
+	ResultSnapshotted: {"result", "state"},
+	ResultMigrated:    {"result", "state"},
+	ResultRestored:    {"result", "run_id", "generation", "state_schema", "state_sha256"},
+	ResultReady:       {"result", "run_id", "generation", "state_schema", "state_sha256"},
+	ResultFailed:      {"result", "code", "message"},
+}
+
+func decodeRequestPayload(raw jsontext.Value) (RequestPayload, error) {
+	const ptr = "/payload"
+	tag, fast, err := findTag(raw, ptr, "operation")
+	if err != nil {
+		return nil, err
+	}
+	op := Operation(tag)
+	names, ok := requestNames[op]
+	if !ok {
+		return nil, errorf(ErrMalformed, ptr+"/operation", "unknown operation %q", tag)
+	}
+	d := newDecoder(raw)
+	_ = d.open(ptr) // findTag has checked it is an object
+	var seen uint64
+	if fast {
+		// The tag came first: skip it and read the rest in the same pass.
+		if _, err := d.d.ReadToken(); err != nil {
+			return nil, d.wrap(err)
+		}
+		if _, err := d.d.ReadToken(); err != nil {
+			return nil, d.wrap(err)
+		}
+		seen = 1
+	}
+	var read func(i int, p string) error
+	var payload RequestPayload
+	tagMember := func(p string) error {
+		s, err := d.string(p)
+		if err == nil && s != tag {
+			err = errorf(ErrMalformed, p, "second tag %q", s)
+		}
+		return err
+	}
+	switch op {
+	case OpLoad:
+		r := &LoadRequest{}
+		payload = r
+		read = func(i int, p string) (err error) {
+			switch i {
+			case 0:
+				return tagMember(p)
+			case 1:
+				r.LifecycleContract, err = d.contract(p)
+			case 2:
+				r.DefinitionContract, err = d.contract(p)
+			case 3:
+				r.ProviderContract, err = d.contract(p)
+			case 4:
+				r.ConsumerContract, err = d.contract(p)
+			case 5:
+				r.ObservationSchema, err = d.contract(p)
+			case 6:
+				r.ArtifactSHA256, err = d.string(p)
+			case 7:
+				r.AdmittedCapabilities, err = d.strings(p)
+			}
+			return err
+		}
+	case OpStart:
+		r := &StartRequest{}
+		payload = r
+		read = func(i int, p string) (err error) {
+			switch i {
+			case 0:
+				return tagMember(p)
+			case 1:
+				r.LifecycleContract, err = d.contract(p)
+			case 2:
+				r.RunID, err = d.string(p)
+			case 3:
+				r.CandidateSHA256, err = d.string(p)
+			case 4:
+				r.InputSchema, err = d.contract(p)
+			case 5:
+				r.Input, err = d.raw(p)
+			case 6:
+				r.DeadlineMs, err = d.uint(p)
+			}
+			return err
+		}
+	case OpCancel:
+		r := &CancelRequest{}
+		payload = r
+		read = func(i int, p string) (err error) {
+			switch i {
+			case 0:
+				return tagMember(p)
+			case 1:
+				r.LifecycleContract, err = d.contract(p)
+			case 2:
+				r.RunID, err = d.string(p)
+			case 3:
+				r.Reason, err = d.string(p)
+			}
+			return err
+		}
+	case OpStop:
+		r := &StopRequest{}
+		payload = r
+		read = func(i int, p string) (err error) {
+			switch i {
+			case 0:
+				return tagMember(p)
+			case 1:
+				r.LifecycleContract, err = d.contract(p)
+			case 2:
+				r.Reason, err = d.string(p)
+			}
+			return err
+		}
+	case OpSnapshot:
+		r := &SnapshotRequest{}
+		payload = r
+		read = func(i int, p string) (err error) {
+			switch i {
+			case 0:
+				return tagMember(p)
+			case 1:
+				r.LifecycleContract, err = d.contract(p)
+			case 2:
+				r.RunID, err = d.string(p)
+			case 3:
+				r.Generation, err = d.uint(p)
+			case 4:
+				r.StateSchema, err = d.contract(p)
+			case 5:
+				r.DeadlineMs, err = d.uint(p)
+			}
+			return err
+		}
+	case OpMigrate:
+		r := &MigrateRequest{}
+		payload = r
+		read = func(i int, p string) (err error) {
+			switch i {
+			case 0:
+				return tagMember(p)
+			case 1:
+				r.LifecycleContract, err = d.contract(p)
+			case 2:
+				r.Source, err = d.state(p)
+			case 3:
+				r.TargetGeneration, err = d.uint(p)
+			case 4:
+				r.DeadlineMs, err = d.uint(p)
+			}
+			return err
+		}
+	case OpRestore:
+		r := &RestoreRequest{}
+		payload = r
+		read = func(i int, p string) (err error) {
+			switch i {
+			case 0:
+				return tagMember(p)
+			case 1:
+				r.LifecycleContract, err = d.contract(p)
+			case 2:
+				r.State, err = d.state(p)
+			case 3:
+				r.DeadlineMs, err = d.uint(p)
+			}
+			return err
+		}
+	case OpReadiness:
+		r := &ReadinessRequest{}
+		payload = r
+		read = func(i int, p string) (err error) {
+			switch i {
+			case 0:
+				return tagMember(p)
+			case 1:
+				r.LifecycleContract, err = d.contract(p)
+			case 2:
+				r.RunID, err = d.string(p)
+			case 3:
+				r.Generation, err = d.uint(p)
+			case 4:
+				r.StateSchema, err = d.contract(p)
+			case 5:
+				r.StateSHA256, err = d.string(p)
+			case 6:
+				r.DeadlineMs, err = d.uint(p)
+			}
+			return err
+		}
+	}
+	seen, err = d.members(ptr, names, seen, read)
+	if err != nil {
+		return nil, err
+	}
+	if err := requireAll(ptr, names, seen, 1<<len(names)-1); err != nil {
+		return nil, err
+	}
+	return payload, nil
+}
+
+func decodeResponsePayload(raw jsontext.Value) (ResponsePayload, error) {
+	const ptr = "/payload"
+	tag, fast, err := findTag(raw, ptr, "result")
+	if err != nil {
+		return nil, err
+	}
+	res := Result(tag)
+	names, ok := responseNames[res]
+	if !ok {
+		return nil, errorf(ErrMalformed, ptr+"/result", "unknown result %q", tag)
+	}
+	d := newDecoder(raw)
+	_ = d.open(ptr)
+	var seen uint64
+	if fast {
+		if _, err := d.d.ReadToken(); err != nil {
+			return nil, d.wrap(err)
+		}
+		if _, err := d.d.ReadToken(); err != nil {
+			return nil, d.wrap(err)
+		}
+		seen = 1
+	}
+	tagMember := func(p string) error {
+		s, err := d.string(p)
+		if err == nil && s != tag {
+			err = errorf(ErrMalformed, p, "second tag %q", s)
+		}
+		return err
+	}
+	var read func(i int, p string) error
+	var payload ResponsePayload
+	switch res {
+	case ResultLoaded:
+		r := &Loaded{}
+		payload = r
+		read = func(i int, p string) (err error) {
+			switch i {
+			case 0:
+				return tagMember(p)
+			case 1:
+				r.ProviderContract, err = d.contract(p)
+			case 2:
+				r.ObservationSchema, err = d.contract(p)
+			}
+			return err
+		}
+	case ResultStarted, ResultCancelled:
+		var runID *string
+		if res == ResultStarted {
+			r := &Started{}
+			payload, runID = r, &r.RunID
+		} else {
+			r := &Cancelled{}
+			payload, runID = r, &r.RunID
+		}
+		read = func(i int, p string) (err error) {
+			if i == 0 {
+				return tagMember(p)
+			}
+			*runID, err = d.string(p)
+			return err
+		}
+	case ResultStopped:
+		payload = &Stopped{}
+		read = func(i int, p string) error { return tagMember(p) }
+	case ResultSnapshotted, ResultMigrated:
+		var st *State
+		if res == ResultSnapshotted {
+			r := &Snapshotted{}
+			payload, st = r, &r.State
+		} else {
+			r := &Migrated{}
+			payload, st = r, &r.State
+		}
+		read = func(i int, p string) (err error) {
+			if i == 0 {
+				return tagMember(p)
+			}
+			*st, err = d.state(p)
+			return err
+		}
+	case ResultRestored, ResultReady:
+		var runID, digest *string
+		var gen *uint64
+		var schema *ContractRef
+		if res == ResultRestored {
+			r := &Restored{}
+			payload, runID, gen, schema, digest = r, &r.RunID, &r.Generation, &r.StateSchema, &r.StateSHA256
+		} else {
+			r := &Ready{}
+			payload, runID, gen, schema, digest = r, &r.RunID, &r.Generation, &r.StateSchema, &r.StateSHA256
+		}
+		read = func(i int, p string) (err error) {
+			switch i {
+			case 0:
+				return tagMember(p)
+			case 1:
+				*runID, err = d.string(p)
+			case 2:
+				*gen, err = d.uint(p)
+			case 3:
+				*schema, err = d.contract(p)
+			case 4:
+				*digest, err = d.string(p)
+			}
+			return err
+		}
+	case ResultFailed:
+		r := &Failed{}
+		payload = r
+		read = func(i int, p string) (err error) {
+			switch i {
+			case 0:
+				return tagMember(p)
+			case 1:
+				r.Code, err = d.string(p)
+			case 2:
+				r.Message, err = d.string(p)
+			}
+			return err
+		}
+	}
+	seen, err = d.members(ptr, names, seen, read)
+	if err != nil {
+		return nil, err
+	}
+	if err := requireAll(ptr, names, seen, 1<<len(names)-1); err != nil {
+		return nil, err
+	}
+	return payload, nil
+}
+
+// findTag returns the string value of the payload's tag member. fast is true
+// when the tag is the object's first member (what every encoder here
+// writes), so that the payload can be decoded in the same pass.
+func findTag(raw jsontext.Value, ptr, tagName string) (tag string, fast bool, err error) {
+	d := newDecoder(raw)
+	if err := d.open(ptr); err != nil {
+		return "", false, err
+	}
+	for first := true; ; first = false {
+		switch d.d.PeekKind() {
+		case '}':
+			return "", false, errorf(ErrMalformed, ptr, "missing member %q", tagName)
+		case 0:
+			_, err := d.d.ReadToken()
+			return "", false, d.wrap(err)
+		}
+		tok, err := d.d.ReadToken()
+		if err != nil {
+			return "", false, d.wrap(err)
+		}
+		if tok.String() == tagName {
+			s, err := d.string(ptr + "/" + tagName)
+			return s, first, err
+		}
+		if err := d.d.SkipValue(); err != nil {
+			return "", false, d.wrap(err)
+		}
+	}
+}
+
+type decoder struct {
+	d   *jsontext.Decoder
+	src []byte
+}
+
+var decodeOptions = []jsontext.Options{jsontext.AllowDuplicateNames(false), jsontext.AllowInvalidUTF8(false)}
+
+func newDecoder(b []byte) *decoder {
+	return &decoder{d: jsontext.NewDecoder(bytes.NewBuffer(b), decodeOptions...), src: b}
+}
+
+func (d *decoder) wrap(err error) error {
+	if err == nil {
+		return nil
+	}
+	var pe *Error
+	if errors.As(err, &pe) {
+		return err
+	}
+	var syn *jsontext.SyntacticError
+	if errors.As(err, &syn) {
+		reason := "invalid JSON"
+		if syn.Err != nil {
+			reason = syn.Err.Error()
+		}
+		if errors.Is(err, jsontext.ErrDuplicateName) {
+			reason = "duplicate member name"
+		}
+		return &Error{Kind: ErrMalformed, Pointer: string(syn.JSONPointer), Reason: reason}
+	}
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		return &Error{Kind: ErrMalformed, Pointer: string(d.d.StackPointer()), Reason: "unexpected end of frame"}
+	}
+	return &Error{Kind: ErrMalformed, Pointer: string(d.d.StackPointer()), Reason: err.Error()}
+}
+
+func (d *decoder) open(ptr string) error {
+	if d.d.PeekKind() != '{' {
+		if d.d.PeekKind() == 0 {
+			_, err := d.d.ReadToken()
+			if err != nil {
+				return d.wrap(err)
+			}
+		}
+		return errorf(ErrMalformed, ptr, "expected a JSON object")
+	}
+	_, err := d.d.ReadToken()
+	return d.wrap(err)
+}
+
+// end checks that nothing but whitespace follows the value.
+func (d *decoder) end() error {
+	if _, err := d.d.ReadToken(); err != io.EOF {
+		if err == nil {
+			return errorf(ErrMalformed, "", "trailing data after the frame")
+		}
+		return d.wrap(err)
+	}
+	return nil
+}
+
+// members reads the members of an object whose '{' has been consumed,
+// calling read with each member's index in names. It rejects names not in
+// names (duplicates are rejected by the decoder itself) and returns the set
+// of indexes seen, starting from seen.
+func (d *decoder) members(ptr string, names []string, seen uint64, read func(i int, ptr string) error) (uint64, error) {
+	for {
+		switch d.d.PeekKind() {
+		case '}':
+			_, err := d.d.ReadToken()
+			return seen, d.wrap(err)
+		case 0:
+			_, err := d.d.ReadToken()
+			if err == nil {
+				err = io.ErrUnexpectedEOF
+			}
+			return seen, d.wrap(err)
+		}
+		tok, err := d.d.ReadToken()
+		if err != nil {
+			return seen, d.wrap(err)
+		}
+		name := tok.String()
+		p := ptr + "/" + escapePointer(name)
+		i := indexOf(names, name)
+		if i < 0 {
+			return seen, errorf(ErrMalformed, p, "unknown member %q", name)
+		}
+		seen |= 1 << i
+		if err := read(i, p); err != nil {
+			return seen, d.wrap(err)
+		}
+	}
+}
+
+func requireAll(ptr string, names []string, seen, want uint64) error {
+	for i, n := range names {
+		if want&(1<<i) != 0 && seen&(1<<i) == 0 {
+			return errorf(ErrMalformed, ptr, "missing member %q", n)
+		}
+	}
+	return nil
+}
+
+func onlyMembers(ptr string, names []string, seen, allowed uint64, what string) error {
+	for i, n := range names {
+		if seen&(1<<i) != 0 && allowed&(1<<i) == 0 {
+			return errorf(ErrMalformed, ptr+"/"+n, "member %q is not allowed in %s", n, what)
+		}
+	}
+	return nil
+}
+
+func indexOf(names []string, name string) int {
+	for i, n := range names {
+		if n == name {
+			return i
+		}
+	}
+	return -1
+}
+
+func escapePointer(name string) string {
+	if !strings.ContainsAny(name, "~/") {
+		return name
+	}
+	return strings.NewReplacer("~", "~0", "/", "~1").Replace(name)
+}
+
+func (d *decoder) string(p string) (string, error) {
+	if k := d.d.PeekKind(); k != '"' {
+		return "", d.wrongKind(p, "a string", k)
+	}
+	tok, err := d.d.ReadToken()
+	if err != nil {
+		return "", d.wrap(err)
+	}
+	return tok.String(), nil
+}
+
+func (d *decoder) bool(p string) (bool, error) {
+	if k := d.d.PeekKind(); k != 't' && k != 'f' {
+		return false, d.wrongKind(p, "a boolean", k)
+	}
+	tok, err := d.d.ReadToken()
+	if err != nil {
+		return false, d.wrap(err)
+	}
+	return tok.Bool(), nil
+}
+
+// uint reads a non-negative integer that fits in 64 bits, written without
+// fraction or exponent.
+func (d *decoder) uint(p string) (uint64, error) {
+	if k := d.d.PeekKind(); k != '0' {
+		return 0, d.wrongKind(p, "an unsigned integer", k)
+	}
+	tok, err := d.d.ReadToken()
+	if err != nil {
+		return 0, d.wrap(err)
+	}
+	lit := tok.String()
+	if strings.ContainsAny(lit, "-.eE") {
+		return 0, errorf(ErrMalformed, p, "%s is not an unsigned integer", lit)
+	}
+	n, err := strconv.ParseUint(lit, 10, 64)
+	if err != nil {
+		return 0, errorf(ErrMalformed, p, "%s does not fit in 64 bits", lit)
+	}
+	return n, nil
+}
+
+func (d *decoder) contract(p string) (ContractRef, error) {
+	var c ContractRef
+	if k := d.d.PeekKind(); k != '{' {
+		return c, d.wrongKind(p, "a contract object", k)
+	}
+	if err := d.open(p); err != nil {
+		return c, err
+	}
+	seen, err := d.members(p, contractNames, 0, func(i int, mp string) (err error) {
+		switch i {
+		case 0:
+			c.ID, err = d.string(mp)
+		case 1:
+			var v uint64
+			v, err = d.uint(mp)
+			if err == nil && v > 1<<32-1 {
+				err = errorf(ErrMalformed, mp, "version %d does not fit in 32 bits", v)
+			}
+			c.Version = uint32(v)
+		}
+		return err
+	})
+	if err != nil {
+		return c, err
+	}
+	return c, requireAll(p, contractNames, seen, 3)
+}
+
+func (d *decoder) strings(p string) ([]string, error) {
+	if k := d.d.PeekKind(); k != '[' {
+		return nil, d.wrongKind(p, "an array of strings", k)
+	}
+	if _, err := d.d.ReadToken(); err != nil {
+		return nil, d.wrap(err)
+	}
+	out := []string{}
+	for i := 0; ; i++ {
+		switch d.d.PeekKind() {
+		case ']':
+			_, err := d.d.ReadToken()
+			return out, d.wrap(err)
+		case 0:
+			_, err := d.d.ReadToken()
+			if err == nil {
+				err = io.ErrUnexpectedEOF
+			}
+			return nil, d.wrap(err)
+		}
+		if i >= MaxAdmittedCapabilities*4 {
+			return nil, errorf(ErrTooLarge, p, "more than %d items", MaxAdmittedCapabilities*4)
+		}
+		s, err := d.string(p + "/" + strconv.Itoa(i))
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, s)
+	}
+}
+
+// raw reads any JSON value and returns it as a sub-slice of the input.
+func (d *decoder) raw(p string) (jsontext.Value, error) {
+	v, err := d.d.ReadValue()
+	if err != nil {
+		return nil, d.wrap(err)
+	}
+	end := d.d.InputOffset()
+	return jsontext.Value(d.src[end-int64(len(v)) : end : end]), nil
+}
+
+func (d *decoder) state(p string) (State, error) {
+	var s State
+	if k := d.d.PeekKind(); k != '{' {
+		return s, d.wrongKind(p, "a state object", k)
+	}
+	if err := d.open(p); err != nil {
+		return s, err
+	}
+	seen, err := d.members(p, stateNames, 0, func(i int, mp string) (err error) {
+		switch i {
+		case 0:
+			s.Module, err = d.string(mp)
+		case 1:
+			s.ImplementationID, err = d.string(mp)
+		case 2:
+			s.RunID, err = d.string(mp)
+		case 3:
+			s.Generation, err = d.uint(mp)
+		case 4:
+			s.StateSchema, err = d.contract(mp)
+		case 5:
+			s.StateSHA256, err = d.string(mp)
+		case 6:
+			s.State, err = d.raw(mp)
+		}
+		return err
+	})
+	if err != nil {
+		return s, err
+	}
+	return s, requireAll(p, stateNames, seen, 1<<len(stateNames)-1)
+}
+
+func (d *decoder) wrongKind(p, want string, got jsontext.Kind) error {
+	if got == 0 {
+		_, err := d.d.ReadToken()
+		if err != nil {
+			return d.wrap(err)
+		}
+	}
+	return errorf(ErrMalformed, p, "expected %s, found %s", want, kindName(got))
+}
+
+func kindName(k jsontext.Kind) string {
+	switch k {
+	case 'n':
+		return "null"
+	case 't', 'f':
+		return "a boolean"
+	case '"':
+		return "a string"
+	case '0':
+		return "a number"
+	case '{':
+		return "an object"
+	case '[':
+		return "an array"
+	}
+	return "nothing"
+}
