@@ -7,22 +7,12 @@ import (
 
 	"iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/ledger"
+	"iteron.dev/operator/pkg/protocol"
 )
 
-// State is a module's state as it moves between generations: the host
-// computed Digest from the canonical Body.
-type State struct {
-	// ImplementationID is the implementation whose state it is.
-	ImplementationID string
-	// Lineage is the state's generation.
-	Lineage int64
-	// Schema is the state_schema contract ID.
-	Schema string
-	// Digest is "sha256:" over the canonical Body.
-	Digest string
-	// Body is the state object, canonical JSON.
-	Body []byte
-}
+// State is a module's state as it moves between generations (the
+// protocol's State: the host recomputed its digest).
+type State = protocol.State
 
 // Provider is one provider process as the coordinator drives it. The
 // executor's Process satisfies it through an adapter (see NewExecutorLauncher).
@@ -36,8 +26,8 @@ type Provider interface {
 	Load(ctx context.Context) error
 	// Snapshot exports the state of the given lineage.
 	Snapshot(ctx context.Context, lineage int64) (State, error)
-	// Migrate converts state to the target lineage (source + 1).
-	Migrate(ctx context.Context, from State, target int64) (State, error)
+	// Migrate converts state to lineage from.Generation + 1.
+	Migrate(ctx context.Context, from State) (State, error)
 	// Restore imports state.
 	Restore(ctx context.Context, st State) error
 	// Readiness proves the process is ready for the restored state.

@@ -11,8 +11,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/go-json-experiment/json/jsontext"
 	"golang.org/x/sys/unix"
 
+	"iteron.dev/operator/pkg/protocol"
 	"iteron.dev/operator/pkg/strictjson"
 )
 
@@ -29,8 +31,8 @@ type StoredSnapshot struct {
 	ImplementationID string `json:"implementation_id"`
 	// Lineage is the state's generation (lineage number).
 	Lineage int64 `json:"lineage"`
-	// StateSchema is the module's lifecycle/snapshot contract ID.
-	StateSchema string `json:"state_schema"`
+	// StateSchema is the module's lifecycle/snapshot contract.
+	StateSchema protocol.ContractRef `json:"state_schema"`
 	// StateSHA256 is "sha256:" over the canonical state; the file name.
 	StateSHA256 string `json:"state_sha256"`
 	// Kind says why it was taken: rollback, restored, checkpoint, retirement.
@@ -39,6 +41,15 @@ type StoredSnapshot struct {
 	TakenUnixMs int64 `json:"taken_unix_ms"`
 	// State is the state object, canonical JSON.
 	State json.RawMessage `json:"state"`
+}
+
+// protocolState is the stored snapshot as the protocol's State, ready to
+// restore.
+func (s StoredSnapshot) protocolState() protocol.State {
+	return protocol.State{
+		Module: s.Module, ImplementationID: s.ImplementationID, RunID: protocol.LineageRunID(s.Module),
+		Generation: uint64(s.Lineage), StateSchema: s.StateSchema, StateSHA256: s.StateSHA256, State: jsontext.Value(s.State),
+	}
 }
 
 // Snapshot kinds.

@@ -2,6 +2,7 @@ package hotswap
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"time"
 
@@ -121,13 +122,13 @@ func (r *txnRun) swapPhases(d *Desired, old *generationRuntime, kind ledger.Kind
 		if _, err := r.a.storeSnapshot(old, st, SnapshotRollback); err != nil {
 			return &phaseFailure{ledger.PhaseSnapshot, ledger.ReasonProviderFailed, "the rollback snapshot could not be made durable: " + err.Error()}, false
 		}
-		if err := r.txn.Snapshot(st.Digest); err != nil {
+		if err := r.txn.Snapshot(st.StateSHA256); err != nil {
 			r.ledgerFailure(err)
 			_ = r.gen.scope.Dispose(context.Background())
 			return nil, false
 		}
 		r.a.mu.Lock()
-		old.stateDigest = st.Digest
+		old.stateDigest = st.StateSHA256
 		r.a.mu.Unlock()
 		r.recorded(ledger.PhaseSnapshot, old)
 
@@ -135,7 +136,7 @@ func (r *txnRun) swapPhases(d *Desired, old *generationRuntime, kind ledger.Kind
 		if err := r.check(ledger.PhaseMigrate); err != nil {
 			return fail(ledger.PhaseMigrate, err, ledger.ReasonDeadlineExceeded), false
 		}
-		migrated, err := r.gen.proc.Migrate(r.ctx, st, r.gen.lineage)
+		migrated, err := r.gen.proc.Migrate(r.ctx, st)
 		if err != nil {
 			return fail(ledger.PhaseMigrate, err, ledger.ReasonProviderFailed), false
 		}
@@ -153,14 +154,14 @@ func (r *txnRun) swapPhases(d *Desired, old *generationRuntime, kind ledger.Kind
 		if err := r.gen.proc.Restore(r.ctx, migrated); err != nil {
 			return fail(ledger.PhaseRestore, err, ledger.ReasonProviderFailed), false
 		}
-		if err := r.txn.Restore(migrated.Digest); err != nil {
+		if err := r.txn.Restore(migrated.StateSHA256); err != nil {
 			r.ledgerFailure(err)
 			_ = r.gen.scope.Dispose(context.Background())
 			return nil, false
 		}
 		restored = migrated
 		r.a.mu.Lock()
-		r.gen.stateDigest = migrated.Digest
+		r.gen.stateDigest = migrated.StateSHA256
 		r.a.mu.Unlock()
 		r.recorded(ledger.PhaseRestore)
 
@@ -169,7 +170,7 @@ func (r *txnRun) swapPhases(d *Desired, old *generationRuntime, kind ledger.Kind
 		if err := r.check(ledger.PhaseReadiness); err != nil {
 			return fail(ledger.PhaseReadiness, err, ledger.ReasonDeadlineExceeded), false
 		}
-		if err := r.gen.proc.Readiness(r.ctx, r.gen.lineage, migrated.Digest); err != nil {
+		if err := r.gen.proc.Readiness(r.ctx, r.gen.lineage, migrated.StateSHA256); err != nil {
 			return fail(ledger.PhaseReadiness, err, ledger.ReasonProviderFailed), false
 		}
 		if _, err := r.a.storeSnapshot(r.gen, restored, SnapshotRestored); err != nil {
@@ -346,12 +347,12 @@ func (r *txnRun) relaunchOld(ctx context.Context, old *generationRuntime) error 
 				_ = proc.Close()
 				return fmt.Errorf("read the rollback snapshot: %w", err)
 			}
-			st := State{ImplementationID: snap.ImplementationID, Lineage: snap.Lineage, Schema: snap.StateSchema, Digest: snap.StateSHA256, Body: snap.State}
+			st := snap.protocolState()
 			if err := proc.Restore(ctx, st); err != nil {
 				_ = proc.Close()
 				return err
 			}
-			if err := proc.Readiness(ctx, old.lineage, st.Digest); err != nil {
+			if err := proc.Readiness(ctx, old.lineage, st.StateSHA256); err != nil {
 				_ = proc.Close()
 				return err
 			}
@@ -419,9 +420,9 @@ func (a *activationRuntime) retire(_ context.Context, swap SwapPolicy, candidate
 		if st, err := g.proc.Snapshot(r.ctx, g.lineage); err == nil {
 			if _, err := a.storeSnapshot(g, st, SnapshotRetirement); err == nil {
 				a.mu.Lock()
-				g.stateDigest = st.Digest
+				g.stateDigest = st.StateSHA256
 				a.mu.Unlock()
-				if !step(ledger.PhaseSnapshot, func() error { return r.txn.Snapshot(st.Digest) }) {
+				if !step(ledger.PhaseSnapshot, func() error { return r.txn.Snapshot(st.StateSHA256) }) {
 					return
 				}
 			}
@@ -468,8 +469,8 @@ func (a *activationRuntime) forceRetire(m *moduleRuntime, g *generationRuntime) 
 // storeSnapshot makes a generation's state durable under the state dir.
 func (a *activationRuntime) storeSnapshot(g *generationRuntime, st State, kind string) (string, error) {
 	return a.c.snapshots.Put(a.key.UID, StoredSnapshot{
-		Module: g.module, ImplementationID: st.ImplementationID, Lineage: st.Lineage, StateSchema: st.Schema,
-		StateSHA256: st.Digest, Kind: kind, TakenUnixMs: a.c.cfg.Now().UnixMilli(), State: st.Body,
+		Module: g.module, ImplementationID: st.ImplementationID, Lineage: int64(st.Generation), StateSchema: st.StateSchema,
+		StateSHA256: st.StateSHA256, Kind: kind, TakenUnixMs: a.c.cfg.Now().UnixMilli(), State: json.RawMessage(st.State),
 	})
 }
 

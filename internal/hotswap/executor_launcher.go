@@ -1,0 +1,114 @@
+package hotswap
+
+import (
+	"context"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-json-experiment/json/jsontext"
+
+	"iteron.dev/operator/internal/activation"
+	"iteron.dev/operator/internal/procexec"
+	"iteron.dev/operator/pkg/protocol"
+)
+
+// NewExecutorLauncher adapts the process executor to a Launcher: every
+// provider is a procexec.Process started from its verified launch plan.
+func NewExecutorLauncher(exec *procexec.Executor) Launcher {
+	return func(_ context.Context, plan activation.LaunchPlan) (Provider, error) {
+		p, err := exec.Launch(plan)
+		if err != nil {
+			return nil, err
+		}
+		return &processProvider{p: p}, nil
+	}
+}
+
+// processProvider is a procexec.Process as a Provider.
+type processProvider struct {
+	p *procexec.Process
+	// margin is the renewal margin (swap deadline + quiesce timeout): a run
+	// is dispatched only if it fits the remaining lifetime less this.
+	margin atomic.Int64
+}
+
+// SetRenewalMargin sets the margin a run must leave before the process's
+// end of life.
+func (pp *processProvider) SetRenewalMargin(d time.Duration) { pp.margin.Store(int64(d)) }
+
+func (pp *processProvider) Pid() int             { return pp.p.Pid() }
+func (pp *processProvider) StartedAt() time.Time { return pp.p.StartedAt() }
+func (pp *processProvider) Exited() <-chan struct{} {
+	return pp.p.Done()
+}
+func (pp *processProvider) Close() error { return pp.p.Close() }
+func (pp *processProvider) StderrTail() (string, int64) {
+	return string(pp.p.StderrTail()), pp.p.StderrDropped()
+}
+
+func (pp *processProvider) Load(ctx context.Context) error {
+	_, err := pp.p.Load(ctx)
+	return err
+}
+
+func (pp *processProvider) Fits(deadline time.Duration) bool {
+	b := pp.p.Budget()
+	d := min(deadline, pp.p.Plan().RuntimeDeadline())
+	return b.Fits(d, time.Duration(pp.margin.Load()))
+}
+
+func (pp *processProvider) Run(ctx context.Context, runID string, input []byte, deadline time.Duration, observe func(Observation)) (Observation, error) {
+	deadline = min(deadline, pp.p.Plan().RuntimeDeadline())
+	run, err := pp.p.Start(ctx, runID, jsontext.Value(input), deadline)
+	if err != nil {
+		return Observation{}, err
+	}
+	for o := range run.Observations() {
+		observe(observationOf(o))
+	}
+	terminal, err := run.Result()
+	if err != nil {
+		return Observation{}, err
+	}
+	return observationOf(terminal), nil
+}
+
+func observationOf(o protocol.Observation) Observation {
+	return Observation{Sequence: o.Sequence, Terminal: o.Terminal, Body: o.Observation}
+}
+
+func (pp *processProvider) Cancel(ctx context.Context, runID, reason string) error {
+	return pp.p.Cancel(ctx, runID, reason)
+}
+
+func (pp *processProvider) Stop(ctx context.Context, reason string) error {
+	return pp.p.Stop(ctx, reason)
+}
+
+// stateDeadline is what is left of the transaction for one state
+// operation, within the protocol's 1..3,600,000 ms.
+func stateDeadline(ctx context.Context) time.Duration {
+	d := time.Hour
+	if dl, ok := ctx.Deadline(); ok {
+		d = min(d, time.Until(dl))
+	}
+	return max(d, time.Millisecond)
+}
+
+func (pp *processProvider) Snapshot(ctx context.Context, lineage int64) (State, error) {
+	return pp.p.Snapshot(ctx, uint64(lineage), stateDeadline(ctx))
+}
+
+func (pp *processProvider) Migrate(ctx context.Context, from State) (State, error) {
+	return pp.p.Migrate(ctx, from, stateDeadline(ctx))
+}
+
+func (pp *processProvider) Restore(ctx context.Context, st State) error {
+	_, err := pp.p.Restore(ctx, st, stateDeadline(ctx))
+	return err
+}
+
+func (pp *processProvider) Readiness(ctx context.Context, lineage int64, digest string) error {
+	_, err := pp.p.Readiness(ctx, uint64(lineage), digest, stateDeadline(ctx))
+	return err
+}
