@@ -30,10 +30,15 @@ type Config struct {
 	// Now is the clock (time.Now if nil).
 	Now func() time.Time
 	// AfterPhase, when set, is called after each phase record of a
-	// transaction is durable. Tests use it to act at an exact point of a
-	// transaction (a call after the switch, a SIGKILL mid-swap).
+	// transaction is durable, and with OldStopped once a swap's old process
+	// has stopped (before the drain record). Tests use it to act at an exact
+	// point of a transaction (a call after the switch, a SIGKILL mid-swap).
 	AfterPhase func(key ActivationKey, module, phase string)
 }
+
+// OldStopped is the AfterPhase point between stopping a swap's old process
+// and recording the drain.
+const OldStopped = "old_stopped"
 
 // Notification says which objects changed.
 type Notification struct {

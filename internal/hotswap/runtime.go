@@ -464,7 +464,7 @@ func (a *activationRuntime) generationStatus(g *generationRuntime) GenerationSta
 		Renewals: g.renewals, StateSHA256: g.stateDigest, Reason: g.reason, Message: g.message,
 		TransactionID: g.txnID, LastSequence: g.lastSeq, LastRecordSHA256: g.lastHash,
 		StartedAt: g.startedAt, ActivatedAt: g.activatedAt, DrainedAt: g.drainedAt,
-		StderrTail: g.stderrTail, StderrDropped: g.stderrDropped,
+		StderrTail: g.stderrTail, StderrDropped: g.stderrDropped, LastPid: g.lastPid,
 	}
 	if g.checkpoint != nil {
 		cp := *g.checkpoint

@@ -80,13 +80,16 @@ type ModuleStatus struct {
 // GenerationStatus is one generation's runtime state, mirrored into its
 // Generation object's status.
 type GenerationStatus struct {
-	Name             string
-	Module           string
-	Lineage          int64
-	Attempt          int32
-	Phase            iteronv1.ModulePhase
-	Step             iteronv1.GenerationStep
-	Pid              int
+	Name    string
+	Module  string
+	Lineage int64
+	Attempt int32
+	Phase   iteronv1.ModulePhase
+	Step    iteronv1.GenerationStep
+	Pid     int
+	// LastPid is the pid of the generation's last process, kept after it
+	// is gone (for evidence and doctor).
+	LastPid          int
 	ProcessStartedAt time.Time
 	Renewals         int32
 	StateSHA256      string

@@ -207,12 +207,19 @@ func (r *txnRun) swapPhases(d *Desired, old *generationRuntime, kind ledger.Kind
 	r.m.dispatcher.Resume()
 	r.recorded(ledger.PhaseAtomicSwitch, old)
 
-	// drain: stop and reap the old. A fault of the new process from here
-	// to committed rolls back to the old.
+	// drain: stop and reap the old. A fault of the new process from the
+	// switch until the drain record rolls back to the old: switching back to
+	// the old process while it runs, relaunching it once it is stopped.
 	if pf := r.newProcessFault(ledger.PhaseDrain); pf != nil {
 		return pf, true
 	}
 	cleanup := r.a.drain(old, r.gen.name)
+	if hook := r.a.c.cfg.AfterPhase; hook != nil {
+		hook(r.a.key, r.m.name, OldStopped)
+	}
+	if pf := r.newProcessFault(ledger.PhaseDrain); pf != nil {
+		return pf, true
+	}
 	var err2 error
 	if cleanup != "" {
 		err2 = r.txn.DrainCleanupFailed(cleanup)
@@ -225,9 +232,8 @@ func (r *txnRun) swapPhases(d *Desired, old *generationRuntime, kind ledger.Kind
 	}
 	r.recorded(ledger.PhaseDrain, old)
 
-	if pf := r.newProcessFault(ledger.PhaseCommitted); pf != nil {
-		return pf, true
-	}
+	// The drain is durable: the new generation stands (a later crash is a
+	// relaunch of it, never a rollback).
 	if err := r.txn.Commit(); err != nil {
 		r.ledgerFailure(err)
 		return nil, true
