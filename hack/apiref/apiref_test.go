@@ -313,8 +313,8 @@ func TestRenderEscapesTableSyntaxAndShowsEveryConstraint(t *testing.T) {
 			"a \\| b &lt;tag&gt; and `x\\|y<z>` same paragraph<br><br>second paragraph"},
 		"spec.ratio":  {"number", "", "exclusiveMinimum 0<br>maximum 9.5<br>multipleOf 0.5", ""},
 		"spec.labels": {"map[string]string", "", "maxProperties 8<br>map: granular<br>each value: maxLength 63", ""},
-		"spec.port": {"int or string", "", "rule `self != 0` (message expression `'got ' + string(self)`) (reason FieldValueForbidden) (reported at `.port`)", ""},
-		"spec.raw":  {"object (any fields)", "", "", ""},
+		"spec.port":   {"int or string", "", "rule `self != 0` (message expression `'got ' + string(self)`) (reason FieldValueForbidden) (reported at `.port`)", ""},
+		"spec.raw":    {"object (any fields)", "", "", ""},
 	}
 	for path, w := range want {
 		if got := rows[path]; !reflect.DeepEqual(got, w) {
