@@ -13,8 +13,10 @@ import (
 
 	lua "github.com/yuin/gopher-lua"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
@@ -344,6 +346,15 @@ func TestArgoCDConfigMapCarriesTheHealthScriptVerbatim(t *testing.T) {
 	}
 	if got != script {
 		t.Fatalf("argocd-cm's %s differs from config/argocd/health.lua at byte %d", key, firstDifference(got, script))
+	}
+	// The API server accepts it as a ConfigMap (key syntax, size).
+	ctx := context.Background()
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: cm.Namespace}}
+	if err := env.Client.Create(ctx, ns); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	if err := env.Client.Create(ctx, &cm, client.DryRunAll); err != nil {
+		t.Fatalf("the API server refuses config/argocd/argocd-cm.yaml: %v", err)
 	}
 }
 
