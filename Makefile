@@ -24,8 +24,9 @@ help: ## Show this help.
 ##@ Development
 
 .PHONY: generate
-generate: manifests ## Generate deepcopy code, CRDs and RBAC from the markers.
+generate: manifests ## Generate deepcopy code, CRDs, RBAC and the API reference from the markers.
 	$(CONTROLLER_GEN) object:headerFile=hack/boilerplate.go.txt paths=./api/...
+	$(GO) run ./hack/apiref -crds config/crd/bases -out docs/reference/api.md
 
 .PHONY: manifests
 manifests: ## Generate CRDs (config/crd/bases) and the manager's RBAC (config/rbac/role.yaml).

@@ -334,7 +334,10 @@ type LedgerStatus struct {
 // ImplementationActivationStatus is the observed state of an activation.
 type ImplementationActivationStatus struct {
 	// observedGeneration is the metadata.generation the status describes.
+	// It defaults to 0 so that a new activation reads as in progress
+	// (kstatus) until the manager has observed it.
 	// +optional
+	// +kubebuilder:default=0
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 	// conditions: Ready, Reconciling, Stalled, Degraded, Verified.
 	// +optional
@@ -394,6 +397,7 @@ type ImplementationActivation struct {
 
 	// status is the observed state, written by the node's manager.
 	// +optional
+	// +kubebuilder:default={}
 	Status ImplementationActivationStatus `json:"status,omitzero"`
 }
 

@@ -36,6 +36,9 @@ func TestKstatusReadsRealActivationsAsTheDesignSays(t *testing.T) {
 		{"a Ready activation whose new spec the manager has not observed is InProgress",
 			activationState{conditions: []metav1.Condition{readyTrue, reconcilingFalse, stalledFalse}, specChangedAfterStatus: true},
 			kstatus.InProgressStatus, "ImplementationActivation generation is 2, but latest observed generation is 1"},
+		{"a new activation the manager has not observed yet is InProgress (status.observedGeneration defaults to 0)",
+			activationState{noStatus: true},
+			kstatus.InProgressStatus, "ImplementationActivation generation is 1, but latest observed generation is 0"},
 		{"an activation whose Ready is Unknown is InProgress",
 			activationState{conditions: []metav1.Condition{readyUnknown}},
 			kstatus.InProgressStatus, msgUnknown},
@@ -64,10 +67,6 @@ func TestKstatusReadsTheseActivationsDifferentlyFromArgoCD(t *testing.T) {
 		argo        string
 		consequence string
 	}{
-		{"an activation with no status yet is Current",
-			activationState{noStatus: true},
-			kstatus.CurrentStatus, "Resource is current", "Progressing",
-			"kstatus treats an object without observedGeneration or conditions as Current: a health check that runs before the manager's first status write passes. The manager must write observedGeneration and Reconciling=True promptly on creation."},
 		{"a Stalled activation whose Reconciling=True is listed before Stalled is InProgress",
 			activationState{conditions: []metav1.Condition{reconcilingTrue, stalledTrue, readyFalseStalled}},
 			kstatus.InProgressStatus, msgSwap, "Degraded",
