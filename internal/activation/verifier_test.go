@@ -216,7 +216,9 @@ func TestSourceRejections(t *testing.T) {
 			edit:  func(_ *testing.T, _ *env, s *Source) { s.CatalogPath = "catalogs/c.json" },
 			field: "sources[1].catalog_path", code: "verification_failed", sentinel: ErrNotCanonical, detail: "not absolute"},
 		{name: "a catalog path with a dot-dot segment is refused",
-			edit:  func(_ *testing.T, _ *env, s *Source) { s.CatalogPath = filepath.Dir(s.CatalogPath) + "/../catalogs/c.json" },
+			edit: func(_ *testing.T, _ *env, s *Source) {
+				s.CatalogPath = filepath.Dir(s.CatalogPath) + "/../catalogs/c.json"
+			},
 			field: "sources[1].catalog_path", code: "verification_failed", sentinel: ErrNotCanonical, detail: "not canonical"},
 		{name: "an artifact root with a trailing slash is refused",
 			edit:  func(_ *testing.T, _ *env, s *Source) { s.ArtifactRoot += "/" },
@@ -233,11 +235,15 @@ func TestSourceRejections(t *testing.T) {
 			edit:  func(*testing.T, *env, *Source) {},
 			field: "sources[1].artifact_root", code: "verification_failed", sentinel: ErrOutsideAllowedRoots},
 		{name: "a root that is only a string prefix does not contain a path",
-			roots: func(e *env) []string { return []string{filepath.Join(e.f.root, "catalogs"), e.a.root, filepath.Join(e.f.root, "art")} },
+			roots: func(e *env) []string {
+				return []string{filepath.Join(e.f.root, "catalogs"), e.a.root, filepath.Join(e.f.root, "art")}
+			},
 			edit:  func(*testing.T, *env, *Source) {},
 			field: "sources[1].artifact_root", code: "verification_failed", sentinel: ErrOutsideAllowedRoots},
 		{name: "a malformed manifest digest is refused",
-			edit:  func(_ *testing.T, _ *env, s *Source) { s.ManifestSHA256 = strings.TrimPrefix(s.ManifestSHA256, "sha256:") },
+			edit: func(_ *testing.T, _ *env, s *Source) {
+				s.ManifestSHA256 = strings.TrimPrefix(s.ManifestSHA256, "sha256:")
+			},
 			field: "sources[1].manifest_sha256", code: "verification_failed", sentinel: ErrInvalidValue},
 		{name: "an uppercase artifact digest is refused",
 			edit:  func(_ *testing.T, _ *env, s *Source) { s.ArtifactSHA256 = strings.ToUpper(s.ArtifactSHA256) },
@@ -313,7 +319,9 @@ func TestSourceRejections(t *testing.T) {
 			},
 			field: "sources[1].artifact_root", code: "verification_failed", sentinel: ErrSymlink, detail: "b-link is a symlink"},
 		{name: "an artifact root that is a file is refused",
-			edit:  func(_ *testing.T, _ *env, s *Source) { s.ArtifactRoot = filepath.Join(s.ArtifactRoot, "bin", "provider") },
+			edit: func(_ *testing.T, _ *env, s *Source) {
+				s.ArtifactRoot = filepath.Join(s.ArtifactRoot, "bin", "provider")
+			},
 			field: "sources[1].artifact_root", code: "verification_failed", sentinel: ErrNotDirectory},
 		{name: "a missing artifact root is refused",
 			edit:  func(_ *testing.T, _ *env, s *Source) { s.ArtifactRoot += "-gone" },
