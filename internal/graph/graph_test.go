@@ -236,7 +236,7 @@ func TestUnsatisfiedDependenciesCascadeWithTheChainNamed(t *testing.T) {
 				node("prompt_reduce", "pr", v1, 5),
 			},
 			want: map[string]string{
-				"prompt_planner":        "dependency_cycle: prompt_planner is on a dependency cycle: prompt_planner → scheduler_parallelism → planner_fanout → prompt_planner",
+				"prompt_planner": "dependency_cycle: prompt_planner is on a dependency cycle: prompt_planner → scheduler_parallelism → planner_fanout → prompt_planner",
 				// planner_fanout's seam edge to scheduler_parallelism closes a
 				// shorter cycle through these two: each member names a
 				// shortest cycle through itself.
@@ -406,7 +406,7 @@ func TestEvaluateRefusesInputVerificationNeverProduces(t *testing.T) {
 	cases := map[string]Input{
 		"a module with two sources": {Admitted: []Node{node("prompt_system", "a", v1, 1)},
 			Rejected: []Rejected{{Module: "prompt_system", ImplementationID: "b"}}},
-		"an implementation in two modules": {Admitted: []Node{node("prompt_system", "a", v1, 1), node("context_assembly", "a", v1, 2)}},
+		"an implementation in two modules":     {Admitted: []Node{node("prompt_system", "a", v1, 1), node("context_assembly", "a", v1, 2)}},
 		"an admitted module outside the graph": {Admitted: []Node{node("no_such_module", "a", v1, 1)}},
 	}
 	for name, in := range cases {
