@@ -2,17 +2,108 @@ package main
 
 import (
 	"errors"
+	"fmt"
+	"os"
+	"strings"
 
 	"github.com/spf13/cobra"
+
+	"iteron.dev/operator/internal/activation"
+	"iteron.dev/operator/internal/catalog"
 )
 
-// newDigestCmd is a placeholder until issue 4 lands the command.
 func newDigestCmd() *cobra.Command {
-	return &cobra.Command{
+	cmd := &cobra.Command{
 		Use:   "digest",
-		Short: "not implemented yet (issue 4)",
-		RunE: func(*cobra.Command, []string) error {
-			return invalid(errors.New("digest is not implemented yet (issue 4)"))
+		Short: "Print the digests an activation pins: manifest_sha256 and artifact_sha256",
+	}
+	cmd.AddCommand(newDigestManifestCmd(), newDigestArtifactCmd())
+	return cmd
+}
+
+func newDigestManifestCmd() *cobra.Command {
+	var lone bool
+	cmd := &cobra.Command{
+		Use:   "manifest [--manifest] <catalog.json|manifest.json|-> [implementation_id]",
+		Short: "Print the canonical manifest digest of each implementation in a catalog (or of one)",
+		Long: `Parse a catalog strictly (every rule of spec/wire.md §2, the whole catalog
+rejected if one manifest is invalid or it is not dependency-closed) and print
+"sha256:<hex>  <implementation_id>" for each manifest, or only the digest of
+the one named. With --manifest the file is a single manifest object.`,
+		Args: cobra.RangeArgs(1, 2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			data, err := readInput(cmd, args[0])
+			if err != nil {
+				return err
+			}
+			var manifests []catalog.Manifest
+			if lone {
+				if len(args) == 2 {
+					return usage(errors.New("--manifest takes no implementation_id"))
+				}
+				m, err := catalog.ParseManifest(data)
+				if err != nil {
+					return invalid(fmt.Errorf("%s: %w", args[0], err))
+				}
+				manifests = []catalog.Manifest{m}
+			} else {
+				c, err := catalog.ParseCatalog(data)
+				if err != nil {
+					return invalid(fmt.Errorf("%s: %w", args[0], err))
+				}
+				manifests = c.Implementations
+				if len(args) == 2 {
+					m, ok := c.Lookup(args[1])
+					if !ok {
+						return invalid(fmt.Errorf("%s has no implementation %q", args[0], args[1]))
+					}
+					d, err := catalog.ManifestDigest(m)
+					if err != nil {
+						return invalid(err)
+					}
+					fmt.Fprintln(cmd.OutOrStdout(), d)
+					return nil
+				}
+			}
+			for _, m := range manifests {
+				d, err := catalog.ManifestDigest(m)
+				if err != nil {
+					return invalid(err)
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "%s  %s\n", d, m.ImplementationID)
+			}
+			return nil
 		},
 	}
+	cmd.Flags().BoolVar(&lone, "manifest", false, "the file is one manifest, not a catalog")
+	return cmd
+}
+
+func newDigestArtifactCmd() *cobra.Command {
+	var bare bool
+	cmd := &cobra.Command{
+		Use:   "artifact [--bare] <file>",
+		Short: "Print an executable's digest as the verifier computes it",
+		Long: `Hash a regular file of at most 256 MiB through a fixed 64 KiB buffer, as the
+verifier does, and print "sha256:<hex>" (the form of an activation's
+artifact_sha256) or, with --bare, the 64 hex digits alone (the form of a
+manifest's artifact_sha256). A symlink is refused.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			d, err := activation.ArtifactDigest(args[0])
+			switch {
+			case errors.Is(err, os.ErrNotExist) || errors.Is(err, os.ErrPermission):
+				return usage(err)
+			case err != nil:
+				return invalid(err)
+			}
+			if bare {
+				d = strings.TrimPrefix(d, "sha256:")
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), d)
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&bare, "bare", false, "print the bare hex digest (a manifest's artifact_sha256)")
+	return cmd
 }

@@ -1,18 +1,302 @@
 package main
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
 
+	"github.com/go-json-experiment/json/jsontext"
 	"github.com/spf13/cobra"
+	"sigs.k8s.io/yaml"
+
+	"iteron.dev/operator/api/v1alpha1"
+	"iteron.dev/operator/internal/activation"
+	"iteron.dev/operator/internal/catalog"
+	"iteron.dev/operator/internal/graph"
+	"iteron.dev/operator/pkg/strictjson"
 )
 
-// newValidateCmd is a placeholder until issue 4 lands the command.
+// maxInputBytes bounds any file the CLI reads as an activation: a raw
+// document is held to its own 128 KiB after this; YAML is wordier.
+const maxInputBytes = 1 << 20
+
+// verifyFlags are the node settings validate and plan verify under; their
+// defaults are the manager's, except that the offline CLI restricts no roots
+// unless asked.
+type verifyFlags struct {
+	allowedRoots []string
+	ceiling      string
+	graphFile    string
+}
+
+func (f *verifyFlags) register(cmd *cobra.Command) {
+	cmd.Flags().StringSliceVar(&f.allowedRoots, "allowed-roots", nil, "comma-separated directories every catalog and artifact root must lie under (default: no restriction)")
+	cmd.Flags().StringVar(&f.ceiling, "capability-ceiling", catalog.DefaultCeiling, "the node's capability ceiling, comma-separated")
+	cmd.Flags().StringVar(&f.graphFile, "graph", "", "a custom seam graph file (default: the built-in graph)")
+}
+
+func (f *verifyFlags) verifier() (*activation.Verifier, error) {
+	ceiling, err := catalog.ParseCeiling(f.ceiling)
+	if err != nil {
+		return nil, usage(fmt.Errorf("--capability-ceiling: %w", err))
+	}
+	cfg := activation.Config{AllowedRoots: f.allowedRoots, Ceiling: ceiling}
+	if f.graphFile != "" {
+		if cfg.Graph, err = catalog.LoadSeamGraph(f.graphFile); err != nil {
+			return nil, invalid(fmt.Errorf("--graph: %w", err))
+		}
+	}
+	v, err := activation.NewVerifier(cfg)
+	if err != nil {
+		return nil, usage(fmt.Errorf("--allowed-roots: %w", err))
+	}
+	return v, nil
+}
+
+// readInput reads a named file ("-" is stdin), bounded.
+func readInput(cmd *cobra.Command, path string) ([]byte, error) {
+	var r io.Reader
+	if path == "-" {
+		r = cmd.InOrStdin()
+	} else {
+		f, err := os.Open(path)
+		if err != nil {
+			return nil, usage(err)
+		}
+		defer f.Close()
+		r = f
+	}
+	data, err := strictjson.ReadBounded(r, maxInputBytes)
+	if errors.Is(err, strictjson.ErrTooLarge) {
+		return nil, invalid(fmt.Errorf("%s: %w", path, err))
+	}
+	if err != nil {
+		return nil, usage(fmt.Errorf("%s: %w", path, err))
+	}
+	return data, nil
+}
+
+// loadedActivation is an activation as read: the internal document and, for
+// the Kubernetes form, the object it came from.
+type loadedActivation struct {
+	doc    *activation.Document
+	object *v1alpha1.ImplementationActivation // nil for a raw document
+}
+
+// loadActivation reads either form: a raw JSON document (spec/wire.md §3,
+// strict) or an ImplementationActivation in YAML or JSON (recognised by its
+// apiVersion/kind). Errors name the field in the form read.
+func loadActivation(cmd *cobra.Command, path string) (*loadedActivation, error) {
+	data, err := readInput(cmd, path)
+	if err != nil {
+		return nil, err
+	}
+	if isRawDocument(data) {
+		doc, err := activation.ParseDocument(data)
+		if err != nil {
+			return nil, invalid(err)
+		}
+		return &loadedActivation{doc: doc}, nil
+	}
+	obj, err := parseActivationObject(data)
+	if err != nil {
+		return nil, invalid(err)
+	}
+	doc, err := activation.DocumentFromSpec(&obj.Spec)
+	if err != nil {
+		return nil, invalid(err)
+	}
+	return &loadedActivation{doc: doc, object: obj}, nil
+}
+
+// isRawDocument reports a JSON object without apiVersion or kind at the top:
+// the raw document. Anything else is read as a Kubernetes object.
+func isRawDocument(data []byte) bool {
+	trimmed := bytes.TrimLeft(data, " \t\r\n")
+	if len(trimmed) == 0 || trimmed[0] != '{' {
+		return false
+	}
+	dec := jsontext.NewDecoder(bytes.NewReader(trimmed))
+	if _, err := dec.ReadToken(); err != nil {
+		return true // let the strict parser report it
+	}
+	for dec.PeekKind() == '"' {
+		name, err := dec.ReadToken()
+		if err != nil {
+			return true
+		}
+		if n := name.String(); n == "apiVersion" || n == "kind" {
+			return false
+		}
+		if err := dec.SkipValue(); err != nil {
+			return true
+		}
+	}
+	return true
+}
+
+// parseActivationObject reads one ImplementationActivation strictly: one YAML
+// document, no duplicate keys, no unknown fields (case-sensitively, unlike
+// encoding/json), the right apiVersion and kind.
+func parseActivationObject(data []byte) (*v1alpha1.ImplementationActivation, error) {
+	if n := yamlDocuments(data); n != 1 {
+		return nil, fmt.Errorf("want exactly one YAML document, found %d", n)
+	}
+	j, err := yaml.YAMLToJSONStrict(data)
+	if err != nil {
+		return nil, fmt.Errorf("not valid YAML: %w", err)
+	}
+	var obj v1alpha1.ImplementationActivation
+	if cerr := catalog.DecodeStrict(j, &obj, maxInputBytes, ""); cerr != nil {
+		return nil, cerr
+	}
+	if obj.APIVersion != v1alpha1.GroupVersion.String() || obj.Kind != "ImplementationActivation" {
+		return nil, fmt.Errorf("apiVersion/kind: want %s ImplementationActivation, found %q %q", v1alpha1.GroupVersion, obj.APIVersion, obj.Kind)
+	}
+	return &obj, nil
+}
+
+// yamlDocuments counts the YAML documents with content ("---" separates).
+func yamlDocuments(data []byte) int {
+	count, content := 0, false
+	for _, line := range strings.Split(string(data), "\n") {
+		trimmed := strings.TrimSpace(line)
+		if line == "---" || strings.HasPrefix(line, "--- ") {
+			if content {
+				count++
+			}
+			content = false
+			continue
+		}
+		if trimmed != "" && !strings.HasPrefix(trimmed, "#") {
+			content = true
+		}
+	}
+	if content {
+		count++
+	}
+	return count
+}
+
+// evaluated is one activation verified and placed in its graph.
+type evaluated struct {
+	result *activation.Result
+	eval   *graph.Evaluation
+}
+
+func evaluate(v *activation.Verifier, doc *activation.Document) (*evaluated, error) {
+	res, err := v.Verify(doc)
+	if err != nil {
+		return nil, invalid(err)
+	}
+	ev, err := graph.Evaluate(graph.FromVerification(v.Graph(), res))
+	if err != nil {
+		return nil, invalid(err)
+	}
+	return &evaluated{result: res, eval: ev}, nil
+}
+
+// moduleReport is one module in validate's output.
+type moduleReport struct {
+	Module               string   `json:"module"`
+	ImplementationID     string   `json:"implementationID"`
+	Admitted             bool     `json:"admitted"`
+	Version              string   `json:"version,omitempty"`
+	ManifestSHA256       string   `json:"manifestSHA256,omitempty"`
+	ArtifactSHA256       string   `json:"artifactSHA256,omitempty"`
+	AdmittedCapabilities []string `json:"admittedCapabilities,omitempty"`
+	NotAdmitted          []string `json:"capabilitiesNotAdmitted,omitempty"`
+	AuthoritySHA256      string   `json:"authoritySHA256,omitempty"`
+	Epoch                string   `json:"epoch,omitempty"`
+	Reason               string   `json:"reason,omitempty"`
+	Message              string   `json:"message,omitempty"`
+}
+
+func (e *evaluated) reports() []moduleReport {
+	verified := map[string]*activation.VerifiedSource{}
+	for _, vs := range e.result.Verified() {
+		verified[vs.Module] = vs
+	}
+	var out []moduleReport
+	for _, s := range e.eval.Modules {
+		r := moduleReport{Module: s.Module, ImplementationID: s.ImplementationID, Admitted: s.Admitted,
+			Epoch: s.Epoch, Reason: s.Reason, Message: s.Message}
+		if vs := verified[s.Module]; vs != nil {
+			r.Version, r.ManifestSHA256, r.ArtifactSHA256 = vs.Version.String(), vs.ManifestSHA256, vs.ArtifactSHA256
+			r.AdmittedCapabilities, r.NotAdmitted, r.AuthoritySHA256 = vs.AdmittedCapabilities, vs.NotAdmittedCapabilities, vs.AuthoritySHA256
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
 func newValidateCmd() *cobra.Command {
-	return &cobra.Command{
-		Use:   "validate",
-		Short: "not implemented yet (issue 4)",
-		RunE: func(*cobra.Command, []string) error {
-			return invalid(errors.New("validate is not implemented yet (issue 4)"))
+	var flags verifyFlags
+	var output string
+	cmd := &cobra.Command{
+		Use:   "validate [flags] <document.json|activation.yaml|->",
+		Short: "Verify an activation offline: strict parsing, paths, symlinks, digests, capabilities, graph",
+		Long: `Verify an activation exactly as the manager would, against the files on this
+machine: a raw activation document (spec/wire.md §3, strict JSON) or an
+ImplementationActivation (YAML or JSON). Every source is checked; each failure
+is printed on stderr naming its field (sources[2].catalog_path: … for a raw
+document, spec.sources[2].catalogPath: … for an ImplementationActivation).
+
+Exit status: 0 every module is admitted, 1 something is invalid, 2 usage.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if output != "text" && output != "json" {
+				return usage(fmt.Errorf("--output must be text or json, not %q", output))
+			}
+			v, err := flags.verifier()
+			if err != nil {
+				return err
+			}
+			in, err := loadActivation(cmd, args[0])
+			if err != nil {
+				return err
+			}
+			ev, err := evaluate(v, in.doc)
+			if err != nil {
+				return err
+			}
+			reports := ev.reports()
+			if output == "json" {
+				if err := writeJSON(cmd.OutOrStdout(), map[string]any{"modules": reports, "activateOrder": ev.eval.ActivateOrder}); err != nil {
+					return err
+				}
+			} else {
+				for _, r := range reports {
+					if r.Admitted {
+						fmt.Fprintf(cmd.OutOrStdout(), "ok  %s %s %s manifest=%s artifact=%s admitted=[%s]\n", r.Module, r.ImplementationID, r.Version,
+							r.ManifestSHA256, r.ArtifactSHA256, strings.Join(r.AdmittedCapabilities, ","))
+					}
+				}
+			}
+			failed := 0
+			for _, r := range reports {
+				if !r.Admitted {
+					failed++
+					fmt.Fprintf(cmd.ErrOrStderr(), "%s: %s: %s\n", r.Module, r.Reason, r.Message)
+				}
+			}
+			if failed > 0 {
+				return invalid(fmt.Errorf("%d of %d modules not admitted", failed, len(reports)))
+			}
+			return nil
 		},
 	}
+	flags.register(cmd)
+	cmd.Flags().StringVarP(&output, "output", "o", "text", "text or json")
+	return cmd
+}
+
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
 }

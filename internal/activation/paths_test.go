@@ -1,0 +1,65 @@
+package activation
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// TestTheKernelRefusesWhatTheWalkChecks checks the open itself, not the
+// lstat walk before it: a symlink swapped in after the walk, or a path
+// escaping the root, is refused at open.
+func TestTheKernelRefusesWhatTheWalkChecks(t *testing.T) {
+	dir, err := filepath.EvalSymlinks(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	real := filepath.Join(dir, "real")
+	if err := os.MkdirAll(real, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(real, "file"), []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(real, filepath.Join(dir, "link")); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name     string
+		dirfd    func() int
+		path     string
+		beneath  bool
+		sentinel error
+	}{
+		{"a symlinked directory component is refused", func() int { return unix.AT_FDCWD }, filepath.Join(dir, "link", "file"), false, ErrSymlink},
+		{"a symlink as the last component is refused", func() int { return unix.AT_FDCWD }, filepath.Join(dir, "link"), false, ErrSymlink},
+		{"a path escaping its root is refused", func() int {
+			f, err := os.Open(real)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { f.Close() })
+			return int(f.Fd())
+		}, "../real/file", true, ErrOutsideAllowedRoots},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			f, err := openNoSymlinks(tc.dirfd(), tc.path, 0, tc.beneath)
+			if err == nil {
+				f.Close()
+				t.Fatalf("opened %s", tc.path)
+			}
+			if sentinel, _ := openErrorDetail(tc.path, err); !errors.Is(sentinel, tc.sentinel) {
+				t.Fatalf("open error %v maps to %v, want %v", err, sentinel, tc.sentinel)
+			}
+		})
+	}
+	f, err := openNoSymlinks(unix.AT_FDCWD, filepath.Join(real, "file"), 0, false)
+	if err != nil {
+		t.Fatalf("a plain path: %v", err)
+	}
+	f.Close()
+}

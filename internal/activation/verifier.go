@@ -1,0 +1,420 @@
+package activation
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"iteron.dev/operator/api/v1alpha1"
+	"iteron.dev/operator/internal/catalog"
+	"iteron.dev/operator/pkg/protocol"
+)
+
+// Config configures a Verifier.
+type Config struct {
+	// AllowedRoots are canonical absolute directories every catalog and
+	// artifact root must lie under (the manager's --allowed-roots). Empty
+	// means no restriction: the offline CLI's default.
+	AllowedRoots []string
+	// Ceiling is the node's capability ceiling (--capability-ceiling); an
+	// activation may only narrow it.
+	Ceiling []string
+	// Graph is the node's seam graph; nil means the built-in graph.
+	Graph *catalog.SeamGraph
+}
+
+// Verifier verifies activation documents against the files on this node. It
+// is the only minter of LaunchPlans. It holds no state between calls and is
+// safe for concurrent use.
+type Verifier struct {
+	roots   []string
+	ceiling []string
+	graph   *catalog.SeamGraph
+}
+
+// NewVerifier checks cfg: every allowed root an absolute canonical path,
+// every ceiling entry a capability.
+func NewVerifier(cfg Config) (*Verifier, error) {
+	v := &Verifier{graph: cfg.Graph}
+	if v.graph == nil {
+		v.graph = catalog.BuiltinSeamGraph()
+	}
+	for _, r := range cfg.AllowedRoots {
+		if reason, ok := checkCanonicalPath(r); !ok {
+			return nil, fmt.Errorf("allowed root %q %s: %w", r, reason, ErrNotCanonical)
+		}
+		v.roots = append(v.roots, r)
+	}
+	for _, c := range cfg.Ceiling {
+		if !catalog.IsCapability(c) {
+			return nil, fmt.Errorf("capability ceiling: %q is not a capability: %w", c, ErrInvalidValue)
+		}
+	}
+	v.ceiling = catalog.Admit(cfg.Ceiling, cfg.Ceiling)
+	return v, nil
+}
+
+// Graph is the seam graph the verifier checks modules against.
+func (v *Verifier) Graph() *catalog.SeamGraph { return v.graph }
+
+// VerifiedSource is one source that passed every check of spec/wire.md §3,
+// with what was verified. Its Plan is the only way to launch it.
+type VerifiedSource struct {
+	// Module is the module the source fills.
+	Module string
+	// ImplementationID is the selected manifest's implementation_id.
+	ImplementationID string
+	// Version is the manifest's implementation_version.
+	Version catalog.Version
+	// CatalogPath is the canonical catalog path.
+	CatalogPath string
+	// ArtifactRoot is the canonical artifact root.
+	ArtifactRoot string
+	// Executable is the canonical absolute path of the executable.
+	Executable string
+	// Manifest is the selected manifest, defaults written out.
+	Manifest catalog.Manifest
+	// ManifestSHA256 is the verified canonical manifest digest ("sha256:…").
+	ManifestSHA256 string
+	// ArtifactSHA256 is the verified executable digest ("sha256:…").
+	ArtifactSHA256 string
+	// AdmittedCapabilities are requested ∩ ceiling, sorted.
+	AdmittedCapabilities []string
+	// NotAdmittedCapabilities are the requested capabilities the ceiling dropped.
+	NotAdmittedCapabilities []string
+	// AuthoritySHA256 is the digest of AdmittedCapabilities.
+	AuthoritySHA256 string
+	// Plan is the launch plan minted from exactly these verified values.
+	Plan LaunchPlan
+}
+
+// SourceResult is the outcome for one source: verified, or an error naming
+// the field. One failed source never hides the others' results.
+type SourceResult struct {
+	// Index is the source's position in the document.
+	Index int
+	// Module is the module as written (it may be invalid when Err is set).
+	Module string
+	// ImplementationID is the ID as written.
+	ImplementationID string
+	// Verified is set when every check passed.
+	Verified *VerifiedSource
+	// Err is set when a check failed.
+	Err *Error
+}
+
+// Result is the verification of one document: every source's outcome, in
+// ModuleId order (sources whose module is not in the graph last, in document
+// order).
+type Result struct {
+	// CandidateSHA256 is the document's candidate digest.
+	CandidateSHA256 string
+	// Ceiling is the ceiling the sources were admitted under: the node's,
+	// narrowed by the activation's.
+	Ceiling []string
+	// Sources are the per-source outcomes.
+	Sources []SourceResult
+}
+
+// Verified returns the verified sources in ModuleId order.
+func (r *Result) Verified() []*VerifiedSource {
+	var out []*VerifiedSource
+	for _, s := range r.Sources {
+		if s.Verified != nil {
+			out = append(out, s.Verified)
+		}
+	}
+	return out
+}
+
+// Failed returns the sources that failed verification, in ModuleId order.
+func (r *Result) Failed() []SourceResult {
+	var out []SourceResult
+	for _, s := range r.Sources {
+		if s.Err != nil {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// Plans returns the launch plans of the verified sources, in ModuleId order.
+func (r *Result) Plans() []LaunchPlan {
+	var out []LaunchPlan
+	for _, s := range r.Verified() {
+		out = append(out, s.Plan)
+	}
+	return out
+}
+
+// Err joins every source's error, or nil when all verified.
+func (r *Result) Err() error {
+	var errs []error
+	for _, s := range r.Failed() {
+		errs = append(errs, s.Err)
+	}
+	return errors.Join(errs...)
+}
+
+// VerifyDocument parses a raw activation document (ParseDocument) and
+// verifies it. The error is a document-level failure; per-source failures
+// are in the result.
+func (v *Verifier) VerifyDocument(data []byte) (*Result, error) {
+	doc, err := ParseDocument(data)
+	if err != nil {
+		return nil, err
+	}
+	return v.Verify(doc)
+}
+
+// VerifySpec verifies an ImplementationActivation spec; errors name
+// spec.sources[i].… fields.
+func (v *Verifier) VerifySpec(spec *v1alpha1.ImplementationActivationSpec) (*Result, error) {
+	doc, err := DocumentFromSpec(spec)
+	if err != nil {
+		return nil, err
+	}
+	return v.Verify(doc)
+}
+
+// Verify checks every source of doc against the files on this node
+// (spec/wire.md §3) and mints a LaunchPlan for each one that passes.
+func (v *Verifier) Verify(doc *Document) (*Result, error) {
+	if err := doc.Check(); err != nil {
+		return nil, err
+	}
+	res := &Result{CandidateSHA256: doc.CandidateSHA256, Ceiling: catalog.NarrowCeiling(v.ceiling, doc.CapabilityCeiling)}
+	for i, s := range doc.Sources {
+		sr := SourceResult{Index: i, Module: s.Module, ImplementationID: s.ImplementationID}
+		sr.Verified, sr.Err = v.verifySource(doc, i, res.Ceiling)
+		res.Sources = append(res.Sources, sr)
+	}
+	slices.SortStableFunc(res.Sources, func(a, b SourceResult) int {
+		ia, okA := v.graph.Order(a.Module)
+		ib, okB := v.graph.Order(b.Module)
+		switch {
+		case okA && okB:
+			return cmp.Compare(ia, ib)
+		case okA != okB:
+			if okA {
+				return -1
+			}
+			return 1
+		}
+		return cmp.Compare(a.Index, b.Index)
+	})
+	return res, nil
+}
+
+func (v *Verifier) verifySource(doc *Document, i int, ceiling []string) (*VerifiedSource, *Error) {
+	s := doc.Sources[i]
+	field := func(key int) string { return doc.sourceField(i, key) }
+	if key, ok := doc.missingMember(i); ok {
+		return nil, &Error{Field: field(key), Code: v1alpha1.CodeSchemaMismatch, Detail: "required field missing", Err: catalog.ErrMissingField}
+	}
+
+	// The values as written.
+	if !catalog.IsModuleID(s.Module) {
+		return nil, failf(field(keyModule), ErrInvalidValue, "%q is not a module ID (^[a-z][a-z0-9_]{0,47}$)", s.Module)
+	}
+	if !v.graph.Has(s.Module) {
+		return nil, failf(field(keyModule), ErrUnknownModule, "%q is not a module of the seam graph", s.Module)
+	}
+	if !catalog.IsImplementationID(s.ImplementationID) {
+		return nil, failf(field(keyImplementationID), ErrInvalidValue, "%q is not 1–96 bytes of [A-Za-z0-9._-]", s.ImplementationID)
+	}
+	for _, p := range []struct {
+		key   int
+		value string
+	}{{keyCatalogPath, s.CatalogPath}, {keyArtifactRoot, s.ArtifactRoot}} {
+		if reason, ok := checkCanonicalPath(p.value); !ok {
+			return nil, failf(field(p.key), ErrNotCanonical, "%q %s: paths must be absolute and canonical", p.value, reason)
+		}
+		if !underRoots(p.value, v.roots) {
+			return nil, failf(field(p.key), ErrOutsideAllowedRoots, "%s is outside the allowed roots (%s)", p.value, strings.Join(v.roots, ", "))
+		}
+	}
+	for _, d := range []struct {
+		key   int
+		value string
+	}{{keyManifestSHA256, s.ManifestSHA256}, {keyArtifactSHA256, s.ArtifactSHA256}} {
+		if !catalog.IsDigest(d.value) {
+			return nil, failf(field(d.key), ErrInvalidValue, "%q is not sha256: and 64 lowercase hex digits", d.value)
+		}
+	}
+
+	// The catalog: a regular file, reached through no symlink, bounded.
+	cat, err := readCatalog(s.CatalogPath)
+	if err != nil {
+		return nil, err.at(field(keyCatalogPath))
+	}
+	m, ok := cat.Lookup(s.ImplementationID)
+	if !ok {
+		return nil, failf(field(keyImplementationID), ErrManifestNotFound, "catalog %s has no implementation %q", s.CatalogPath, s.ImplementationID)
+	}
+	if m.Module != s.Module {
+		return nil, failf(field(keyModule), ErrModuleMismatch, "implementation %q fills module %q, not %q", s.ImplementationID, m.Module, s.Module)
+	}
+	manifestDigest, derr := catalog.ManifestDigest(m)
+	if derr != nil {
+		return nil, fromCatalog(field(keyManifestSHA256), "digest of manifest "+s.ImplementationID, derr)
+	}
+	if manifestDigest != s.ManifestSHA256 {
+		return nil, failf(field(keyManifestSHA256), ErrDigestMismatch, "the manifest of %q in %s digests to %s, not %s", s.ImplementationID, s.CatalogPath, manifestDigest, s.ManifestSHA256)
+	}
+	if "sha256:"+m.ArtifactSHA256 != s.ArtifactSHA256 {
+		return nil, failf(field(keyArtifactSHA256), ErrDigestMismatch, "the manifest of %q pins artifact sha256:%s, not %s", s.ImplementationID, m.ArtifactSHA256, s.ArtifactSHA256)
+	}
+
+	// The executable: a canonical regular file under the root, hashed.
+	executable, artifactDigest, err := hashExecutable(s.ArtifactRoot, m.Executable)
+	if err != nil {
+		return nil, err.at(field(keyArtifactRoot))
+	}
+	if artifactDigest != s.ArtifactSHA256 {
+		return nil, failf(field(keyArtifactSHA256), ErrDigestMismatch, "executable %s hashes to %s, not %s", executable, artifactDigest, s.ArtifactSHA256)
+	}
+
+	contracts, _ := v.graph.Contracts(s.Module)
+	admitted := catalog.Admit(m.RequestedCapabilities, ceiling)
+	vs := &VerifiedSource{
+		Module: s.Module, ImplementationID: m.ImplementationID, Version: m.ImplementationVersion,
+		CatalogPath: s.CatalogPath, ArtifactRoot: s.ArtifactRoot, Executable: executable,
+		Manifest: m, ManifestSHA256: manifestDigest, ArtifactSHA256: artifactDigest,
+		AdmittedCapabilities:    admitted,
+		NotAdmittedCapabilities: catalog.NotAdmitted(m.RequestedCapabilities, admitted),
+		AuthoritySHA256:         catalog.AuthorityDigest(admitted),
+	}
+	vs.Plan = mint(vs, doc.CandidateSHA256, contracts)
+	return vs, nil
+}
+
+// mint is the one place a real LaunchPlan is made: from values that were
+// just verified, never from the document as written.
+func mint(vs *VerifiedSource, candidate string, contracts protocol.ModuleContracts) LaunchPlan {
+	m := vs.Manifest
+	return newLaunchPlan(LaunchPlanFields{
+		Module: vs.Module, ImplementationID: vs.ImplementationID, Version: vs.Version,
+		ProtocolVersion: int(m.ProtocolVersion), ManifestSHA256: vs.ManifestSHA256, ArtifactSHA256: vs.ArtifactSHA256,
+		ArtifactRoot: vs.ArtifactRoot, Executable: vs.Executable, Argv: m.Argv,
+		CandidateSHA256: candidate, AdmittedCapabilities: vs.AdmittedCapabilities, AuthoritySHA256: vs.AuthoritySHA256,
+		RuntimeDeadline:      time.Duration(m.RuntimeDeadlineMs) * time.Millisecond,
+		CancellationDeadline: time.Duration(m.CancellationDeadlineMs) * time.Millisecond,
+		EvidenceLimits: EvidenceLimits{
+			StdoutBytes: int64(m.EvidenceLimits.StdoutBytes), StderrBytes: int64(m.EvidenceLimits.StderrBytes),
+			Observations: int(m.EvidenceLimits.Observations),
+		},
+		Contracts: contracts, FailurePolicy: m.FailurePolicy,
+	})
+}
+
+// fileError is a failed file check before it is given its field.
+type fileError struct {
+	code     string
+	sentinel error
+	detail   string
+	cause    error
+}
+
+func (e *fileError) at(field string) *Error {
+	err := e.sentinel
+	if e.cause != nil {
+		err = errors.Join(e.sentinel, e.cause)
+	}
+	return &Error{Field: field, Code: e.code, Detail: e.detail, Err: err}
+}
+
+func pathFailure(pe *pathError) *fileError {
+	return &fileError{code: v1alpha1.CodeVerificationFailed, sentinel: pe.sentinel, detail: pe.detail}
+}
+
+func openFailure(path string, err error) *fileError {
+	sentinel, detail := openErrorDetail(path, err)
+	return &fileError{code: v1alpha1.CodeVerificationFailed, sentinel: sentinel, detail: detail, cause: err}
+}
+
+// readCatalog reads and parses the catalog at canonical path p.
+func readCatalog(p string) (*catalog.Catalog, *fileError) {
+	if _, pe := walkComponents(p, "/"); pe != nil {
+		return nil, pathFailure(pe)
+	}
+	if pe := checkEvalSymlinks(p); pe != nil {
+		return nil, pathFailure(pe)
+	}
+	f, err := openNoSymlinks(unix.AT_FDCWD, p, 0, false)
+	if err != nil {
+		return nil, openFailure(p, err)
+	}
+	defer f.Close()
+	info, err := f.Stat()
+	if err != nil {
+		return nil, &fileError{code: v1alpha1.CodeVerificationFailed, sentinel: err, detail: "cannot stat " + p + ": " + err.Error()}
+	}
+	if !info.Mode().IsRegular() {
+		return nil, &fileError{code: v1alpha1.CodeVerificationFailed, sentinel: ErrNotRegularFile, detail: fmt.Sprintf("%s is not a regular file (%s)", p, info.Mode().Type())}
+	}
+	if info.Size() > catalog.MaxCatalogBytes {
+		return nil, &fileError{code: v1alpha1.CodeVerificationFailed, sentinel: ErrTooLarge, detail: fmt.Sprintf("catalog %s is %d bytes, over the 512 KiB bound", p, info.Size())}
+	}
+	data, err := io.ReadAll(io.LimitReader(f, catalog.MaxCatalogBytes+1))
+	if err != nil {
+		return nil, &fileError{code: v1alpha1.CodeVerificationFailed, sentinel: err, detail: "cannot read " + p + ": " + err.Error()}
+	}
+	cat, err := catalog.ParseCatalog(data)
+	if err != nil {
+		ce := fromCatalog("", "catalog "+p, err)
+		return nil, &fileError{code: ce.Code, sentinel: ce.Err, detail: ce.Detail}
+	}
+	return cat, nil
+}
+
+// hashExecutable checks the artifact root (a directory reached through no
+// symlink) and the executable (a regular file of at most 256 MiB, reached
+// from the root through no symlink and not escaping it), then hashes the
+// executable through the fixed 64 KiB buffer. It returns the executable's
+// absolute path and digest.
+func hashExecutable(root, rel string) (string, string, *fileError) {
+	info, pe := walkComponents(root, "/")
+	if pe != nil {
+		return "", "", pathFailure(pe)
+	}
+	if !info.IsDir() {
+		return "", "", &fileError{code: v1alpha1.CodeVerificationFailed, sentinel: ErrNotDirectory, detail: root + " is not a directory"}
+	}
+	if pe := checkEvalSymlinks(root); pe != nil {
+		return "", "", pathFailure(pe)
+	}
+	dir, err := openNoSymlinks(unix.AT_FDCWD, root, unix.O_DIRECTORY, false)
+	if err != nil {
+		return "", "", openFailure(root, err)
+	}
+	defer dir.Close()
+
+	executable := root + "/" + rel
+	if _, pe := walkComponents(executable, root); pe != nil {
+		return "", "", pathFailure(pe)
+	}
+	if pe := checkEvalSymlinks(executable); pe != nil {
+		return "", "", pathFailure(pe)
+	}
+	f, err := openNoSymlinks(int(dir.Fd()), rel, 0, true)
+	if err != nil {
+		return "", "", openFailure(executable, err)
+	}
+	defer f.Close()
+	digest, _, err := hashRegular(f, executable)
+	if err != nil {
+		var hf *hashFailure
+		if errors.As(err, &hf) {
+			return "", "", &fileError{code: v1alpha1.CodeVerificationFailed, sentinel: hf.sentinel, detail: hf.detail}
+		}
+		return "", "", &fileError{code: v1alpha1.CodeVerificationFailed, sentinel: err, detail: err.Error()}
+	}
+	return executable, digest, nil
+}

@@ -1,0 +1,148 @@
+package catalog
+
+import (
+	stdjson "encoding/json"
+	"errors"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/go-json-experiment/json/jsontext"
+
+	"iteron.dev/operator/pkg/strictjson"
+)
+
+// FuzzStrictJSON checks the strict decoder against the standard library and
+// the canonical encoder against itself: what strictjson accepts is valid JSON
+// to encoding/json too; DecodeStrict accepts exactly that minus any input
+// holding a null; the canonical form is strict JSON again, and
+// canonicalizing is idempotent.
+func FuzzStrictJSON(f *testing.F) {
+	for _, seed := range []string{
+		`{}`, `[]`, `{"a":1,"b":[true,false,null],"c":{"d":"é<&>\u2028"}}`, `{"a":1,"a":2}`,
+		`{"a":{"b":1,"b":1}}`, `1e400`, `-0`, `0.1`, `"\ud800"`, "\"\xff\"", `{"a":1} {}`, `123456789012345678901234567890`,
+		`[1.5e-7,1e21,100.0]`, `{"k":"\u0000\u001f"}`,
+	} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var v jsontext.Value
+		err := strictjson.Decode(data, &v, 1<<20)
+		var withNullRule jsontext.Value
+		derr := DecodeStrict(data, &withNullRule, 1<<20, "")
+		if err != nil {
+			if derr == nil {
+				t.Fatalf("DecodeStrict accepted what strictjson refused (%v): %q", err, data)
+			}
+			return
+		}
+		var tree any
+		dec := stdjson.NewDecoder(strings.NewReader(string(data)))
+		dec.UseNumber()
+		if uerr := dec.Decode(&tree); uerr != nil {
+			t.Fatalf("strictjson accepted %q, encoding/json refuses it: %v", data, uerr)
+		}
+		if hasNull(tree) != (derr != nil) {
+			t.Fatalf("null rule disagrees with the tree: hasNull=%v, DecodeStrict=%v, input %q", hasNull(tree), derr, data)
+		}
+		if !stdjson.Valid(data) {
+			t.Fatalf("strictjson accepted invalid JSON %q", data)
+		}
+		canon, err := strictjson.CanonicalValue(data)
+		if err != nil {
+			if strings.Contains(err.Error(), "out of range") {
+				return // a number beyond float64, refused as serde_json does
+			}
+			t.Fatalf("CanonicalValue of accepted input %q: %v", data, err)
+		}
+		if err := strictjson.Valid(canon, 1<<21); err != nil {
+			t.Fatalf("canonical form %q is not strict JSON: %v", canon, err)
+		}
+		again, err := strictjson.CanonicalValue(canon)
+		if err != nil || string(again) != string(canon) {
+			t.Fatalf("canonicalization is not idempotent:\n%q\n%q (%v)", canon, again, err)
+		}
+	})
+}
+
+func hasNull(v any) bool {
+	switch x := v.(type) {
+	case nil:
+		return true
+	case []any:
+		for _, e := range x {
+			if hasNull(e) {
+				return true
+			}
+		}
+	case map[string]any:
+		for _, e := range x {
+			if hasNull(e) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// FuzzParseCatalog checks that catalog parsing never panics, that whatever
+// it accepts passes ValidateCatalog, and that an accepted catalog written back
+// canonically parses to an equal catalog with equal manifest digests.
+func FuzzParseCatalog(f *testing.F) {
+	f.Add([]byte(`{"schema_version":1,"implementations":[]}`))
+	f.Add([]byte(`{"schema_version":1,"implementations":[` + goldenCanonical + `,{"implementation_id":"base","implementation_version":[0,1,0],"module":"prompt_system","artifact_sha256":"` + strings.Repeat("ab", 32) + `","executable":"p","protocol_version":1,"runtime_deadline_ms":1,"cancellation_deadline_ms":1,"evidence_limits":{"stdout_bytes":0,"stderr_bytes":0,"observations":0},"failure_policy":"request_host_quarantine"}]}`))
+	f.Add([]byte(`{"schema_version":1,"implementations":[{"implementation_id":"a","implementation_id":"b"}]}`))
+	f.Add([]byte(`{"schema_version":1,"implementations":[{"argv":null}]}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		c, err := ParseCatalog(data)
+		if err != nil {
+			var ce *Error
+			if !errors.As(err, &ce) || ce.ReasonCode() == "" {
+				t.Fatalf("untyped rejection %T: %v", err, err)
+			}
+			return
+		}
+		if err := ValidateCatalog(c); err != nil {
+			t.Fatalf("accepted catalog does not validate: %v", err)
+		}
+		canon, err := strictjson.Canonical(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		again, err := ParseCatalog(canon)
+		if err != nil {
+			t.Fatalf("canonical form of an accepted catalog is refused: %v\n%s", err, canon)
+		}
+		if !reflect.DeepEqual(c, again) {
+			t.Fatalf("round trip changed the catalog")
+		}
+		for i := range c.Implementations {
+			a, _ := ManifestDigest(c.Implementations[i])
+			b, _ := ManifestDigest(again.Implementations[i])
+			if a != b {
+				t.Fatalf("digest changed over a round trip: %s vs %s", a, b)
+			}
+		}
+	})
+}
+
+// FuzzParseSeamGraph checks that graph parsing never panics and that an
+// accepted graph is acyclic, bounded and consistent with its accessors.
+func FuzzParseSeamGraph(f *testing.F) {
+	f.Add([]byte(`{"schema_version":2,"modules":[]}`))
+	f.Add(BuiltinSeamGraphJSON())
+	f.Fuzz(func(t *testing.T, data []byte) {
+		g, err := ParseSeamGraph(data)
+		if err != nil {
+			return
+		}
+		if g.Len() < 1 || g.Len() > MaxCustomModules || g.findCycle() != nil {
+			t.Fatalf("accepted a graph of %d modules or with a cycle", g.Len())
+		}
+		for i, m := range g.Modules() {
+			if o, ok := g.Order(m); !ok || o != i || !IsModuleID(m) || len(g.Dependencies(m)) > MaxGraphDependencies {
+				t.Fatalf("module %q inconsistent", m)
+			}
+		}
+	})
+}
