@@ -4,11 +4,14 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
+	"time"
 
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -24,6 +27,9 @@ import (
 
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
 	"iteron.dev/operator/controllers"
+	"iteron.dev/operator/internal/activation"
+	"iteron.dev/operator/internal/hotswap"
+	"iteron.dev/operator/internal/procexec"
 )
 
 // Exit codes.
@@ -61,17 +67,68 @@ func run(args []string, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "manager: kubeconfig:", err)
 		return exitFailure
 	}
-	mgr, err := newManager(cfg, opts)
+	exec, err := procexec.NewExecutor(procexec.Config{
+		ProviderUID: opts.providerUID, ProviderGID: opts.providerGID,
+		Interpreters: opts.interpreters, RecordDir: filepath.Join(opts.stateDir, "procs"),
+	})
+	if err != nil {
+		fmt.Fprintln(stderr, "manager: process executor:", err)
+		return exitFailure
+	}
+	// Provider groups an earlier manager left behind (it died without
+	// stopping them) are killed before anything starts.
+	sweep, err := exec.Sweep()
+	if err != nil {
+		fmt.Fprintln(stderr, "manager: sweep leftover providers:", err)
+		return exitFailure
+	}
+	if len(sweep.Killed) > 0 || sweep.Stale > 0 {
+		log.Info("swept provider groups left by an earlier manager", "killed", len(sweep.Killed), "stale", sweep.Stale)
+	}
+	verifier, err := activation.NewVerifier(activation.Config{AllowedRoots: opts.allowedRoots, Ceiling: opts.capabilityCeiling})
+	if err != nil {
+		fmt.Fprintln(stderr, "manager: verifier:", err)
+		return exitFailure
+	}
+	notifier := controllers.NewNotifier()
+	coord, err := hotswap.New(hotswap.Config{
+		StateDir: opts.stateDir, Launch: hotswap.NewExecutorLauncher(exec),
+		Notify: notifier.Notify, Log: ctrl.Log.WithName("coordinator"),
+	})
+	if err != nil {
+		fmt.Fprintln(stderr, "manager: coordinator:", err)
+		return exitFailure
+	}
+	mgr, err := newManager(cfg, opts, wiring{verifier: verifier, coordinator: coord, notifier: notifier})
 	if err != nil {
 		fmt.Fprintln(stderr, "manager:", err)
 		return exitFailure
 	}
 	log.Info("starting", "node", opts.nodeName, "stateDir", opts.stateDir, "allowedRoots", opts.allowedRoots, "capabilityCeiling", opts.capabilityCeiling)
-	if err := mgr.Start(ctrl.SetupSignalHandler()); err != nil {
-		fmt.Fprintln(stderr, "manager:", err)
+	runErr := mgr.Start(ctrl.SetupSignalHandler())
+	// Stop every provider before exiting (the termination grace period
+	// bounds this; see config/manager).
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
+	defer cancel()
+	if err := coord.Shutdown(shutdownCtx); err != nil {
+		log.Error(err, "stopping providers")
+	}
+	if runErr != nil {
+		fmt.Fprintln(stderr, "manager:", runErr)
 		return exitFailure
 	}
 	return exitOK
+}
+
+// shutdownTimeout bounds stopping every provider after SIGTERM; it stays
+// under the DaemonSet's terminationGracePeriodSeconds (60).
+const shutdownTimeout = 45 * time.Second
+
+// wiring is what the controllers are built from.
+type wiring struct {
+	verifier    *activation.Verifier
+	coordinator *hotswap.Coordinator
+	notifier    *controllers.Notifier
 }
 
 func restConfig(kubeconfig string) (*rest.Config, error) {
@@ -97,7 +154,7 @@ func newScheme() (*runtime.Scheme, error) {
 // this node: both kinds are watched through the spec.nodeName selectable
 // field, so a manager never sees another node's objects. There is no leader
 // election across nodes; the state-dir flock fences managers on one node.
-func newManager(cfg *rest.Config, opts *options) (ctrl.Manager, error) {
+func newManager(cfg *rest.Config, opts *options, w wiring) (ctrl.Manager, error) {
 	scheme, err := newScheme()
 	if err != nil {
 		return nil, err
@@ -115,10 +172,24 @@ func newManager(cfg *rest.Config, opts *options) (ctrl.Manager, error) {
 	if err != nil {
 		return nil, fmt.Errorf("create manager: %w", err)
 	}
-	if err := (&controllers.ActivationReconciler{Client: mgr.GetClient()}).SetupWithManager(mgr); err != nil {
+	if err := mgr.Add(w.notifier); err != nil {
+		return nil, err
+	}
+	stateDir := opts.stateDir
+	activations := &controllers.ActivationReconciler{
+		Client: mgr.GetClient(), NodeName: opts.nodeName, Coordinator: w.coordinator,
+		Resolve:       controllers.NewResolver(w.verifier),
+		Recorder:      mgr.GetEventRecorder("iteron-manager"),
+		Notifications: w.notifier.Activations(),
+		Cleanup: func(_ context.Context, uid string) error {
+			return hotswap.RemoveActivationState(stateDir, uid, time.Now())
+		},
+	}
+	if err := activations.SetupWithManager(mgr); err != nil {
 		return nil, fmt.Errorf("set up the activation controller: %w", err)
 	}
-	if err := (&controllers.GenerationReconciler{Client: mgr.GetClient()}).SetupWithManager(mgr); err != nil {
+	generations := &controllers.GenerationReconciler{Client: mgr.GetClient(), Coordinator: w.coordinator, Notifications: w.notifier.Generations()}
+	if err := generations.SetupWithManager(mgr); err != nil {
 		return nil, fmt.Errorf("set up the generation controller: %w", err)
 	}
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {

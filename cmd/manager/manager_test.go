@@ -104,7 +104,7 @@ func startManager(t *testing.T, stateDir string, args ...string) *managerProcess
 	return p
 }
 
-func activation(name, node string) *iteronv1.ImplementationActivation {
+func testActivation(name, node string) *iteronv1.ImplementationActivation {
 	d := "sha256:" + strings.Repeat("a", 64)
 	return &iteronv1.ImplementationActivation{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
@@ -118,8 +118,8 @@ func activation(name, node string) *iteronv1.ImplementationActivation {
 
 func TestManagerMarksOnlyItsNodesActivations(t *testing.T) {
 	ctx := context.Background()
-	mine := activation("on-node-a", "node-a")
-	theirs := activation("on-node-b", "node-b")
+	mine := testActivation("on-node-a", "node-a")
+	theirs := testActivation("on-node-b", "node-b")
 	for _, a := range []*iteronv1.ImplementationActivation{mine, theirs} {
 		if err := env.Client.Create(ctx, a); err != nil {
 			t.Fatal(err)
@@ -134,14 +134,20 @@ func TestManagerMarksOnlyItsNodesActivations(t *testing.T) {
 		if err := env.Client.Get(ctx, client.ObjectKeyFromObject(mine), &got); err != nil {
 			t.Fatal(err)
 		}
-		if c := meta.FindStatusCondition(got.Status.Conditions, iteronv1.ConditionReady); c != nil {
-			if c.Status != metav1.ConditionUnknown || c.Reason != iteronv1.ReasonNotImplemented {
-				t.Fatalf("Ready = %s/%s; want Unknown/NotImplemented", c.Status, c.Reason)
+		// Its catalog does not exist on this node: verification refuses it,
+		// naming the field, and the activation is Stalled (nothing moves
+		// without a change).
+		if c := meta.FindStatusCondition(got.Status.Conditions, iteronv1.ConditionVerified); c != nil {
+			if c.Status != metav1.ConditionFalse || c.Reason != iteronv1.ReasonVerificationFailed || !strings.Contains(c.Message, "spec.sources[0].catalogPath") {
+				t.Fatalf("Verified = %s/%s %q; want False/VerificationFailed naming spec.sources[0].catalogPath", c.Status, c.Reason, c.Message)
+			}
+			if s := meta.FindStatusCondition(got.Status.Conditions, iteronv1.ConditionStalled); s == nil || s.Status != metav1.ConditionTrue {
+				t.Fatalf("Stalled = %+v; want True", s)
 			}
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the manager never set Ready on its node's activation; status: %+v", got.Status)
+			t.Fatalf("the manager never set Verified on its node's activation; status: %+v", got.Status)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/go-json-experiment/json/jsontext"
 	"golang.org/x/sys/unix"
 
+	"iteron.dev/operator/internal/ledger"
 	"iteron.dev/operator/pkg/protocol"
 	"iteron.dev/operator/pkg/strictjson"
 )
@@ -238,4 +239,14 @@ func syncDir(dir string) error {
 	}
 	defer d.Close()
 	return d.Sync()
+}
+
+// RemoveActivationState archives a deleted activation's ledger (bounded
+// archives under ledgers/archive) and removes its snapshots. Call it once the
+// coordinator has retired and forgotten the activation.
+func RemoveActivationState(stateDir, activationUID string, now time.Time) error {
+	if _, err := ledger.Archive(stateDir, activationUID, now, 0); err != nil {
+		return err
+	}
+	return NewSnapshotStore(stateDir).RemoveActivation(activationUID)
 }

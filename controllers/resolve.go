@@ -1,0 +1,52 @@
+package controllers
+
+import (
+	"context"
+	"errors"
+
+	iteronv1 "iteron.dev/operator/api/v1alpha1"
+	"iteron.dev/operator/internal/activation"
+	"iteron.dev/operator/internal/graph"
+)
+
+// NewResolver returns the Resolve function of the activation controller:
+// verify every source on this node (internal/activation), then place the
+// sources in the seam graph (internal/graph) for admission, epochs and
+// orders.
+func NewResolver(v *activation.Verifier) func(context.Context, *iteronv1.ImplementationActivationSpec) Resolution {
+	return func(_ context.Context, spec *iteronv1.ImplementationActivationSpec) Resolution {
+		res, err := v.VerifySpec(spec)
+		if err != nil {
+			return Resolution{DocumentError: err, DocumentCode: codeOrDefault(err, iteronv1.CodeVerificationFailed)}
+		}
+		ev, err := graph.Evaluate(graph.FromVerification(v.Graph(), res))
+		if err != nil {
+			return Resolution{DocumentError: err, DocumentCode: iteronv1.CodeVerificationFailed}
+		}
+		plans := map[string]*activation.VerifiedSource{}
+		for _, vs := range res.Verified() {
+			plans[vs.Module] = vs
+		}
+		out := Resolution{ActivateOrder: ev.ActivateOrder, DrainOrder: ev.DrainOrder}
+		for _, ms := range ev.Modules {
+			rm := ResolvedModule{Module: ms.Module, Epoch: ms.Epoch, Identity: ms.Identity, DependsOn: ms.DependsOn, Code: ms.Reason, Message: ms.Message}
+			if vs, ok := plans[ms.Module]; ok {
+				rm.NotAdmitted = vs.NotAdmittedCapabilities
+				if ms.Admitted {
+					plan := vs.Plan
+					rm.Plan = &plan
+				}
+			}
+			out.Modules = append(out.Modules, rm)
+		}
+		return out
+	}
+}
+
+func codeOrDefault(err error, fallback string) string {
+	var rc interface{ ReasonCode() string }
+	if errors.As(err, &rc) && rc.ReasonCode() != "" {
+		return rc.ReasonCode()
+	}
+	return fallback
+}
