@@ -65,25 +65,43 @@ func (r *ActivationReconciler) reconcileGenerations(ctx context.Context, s *acti
 	retryRequested := retry != "" && retry != s.act.Status.LastHandledRetryAt
 	s.targets = map[string]hotswap.ModuleTarget{}
 	s.stalled = map[string]hotswap.Failure{}
+	type decision struct {
+		rm     ResolvedModule
+		target *hotswap.ModuleTarget
+		create *iteronv1.Generation
+	}
+	var decisions []decision
 	for _, rm := range s.res.Modules {
 		if rm.Plan == nil {
+			// Not runnable now: whatever runs keeps running (bad input
+			// changes nothing); only removing the source retires it.
+			s.targets[rm.Module] = hotswap.ModuleTarget{Module: rm.Module, Keep: true}
 			continue
 		}
 		target, create, stalled := r.desiredGeneration(s, rm, gens, retryRequested)
 		if stalled != nil {
 			s.stalled[rm.Module] = *stalled
 		}
-		if target == nil {
+		if target != nil {
+			decisions = append(decisions, decision{rm, target, create})
+		}
+	}
+	for _, d := range decisions {
+		active, _, _ := r.activeOf(s, d.rm.Module)
+		if len(s.stalled) > 0 && !d.target.Keep && d.target.GenerationName != active {
+			// A plan is not atomic across modules: after a failure the rest
+			// of it waits until the spec changes or a retry is requested.
+			s.targets[d.rm.Module] = hotswap.ModuleTarget{Module: d.rm.Module, Keep: true}
 			continue
 		}
-		if create != nil {
-			if err := r.Client.Create(ctx, create); err != nil {
-				return fmt.Errorf("create Generation %s: %w", create.Name, err)
+		if d.create != nil {
+			if err := r.Client.Create(ctx, d.create); err != nil {
+				return fmt.Errorf("create Generation %s: %w", d.create.Name, err)
 			}
-			gens = append(gens, *create)
-			r.Recorder.Eventf(s.act, create, corev1.EventTypeNormal, "GenerationCreated", "Plan", "module %s: generation %d attempt %d (%s)", rm.Module, target.Lineage, target.Attempt, rm.Plan.ImplementationID())
+			gens = append(gens, *d.create)
+			r.Recorder.Eventf(s.act, d.create, corev1.EventTypeNormal, "GenerationCreated", "Plan", "module %s: generation %d attempt %d (%s)", d.rm.Module, d.target.Lineage, d.target.Attempt, d.rm.Plan.ImplementationID())
 		}
-		s.targets[rm.Module] = *target
+		s.targets[d.rm.Module] = *d.target
 	}
 	if retryRequested {
 		s.retryHandled = retry
@@ -107,7 +125,9 @@ func (r *ActivationReconciler) desiredGeneration(s *activationScope, rm Resolved
 			activeGen = &gens[i]
 		}
 	}
-	if active != "" && activeEpoch == rm.Epoch && activeGen != nil {
+	// Unchanged: same epoch and same admitted authority (a narrower
+	// ceiling changes what the process may do, so it is a reload too).
+	if active != "" && activeEpoch == rm.Epoch && activeGen != nil && activeGen.Spec.AuthoritySHA256 == rm.Plan.AuthoritySHA256() {
 		return mk(active, activeGen.Spec.Generation, activeGen.Spec.Attempt), nil, nil
 	}
 	lineage := activeLineage + 1
@@ -139,10 +159,7 @@ func (r *ActivationReconciler) desiredGeneration(s *activationScope, rm Resolved
 			return mk(match.Name, lineage, match.Spec.Attempt), nil, nil
 		case !retryRequested:
 			// Not retried for the same target: keep what serves.
-			if activeGen != nil {
-				return mk(active, activeGen.Spec.Generation, activeGen.Spec.Attempt), nil, failure
-			}
-			return nil, nil, failure
+			return &hotswap.ModuleTarget{Module: rm.Module, Keep: true}, nil, failure
 		}
 	}
 	attempt := maxAttempt + 1
@@ -272,6 +289,11 @@ func (r *ActivationReconciler) reconcileApply(ctx context.Context, s *activation
 			d.Modules = append(d.Modules, t)
 		}
 	}
+	for _, rm := range s.res.Modules {
+		if t, ok := s.targets[rm.Module]; ok && !slices.Contains(d.ActivateOrder, rm.Module) {
+			d.Modules = append(d.Modules, t) // a Keep target outside the order
+		}
+	}
 	for _, m := range s.res.DrainOrder {
 		if _, ok := s.targets[m]; ok {
 			d.DrainOrder = append(d.DrainOrder, m)
@@ -378,7 +400,7 @@ func planStatus(s *activationScope) *iteronv1.PlanStatus {
 		switch {
 		case !running || rt.Active == "":
 			p.Added = append(p.Added, rm.Module)
-		case rt.Epoch == rm.Epoch:
+		case s.targets[rm.Module].Keep || s.targets[rm.Module].GenerationName == rt.Active:
 			p.Unchanged = append(p.Unchanged, rm.Module)
 		default:
 			p.Reloaded = append(p.Reloaded, rm.Module)

@@ -77,6 +77,10 @@ type ModuleTarget struct {
 	// DependsOn are the modules of this activation that must be Active
 	// before this one is activated.
 	DependsOn []string
+	// Keep leaves the module as it runs: its source is still in the spec
+	// but has no runnable target now (verification failed, a dependency is
+	// unsatisfied, its failed target is not retried). Only Module is read.
+	Keep bool
 }
 
 // Desired is what the activation controller wants for one activation.

@@ -241,7 +241,7 @@ func (a *activationRuntime) step() bool {
 	}
 	for i, module := range desired.ActivateOrder {
 		t, ok := targets[module]
-		if !ok {
+		if !ok || t.Keep {
 			continue
 		}
 		a.mu.Lock()
