@@ -21,7 +21,8 @@ func FuzzParseLine(f *testing.F) {
 	}
 	var prevs []Record
 	var prevPlains []uint32
-	for _, l := range seeds {
+	for i := 0; i < len(seeds); i += 5 {
+		l := seeds[i]
 		r, _, plain, ok := parseCanonical(l, nil, 0)
 		if !ok {
 			f.Fatalf("seed %q is not canonical", l)

@@ -92,7 +92,6 @@ type replayer struct {
 	lastSize int64
 	lastStat unix.Stat_t
 	torn     *tornTail
-	tornLine int
 	buf      []byte // read buffer, reused across segments
 	// segFirst maps each segment to the sequence of its first record (of
 	// the record that would follow, when it is empty).
@@ -177,7 +176,7 @@ func (rp *replayer) segment(dirfd int, dirPath, name string, num int, last, forA
 	}
 	if forAppend {
 		keep = true
-		rp.lastFD, rp.lastSize, rp.lastStat, rp.torn, rp.tornLine = fd, st.Size, st, torn, lines+1
+		rp.lastFD, rp.lastSize, rp.lastStat, rp.torn = fd, st.Size, st, torn
 	}
 	return nil
 }
