@@ -635,3 +635,51 @@ func TestArchiveMovesALedgerAndKeepsABoundedNumber(t *testing.T) {
 		}
 	}
 }
+
+func TestOpenAfterACrashBetweenSealingAndTheNextSegmentAppendsToANewOne(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "ledger")
+	l := openNew(t, dir, Options{})
+	activate(t, l, "prompt_system")
+	must(t, l.Close())
+	// The writer sealed segment 1 (read-only) and died before creating 2.
+	seg1 := filepath.Join(dir, SegmentName(1))
+	must(t, os.Chmod(seg1, 0o400))
+	sealed := readFile(t, seg1)
+
+	l2, report, err := Open(dir, Options{Now: newFakeClock().Now})
+	must(t, err)
+	if report.State.LastSegment != 2 {
+		t.Fatalf("LastSegment = %d, want a new segment 2", report.State.LastSegment)
+	}
+	tx, err := l2.Begin(spec(t, KindRenewal, "prompt_system", gen(1, "impl"), gen(1, "impl"), 1, 1))
+	must(t, err)
+	must(t, tx.Verify())
+	must(t, l2.Close())
+	if !bytes.Equal(readFile(t, seg1), sealed) {
+		t.Fatal("the sealed segment was appended to")
+	}
+	if recs := decodeLines(t, splitLines(readSegment(t, dir, 2))); len(recs) != 1 || recs[0].Sequence != 4 {
+		t.Fatalf("segment 2 = %+v", recs)
+	}
+	if _, err := Verify(dir, VerifyOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestATransactionBlockedAtVerifyRollsBack(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "ledger")
+	l := openNew(t, dir, Options{})
+	tx, err := l.Begin(spec(t, KindHotSwap, "prompt_system", gen(1, "a"), gen(2, "b"), 1, 0))
+	must(t, err)
+	if got := tx.Next(); !reflect.DeepEqual(got, []Phase{PhaseVerify}) {
+		t.Fatalf("Next = %v", got)
+	}
+	must(t, tx.Block(PhaseVerify, ReasonAuthorityChanged, "admitted capabilities differ: hot swap needs strategy Cold"))
+	must(t, tx.RollBack())
+	must(t, l.Close())
+	st, err := Verify(dir, VerifyOptions{})
+	must(t, err)
+	if st.NextSequence != 2 || st.Recent[0].Reason != "authority_changed: admitted capabilities differ: hot swap needs strategy Cold" {
+		t.Fatalf("state = %+v", st)
+	}
+}

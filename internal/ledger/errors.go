@@ -108,6 +108,7 @@ type RuleError struct {
 	Detail string
 }
 
+// Error says where, which rule at which sequence, and why.
 func (e *RuleError) Error() string {
 	var b strings.Builder
 	b.WriteString("ledger")
@@ -143,6 +144,7 @@ type FrozenError struct {
 	Cause error
 }
 
+// Error names the refusal and its cause.
 func (e *FrozenError) Error() string { return fmt.Sprintf("%v (frozen by: %v)", ErrFrozen, e.Cause) }
 
 // Is makes errors.Is(err, ErrFrozen) true.
@@ -161,6 +163,7 @@ type IOError struct {
 	Err error
 }
 
+// Error names the operation, the path and the system error.
 func (e *IOError) Error() string { return fmt.Sprintf("ledger %s %s: %v", e.Op, e.Path, e.Err) }
 
 // Unwrap returns the system error.
@@ -183,6 +186,7 @@ type PhaseError struct {
 	Detail string
 }
 
+// Error names the transaction, the refused phase and what may come next.
 func (e *PhaseError) Error() string {
 	msg := fmt.Sprintf("ledger transaction %s (%s): %s %s is not allowed", e.TransactionID, e.Kind, e.Phase, e.Outcome)
 	if e.Detail != "" {

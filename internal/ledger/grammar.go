@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"math/bits"
 	"strings"
 	"unicode/utf8"
 )
@@ -77,50 +78,139 @@ var sequences = map[Kind][][]Phase{
 // familySequences is the family schema's one sequence: all ten phases.
 var familySequences = [][]Phase{phaseOrder[:]}
 
+// phaseSet is a set of work phases (and committed), one bit per position in
+// phaseOrder. A transaction's applied phases follow phaseOrder, so the set
+// alone says which phases were applied and in what order.
+type phaseSet uint16
+
+func phaseIndex(p Phase) int {
+	switch p {
+	case PhaseVerify:
+		return 0
+	case PhaseShadowLoad:
+		return 1
+	case PhaseQuiesce:
+		return 2
+	case PhaseSnapshot:
+		return 3
+	case PhaseMigrate:
+		return 4
+	case PhaseRestore:
+		return 5
+	case PhaseReadiness:
+		return 6
+	case PhaseAtomicSwitch:
+		return 7
+	case PhaseDrain:
+		return 8
+	case PhaseCommitted:
+		return 9
+	case PhaseRolledBack:
+		return 10
+	}
+	return -1
+}
+
+func (s phaseSet) has(p Phase) bool {
+	i := phaseIndex(p)
+	return i >= 0 && s&(1<<i) != 0
+}
+
+func (s phaseSet) add(p Phase) phaseSet {
+	if i := phaseIndex(p); i >= 0 {
+		s |= 1 << i
+	}
+	return s
+}
+
+func (s phaseSet) count() int { return bits.OnesCount16(uint16(s)) }
+
+// phases lists the set in phaseOrder.
+func (s phaseSet) phases() []Phase {
+	var out []Phase
+	for i, p := range phaseOrder {
+		if s&(1<<i) != 0 {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// phaseSeq is one legal phase sequence with the set of each prefix.
+type phaseSeq struct {
+	phases []Phase
+	prefix []phaseSet // prefix[i] is the set of phases[:i]
+}
+
+func newPhaseSeq(phases []Phase) phaseSeq {
+	s := phaseSeq{phases: phases, prefix: make([]phaseSet, len(phases)+1)}
+	for i, p := range phases {
+		s.prefix[i+1] = s.prefix[i].add(p)
+	}
+	return s
+}
+
 // grammar is the set of phase sequences a transaction may follow.
-type grammar [][]Phase
+type grammar []phaseSeq
+
+var (
+	kindGrammars  = map[Kind]grammar{}
+	familyGrammar grammar
+	// swapGrammar is hot swap or cold replace, what a reader knows of a
+	// transaction with new_generation = old_generation + 1.
+	swapGrammar grammar
+)
+
+func init() {
+	for k, seqs := range sequences {
+		for _, seq := range seqs {
+			kindGrammars[k] = append(kindGrammars[k], newPhaseSeq(seq))
+		}
+	}
+	for _, seq := range familySequences {
+		familyGrammar = append(familyGrammar, newPhaseSeq(seq))
+	}
+	swapGrammar = append(append(grammar(nil), kindGrammars[KindHotSwap]...), kindGrammars[KindColdReplace]...)
+}
 
 func grammarOf(schema Schema, kinds []Kind) grammar {
 	if schema == SchemaFamily {
-		return familySequences
+		return familyGrammar
+	}
+	if len(kinds) == 1 {
+		return kindGrammars[kinds[0]]
+	}
+	if len(kinds) == 2 && kinds[0] == KindHotSwap && kinds[1] == KindColdReplace {
+		return swapGrammar
 	}
 	var g grammar
 	for _, k := range kinds {
-		g = append(g, sequences[k]...)
+		g = append(g, kindGrammars[k]...)
 	}
 	return g
 }
 
-// next returns the phases that may follow the applied phases done, in the
-// family's order, without duplicates.
-func (g grammar) next(done []Phase) []Phase {
-	var out []Phase
-	for _, seq := range g {
-		if len(seq) <= len(done) || !hasPrefix(seq, done) {
-			continue
-		}
-		p := seq[len(done)]
-		if !containsPhase(out, p) {
-			out = append(out, p)
+// allows reports whether p may follow the applied phases done.
+func (g grammar) allows(done phaseSet, p Phase) bool {
+	n := done.count()
+	for _, s := range g {
+		if len(s.phases) > n && s.prefix[n] == done && s.phases[n] == p {
+			return true
 		}
 	}
-	// Keep the family's order so "the next phase" is deterministic.
-	ordered := out[:0:0]
-	for _, p := range phaseOrder {
-		if containsPhase(out, p) {
-			ordered = append(ordered, p)
-		}
-	}
-	return ordered
+	return false
 }
 
-func hasPrefix(seq, prefix []Phase) bool {
-	for i, p := range prefix {
-		if seq[i] != p {
-			return false
+// next returns the phases that may follow done, in the family's order.
+func (g grammar) next(done phaseSet) []Phase {
+	n := done.count()
+	var allowed phaseSet
+	for _, s := range g {
+		if len(s.phases) > n && s.prefix[n] == done {
+			allowed = allowed.add(s.phases[n])
 		}
 	}
-	return true
+	return allowed.phases()
 }
 
 func containsPhase(ps []Phase, p Phase) bool {

@@ -211,11 +211,9 @@ func decodeLines(t testing.TB, lines [][]byte) []Record {
 	t.Helper()
 	recs := make([]Record, len(lines))
 	for i, l := range lines {
-		r, _, err := parseLine(l, nil)
-		if err != nil {
+		if _, _, err := parseLine(&recs[i], l, nil, 0); err != nil {
 			t.Fatalf("line %d: %v", i+1, err)
 		}
-		recs[i] = r
 	}
 	return recs
 }

@@ -95,7 +95,9 @@ type Ledger struct {
 // bytes after its last newline, never a complete record) and reports it.
 // A ledger that breaks a rule is not repaired: Open returns the *RuleError
 // (errors.Is ErrCorrupt) and changes nothing. A family ledger is refused:
-// this operator appends only SchemaOperator records.
+// this operator appends only SchemaOperator records. When the last segment
+// is sealed (a writer stopped between sealing it and creating the next),
+// appends go to a new segment.
 func Open(dir string, opts Options) (*Ledger, OpenReport, error) {
 	if opts.SegmentBytes == 0 {
 		opts.SegmentBytes = MaxSegmentBytes
@@ -151,7 +153,14 @@ func Open(dir string, opts Options) (*Ledger, OpenReport, error) {
 		l.segFD = -1
 		nums = []int{1}
 	}
-	rp, err := replaySegments(l.dirfd(), dir, nums, opts.Anchor, true, nil)
+	// A last segment without its owner-write bit was sealed by a writer that
+	// stopped before it created the next one: replay it read-only and append
+	// to a new segment.
+	last := nums[len(nums)-1]
+	var lst unix.Stat_t
+	sealedLast := unix.Fstatat(l.dirfd(), SegmentName(last), &lst, unix.AT_SYMLINK_NOFOLLOW) == nil &&
+		lst.Mode&unix.S_IFMT == unix.S_IFREG && lst.Mode&0o200 == 0
+	rp, err := replaySegments(l.dirfd(), dir, nums, opts.Anchor, !sealedLast, nil)
 	if err != nil {
 		return nil, OpenReport{}, err
 	}
@@ -167,8 +176,20 @@ func Open(dir string, opts Options) (*Ledger, OpenReport, error) {
 			Detail: fmt.Sprintf("a %s ledger is read-only here; this operator appends only %s", SchemaFamily, SchemaOperator)}
 	}
 	report := OpenReport{}
-	l.segNum, l.first = nums[len(nums)-1], nums[0]
+	l.segNum, l.first = last, nums[0]
 	l.segSize, l.segDev, l.segIno = rp.lastSize, rp.lastStat.Dev, rp.lastStat.Ino
+	if sealedLast {
+		if o := rp.v.open; o != nil && !o.terminal {
+			return nil, OpenReport{}, &RuleError{Rule: RuleSegmentLayout, Sequence: rp.v.next, File: filepath.Join(dir, SegmentName(last)), TransactionID: o.first.TransactionID,
+				Detail: "the sealed last segment ends inside a transaction; segments are sealed only between transactions"}
+		}
+		if err := l.createSegment(last + 1); err != nil {
+			return nil, OpenReport{}, err
+		}
+		rp.v.segment = l.segNum
+		l.segFirst[l.segNum] = rp.v.next
+		state.LastSegment = l.segNum
+	}
 	if rp.torn != nil {
 		path := filepath.Join(dir, SegmentName(l.segNum))
 		if err := unix.Ftruncate(l.segFD, rp.torn.offset); err != nil {

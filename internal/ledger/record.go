@@ -212,13 +212,24 @@ func newLineHasher() *lineHasher {
 	return h
 }
 
-// digest is SHA-256 over the line with the record_sha256 value removed (the
-// record with record_sha256 = ""), without copying the line.
-func (h *lineHasher) digest(line []byte, span hashSpan) string {
+// matches reports whether the line hashes to digest, without allocating.
+func (h *lineHasher) matches(line []byte, span hashSpan, digest string) bool {
+	h.sum256(line, span)
+	hex.Encode(h.hex[len(strictjson.DigestPrefix):], h.sum[:])
+	return string(h.hex[:]) == digest
+}
+
+func (h *lineHasher) sum256(line []byte, span hashSpan) {
 	h.h.Reset()
 	h.h.Write(line[:span.start])
 	h.h.Write(line[span.end:])
 	h.h.Sum(h.sum[:0])
+}
+
+// digest is SHA-256 over the line with the record_sha256 value removed (the
+// record with record_sha256 = ""), without copying the line.
+func (h *lineHasher) digest(line []byte, span hashSpan) string {
+	h.sum256(line, span)
 	hex.Encode(h.hex[len(strictjson.DigestPrefix):], h.sum[:])
 	return string(h.hex[:])
 }

@@ -92,7 +92,7 @@ type replayer struct {
 	lastSize int64
 	lastStat unix.Stat_t
 	torn     *tornTail
-	tornLine int
+	buf      []byte // read buffer, reused across segments
 	// segFirst maps each segment to the sequence of its first record (of
 	// the record that would follow, when it is empty).
 	segFirst map[int]uint64
@@ -139,17 +139,25 @@ func (rp *replayer) segment(dirfd int, dirPath, name string, num int, last, forA
 			unix.Close(fd)
 		}
 	}()
-	data, err := readAll(fd, path, st.Size)
-	if err != nil {
-		setSequence(err, rp.v.next)
-		return err
-	}
 	rp.v.segment = num
 	startNext, started := rp.v.next, rp.v.started
-	torn, lines, err := segmentReplay(rp.v, rp.h, data, path, fn)
+	ss := segmentStream{v: rp.v, h: rp.h, path: path, chunk: readChunk, buf: rp.buf, fn: fn}
+	torn, lines, size, err := ss.run(preadAt(fd))
+	rp.buf = ss.buf
 	if err != nil {
 		return err
 	}
+	// The segment must still be what was read: a writer appending or a
+	// truncation during the read is caught here.
+	var after unix.Stat_t
+	if err := unix.Fstat(fd, &after); err != nil {
+		return &IOError{Op: "fstat", Path: path, Err: err}
+	}
+	if after.Size != size {
+		return &RuleError{Rule: RuleSizeChanged, Sequence: rp.v.next, File: path,
+			Detail: fmt.Sprintf("the segment changed from %d to %d bytes while it was read", size, after.Size)}
+	}
+	st.Size = size
 	if !started && rp.v.started {
 		startNext = rp.v.first
 	}
@@ -168,7 +176,7 @@ func (rp *replayer) segment(dirfd int, dirPath, name string, num int, last, forA
 	}
 	if forAppend {
 		keep = true
-		rp.lastFD, rp.lastSize, rp.lastStat, rp.torn, rp.tornLine = fd, st.Size, st, torn, lines+1
+		rp.lastFD, rp.lastSize, rp.lastStat, rp.torn = fd, st.Size, st, torn
 	}
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -109,28 +110,6 @@ func openFile(dirfd int, dirPath, name string, flags int) (int, unix.Stat_t, err
 	return fd, st, nil
 }
 
-// readAll reads the whole file open as fd, at most MaxSegmentBytes.
-func readAll(fd int, path string, size int64) ([]byte, error) {
-	buf := make([]byte, size, size+1)
-	off := 0
-	for off < len(buf) {
-		n, err := retryEINTR(func() (int, error) { return unix.Pread(fd, buf[off:], int64(off)) })
-		if err != nil {
-			return nil, &IOError{Op: "read", Path: path, Err: err}
-		}
-		if n == 0 {
-			// The file shrank while it was read.
-			return nil, &RuleError{Rule: RuleSizeChanged, File: path, Detail: fmt.Sprintf("the segment shrank from %d to %d bytes while it was read", size, off)}
-		}
-		off += n
-	}
-	var probe [1]byte
-	if n, _ := unix.Pread(fd, probe[:], int64(off)); n > 0 {
-		return nil, &RuleError{Rule: RuleSizeChanged, File: path, Detail: fmt.Sprintf("the segment grew beyond %d bytes while it was read", size)}
-	}
-	return buf, nil
-}
-
 func retryEINTR[T any](f func() (T, error)) (T, error) {
 	for {
 		v, err := f()
@@ -147,45 +126,131 @@ type tornTail struct {
 	nul    bool // every tail byte is NUL
 }
 
-// segmentReplay feeds one segment's complete lines to v and returns its
-// torn tail, if any. fn, when not nil, sees each accepted record.
-func segmentReplay(v *validator, h *lineHasher, data []byte, path string, fn func(*Record) error) (*tornTail, int, error) {
-	complete := data
-	var torn *tornTail
-	if nl := bytes.LastIndexByte(data, '\n'); nl+1 < len(data) {
-		complete = data[:nl+1]
-		tail := data[nl+1:]
-		torn = &tornTail{offset: int64(nl + 1), bytes: int64(len(tail)), nul: len(bytes.Trim(tail, "\x00")) == 0}
+// readChunk is how much of a segment a replay reads at a time: memory stays
+// bounded (a chunk and one record) whatever the segment's size.
+const readChunk = 1 << 20
+
+// readAtFunc reads like io.ReaderAt; (0, nil) or io.EOF means the end.
+type readAtFunc func(p []byte, off int64) (int, error)
+
+// preadAt reads a file descriptor.
+func preadAt(fd int) readAtFunc {
+	return func(p []byte, off int64) (int, error) {
+		return retryEINTR(func() (int, error) { return unix.Pread(fd, p, off) })
 	}
-	var prev *Record
-	var cur Record
-	line := 0
-	for len(complete) > 0 {
-		nl := bytes.IndexByte(complete, '\n')
-		text := complete[:nl]
-		complete = complete[nl+1:]
-		line++
-		r, span, rerr := parseLine(text, prev)
-		if rerr != nil {
-			rerr.Sequence, rerr.File, rerr.Line = v.next, path, line
-			return nil, line, rerr
+}
+
+// segmentStream replays one segment read through readAt, chunk bytes at a
+// time, into v. run returns the torn tail (the bytes after the last
+// newline), if any, the number of complete lines and the bytes read. buf,
+// when long enough, is reused. fn, when not nil, sees each accepted record.
+type segmentStream struct {
+	v     *validator
+	h     *lineHasher
+	path  string
+	chunk int
+	buf   []byte
+	fn    func(*Record) error
+}
+
+func (ss *segmentStream) run(readAt readAtFunc) (torn *tornTail, lines int, size int64, err error) {
+	torn, lines, err = ss.lines(readAt, &size)
+	return torn, lines, size, err
+}
+
+func (ss *segmentStream) lines(readAt readAtFunc, size *int64) (*tornTail, int, error) {
+	if need := ss.chunk + MaxRecordBytes + 1; len(ss.buf) < need {
+		ss.buf = make([]byte, need)
+	}
+	buf := ss.buf
+	var (
+		pending    int   // bytes of an unterminated line at the front of buf
+		droppedNUL int64 // NUL bytes of an overlong unterminated tail, counted, not kept
+		pos        int64 // file offset of the next read
+		line       int
+		prevPlain  uint32
+		// Two records alternate, the one being read and the previous one,
+		// whose strings the next record shares.
+		recs [2]Record
+		prev *Record
+	)
+	for {
+		if pos > MaxSegmentBytes {
+			return nil, line, &RuleError{Rule: RuleSegmentTooLarge, Sequence: ss.v.next, File: ss.path,
+				Detail: fmt.Sprintf("the segment grew beyond %d bytes while it was read", MaxSegmentBytes)}
 		}
-		hash := h.digest(text, span)
-		next, rerr := v.check(&r, hash)
-		if rerr != nil {
-			rerr.File, rerr.Line = path, line
-			return nil, line, rerr
-		}
-		v.apply(&r, next)
-		if fn != nil {
-			if err := fn(&r); err != nil {
-				return nil, line, err
+		n, err := readAt(buf[pending:pending+ss.chunk], pos)
+		if n == 0 {
+			if err != nil && !errors.Is(err, io.EOF) {
+				return nil, line, &IOError{Op: "read", Path: ss.path, Err: err}
 			}
+			break
 		}
-		cur = r
-		prev = &cur
+		pos += int64(n)
+		*size = pos
+		data := buf[:pending+n]
+		start := 0
+		for {
+			nl := bytes.IndexByte(data[start:], '\n')
+			if nl < 0 {
+				break
+			}
+			text := data[start : start+nl]
+			start += nl + 1
+			line++
+			if droppedNUL > 0 {
+				return nil, line, &RuleError{Rule: RuleRecordTooLarge, Sequence: ss.v.next, File: ss.path, Line: line,
+					Detail: fmt.Sprintf("a line of more than %d bytes starting with NUL bytes", MaxRecordBytes)}
+			}
+			cur := &recs[line%2]
+			span, plain, rerr := parseLine(cur, text, prev, prevPlain)
+			if rerr != nil {
+				rerr.Sequence, rerr.File, rerr.Line = ss.v.next, ss.path, line
+				return nil, line, rerr
+			}
+			hash := cur.RecordSHA256
+			if !ss.h.matches(text, span, hash) {
+				hash = ss.h.digest(text, span)
+			}
+			next, rerr := ss.v.check(cur, hash)
+			if rerr != nil {
+				rerr.File, rerr.Line = ss.path, line
+				return nil, line, rerr
+			}
+			ss.v.apply(cur, next)
+			if ss.fn != nil {
+				if err := ss.fn(cur); err != nil {
+					return nil, line, err
+				}
+			}
+			prev, prevPlain = cur, plain
+		}
+		rest := data[start:]
+		if len(rest) > MaxRecordBytes {
+			if !allNUL(rest) {
+				return nil, line, &RuleError{Rule: RuleRecordTooLarge, Sequence: ss.v.next, File: ss.path, Line: line + 1,
+					Detail: fmt.Sprintf("a line of more than %d bytes", MaxRecordBytes)}
+			}
+			// A long run of NULs may be a torn tail; count it, keep nothing.
+			droppedNUL += int64(len(rest))
+			rest = rest[:0]
+		}
+		pending = copy(buf, rest)
 	}
-	return torn, line, nil
+	if pending == 0 && droppedNUL == 0 {
+		return nil, line, nil
+	}
+	tail := droppedNUL + int64(pending)
+	return &tornTail{offset: pos - tail, bytes: tail, nul: allNUL(buf[:pending])}, line, nil
+}
+
+func allNUL(b []byte) bool {
+	for _, c := range b {
+		if c != 0 {
+			return false
+		}
+	}
+	return true
 }
 
 func (t *tornTail) ruleError(seq uint64, path string, line int) *RuleError {

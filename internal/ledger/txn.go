@@ -48,7 +48,7 @@ type Txn struct {
 	kind     Kind
 	id       Identity
 	grammar  grammar
-	applied  []Phase
+	applied  phaseSet
 	blocked  *Record
 	switched bool
 	oldState string
@@ -92,7 +92,7 @@ func (l *Ledger) Begin(spec TxnSpec) (*Txn, error) {
 	// identity fails at Begin, not in the middle of the work.
 	probe := t.record(PhaseVerify, OutcomeApplied, nil, nil)
 	probe.SchemaID = SchemaOperator
-	if err := l.v.checkFields(probe); err != nil {
+	if err := l.v.checkFields(probe, nil); err != nil {
 		return nil, err
 	}
 	kinds, rerr := l.v.kindsOf(probe)
@@ -212,7 +212,7 @@ func (t *Txn) step(phase Phase, outcome Outcome, kind *BlockKind, reason *string
 	t.last = Appended{Sequence: r.Sequence, RecordSHA256: r.RecordSHA256}
 	switch outcome {
 	case OutcomeApplied:
-		t.applied = append(t.applied, phase)
+		t.applied = t.applied.add(phase)
 		if phase == PhaseAtomicSwitch {
 			t.switched = true
 		}
@@ -221,7 +221,7 @@ func (t *Txn) step(phase Phase, outcome Outcome, kind *BlockKind, reason *string
 	default:
 		t.done, t.outcome = true, outcome
 		if outcome == OutcomeCommitted {
-			t.applied = append(t.applied, phase)
+			t.applied = t.applied.add(phase)
 		}
 		l.pending = nil
 	}
@@ -386,7 +386,7 @@ func (l *Ledger) Recover() (*Recovery, error) {
 	}
 	t := &Txn{
 		l: l, kind: o.kinds[0], id: identityOf(&o.first), grammar: grammarOf(SchemaOperator, o.kinds),
-		applied: append([]Phase(nil), o.applied...), blocked: o.blocked, switched: o.switched,
+		applied: o.applied, blocked: o.blocked, switched: o.switched,
 		oldState: o.oldState, newState: o.newState,
 	}
 	t.reserve = reserveFor(&o.first)
@@ -400,8 +400,8 @@ func (l *Ledger) Recover() (*Recovery, error) {
 	switch {
 	case t.blocked != nil:
 		err = t.RollBack()
-	case t.switched || containsPhase(t.applied, PhaseDrain):
-		if !containsPhase(t.applied, PhaseDrain) {
+	case t.switched || t.applied.has(PhaseDrain):
+		if !t.applied.has(PhaseDrain) {
 			err = t.Drain()
 		}
 		if err == nil {

@@ -125,8 +125,7 @@ func (id TransactionID) Renewal() uint64 { return id.renewal }
 
 func isLowerHex(s string) bool {
 	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+		if !lowerHexDigit[s[i]] {
 			return false
 		}
 	}

@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 )
 
@@ -178,7 +179,7 @@ type txnState struct {
 	first    Record
 	kinds    []Kind
 	grammar  grammar
-	applied  []Phase
+	applied  phaseSet
 	seen     uint16
 	blocked  *Record
 	switched bool
@@ -186,18 +187,6 @@ type txnState struct {
 	newState string
 	terminal bool
 	lastSeq  uint64
-}
-
-func phaseBit(p Phase) uint16 {
-	if p == PhaseRolledBack {
-		return 1 << len(phaseOrder)
-	}
-	for i, q := range phaseOrder {
-		if p == q {
-			return 1 << i
-		}
-	}
-	return 0
 }
 
 // validator is the replay state machine. A reader feeds it every record; a
@@ -212,6 +201,7 @@ type validator struct {
 	first     uint64
 	segment   int
 	open      *txnState
+	spare     *txnState // check's scratch state, swapped with open by apply
 	seenTxn   map[string]struct{}
 	committed map[string]CommittedTransaction
 	recent    [RecentRecords]RecordBrief
@@ -229,77 +219,85 @@ func (v *validator) fail(rule Rule, r *Record, format string, args ...any) *Rule
 }
 
 // check validates r, whose recomputed hash is hash, as the next record, and
-// returns the transaction state after it. It changes nothing.
-func (v *validator) check(r *Record, hash string) (txnState, *RuleError) {
+// returns the transaction state after it, for apply. It changes nothing
+// else: the state lives in v's spare txnState until apply installs it or the
+// next check overwrites it.
+func (v *validator) check(r *Record, hash string) (*txnState, *RuleError) {
 	switch {
 	case r.SchemaID != SchemaFamily && r.SchemaID != SchemaOperator:
-		return txnState{}, v.fail(RuleUnknownSchema, r, "schema_id %q is not %s or %s", r.SchemaID, SchemaOperator, SchemaFamily)
+		return nil, v.fail(RuleUnknownSchema, r, "schema_id %q is not %s or %s", r.SchemaID, SchemaOperator, SchemaFamily)
 	case v.schema != "" && r.SchemaID != v.schema:
-		return txnState{}, v.fail(RuleMixedSchemas, r, "schema_id %s in a ledger of %s", r.SchemaID, v.schema)
+		return nil, v.fail(RuleMixedSchemas, r, "schema_id %s in a ledger of %s", r.SchemaID, v.schema)
 	}
 	if v.started || !v.anchored {
 		if r.Sequence != v.next {
-			return txnState{}, v.fail(RuleSequence, r, "sequence is %d, the record's position is %d", r.Sequence, v.next)
+			return nil, v.fail(RuleSequence, r, "sequence is %d, the record's position is %d", r.Sequence, v.next)
 		}
 		if r.PreviousSHA256 != v.head {
-			return txnState{}, v.fail(RuleChain, r, "previous_sha256 is %s, the previous record's hash is %s", r.PreviousSHA256, v.head)
+			return nil, v.fail(RuleChain, r, "previous_sha256 is %s, the previous record's hash is %s", r.PreviousSHA256, v.head)
 		}
 	} else if !validDigest(r.PreviousSHA256) {
-		return txnState{}, v.fail(RuleChain, r, "previous_sha256 %q is not a digest", r.PreviousSHA256)
+		return nil, v.fail(RuleChain, r, "previous_sha256 %q is not a digest", r.PreviousSHA256)
 	}
 	if r.RecordSHA256 != hash {
-		return txnState{}, v.fail(RuleRecordHash, r, "record_sha256 is %s, the record hashes to %s", r.RecordSHA256, hash)
+		return nil, v.fail(RuleRecordHash, r, "record_sha256 is %s, the record hashes to %s", r.RecordSHA256, hash)
 	}
-	if err := v.checkFields(r); err != nil {
-		return txnState{}, err
+	// Fields equal to the open transaction's first record were checked
+	// when it started.
+	var known *Record
+	if v.open != nil && !v.open.terminal && v.open.first.TransactionID == r.TransactionID {
+		known = &v.open.first
+	}
+	if err := v.checkFields(r, known); err != nil {
+		return nil, err
 	}
 
-	var t txnState
+	if v.spare == nil {
+		v.spare = new(txnState)
+	}
+	t := v.spare
 	if v.open != nil && !v.open.terminal {
-		t = *v.open
+		*t = *v.open
 		if r.TransactionID != t.first.TransactionID {
 			err := v.fail(RuleMissingTerminal, r, "transaction %s has no terminal record before transaction %s starts", t.first.TransactionID, r.TransactionID)
 			err.TransactionID = t.first.TransactionID
-			return txnState{}, err
+			return nil, err
 		}
 		if field, was, is := identityDiff(r.SchemaID, &t.first, r); field != "" {
-			return txnState{}, v.fail(RuleIdentityChanged, r, "%s changed from %s to %s inside the transaction", field, was, is)
+			return nil, v.fail(RuleIdentityChanged, r, "%s changed from %s to %s inside the transaction", field, was, is)
 		}
 	} else {
 		if _, dup := v.seenTxn[r.TransactionID]; dup {
-			return txnState{}, v.fail(RuleDuplicatePhase, r, "(%s, %s) repeats a phase of an earlier transaction with the same transaction_id", r.TransactionID, r.Phase)
+			return nil, v.fail(RuleDuplicatePhase, r, "(%s, %s) repeats a phase of an earlier transaction with the same transaction_id", r.TransactionID, r.Phase)
 		}
 		kinds, err := v.kindsOf(r)
 		if err != nil {
-			return txnState{}, err
+			return nil, err
 		}
-		t = txnState{first: *r, kinds: kinds, grammar: grammarOf(r.SchemaID, kinds)}
+		*t = txnState{first: *r, kinds: kinds, grammar: grammarOf(r.SchemaID, kinds)}
 		if r.SchemaID == SchemaFamily {
 			t.oldState, t.newState = r.OldStateSHA256, r.NewStateSHA256
 		}
 	}
-	if err := v.checkStates(&t, r); err != nil {
-		return txnState{}, err
+	if err := v.checkStates(t, r); err != nil {
+		return nil, err
 	}
-	if t.seen&phaseBit(r.Phase) != 0 {
-		return txnState{}, v.fail(RuleDuplicatePhase, r, "(%s, %s) appears twice", r.TransactionID, r.Phase)
+	if bit := uint16(1) << phaseIndex(r.Phase); t.seen&bit != 0 {
+		return nil, v.fail(RuleDuplicatePhase, r, "(%s, %s) appears twice", r.TransactionID, r.Phase)
 	}
-	if err := v.checkGrammar(&t, r); err != nil {
-		return txnState{}, err
+	if err := v.checkGrammar(t, r); err != nil {
+		return nil, err
 	}
 	if v.anchor != nil && r.Sequence == v.anchor.Sequence && r.RecordSHA256 != v.anchor.RecordSHA256 {
-		return txnState{}, v.fail(RuleAnchor, r, "the record at sequence %d hashes to %s, the anchor says %s", r.Sequence, r.RecordSHA256, v.anchor.RecordSHA256)
+		return nil, v.fail(RuleAnchor, r, "the record at sequence %d hashes to %s, the anchor says %s", r.Sequence, r.RecordSHA256, v.anchor.RecordSHA256)
 	}
 
 	// The transition.
-	// A full slice expression makes the next append copy, so a refused
-	// record never writes into the installed state's array.
-	t.applied = t.applied[:len(t.applied):len(t.applied)]
-	t.seen |= phaseBit(r.Phase)
+	t.seen |= uint16(1) << phaseIndex(r.Phase)
 	t.lastSeq = r.Sequence
 	switch r.Outcome {
 	case OutcomeApplied:
-		t.applied = append(t.applied, r.Phase)
+		t.applied = t.applied.add(r.Phase)
 		if r.Phase == PhaseAtomicSwitch {
 			t.switched = true
 		}
@@ -308,7 +306,7 @@ func (v *validator) check(r *Record, hash string) (txnState, *RuleError) {
 		t.blocked = &blocked
 	case OutcomeCommitted, OutcomeRolledBack, OutcomeRollbackFailed:
 		if r.Outcome == OutcomeCommitted {
-			t.applied = append(t.applied, r.Phase)
+			t.applied = t.applied.add(r.Phase)
 		}
 		t.terminal = true
 	}
@@ -317,28 +315,37 @@ func (v *validator) check(r *Record, hash string) (txnState, *RuleError) {
 
 // checkFields checks each field's format and the pairing of phase, outcome,
 // block kind and reason, which need no history.
-func (v *validator) checkFields(r *Record) *RuleError {
+func (v *validator) checkFields(r *Record, known *Record) *RuleError {
+	if known == nil {
+		known = &Record{}
+	}
 	family := r.SchemaID == SchemaFamily
-	optionalDigest := func(name, d string) *RuleError {
+	optionalDigest := func(name, d, knownD string) *RuleError {
+		if d == knownD && d != "" {
+			return nil
+		}
 		if d != "" && !validDigest(d) || family && d == "" {
 			return v.fail(RuleInvalidField, r, "%s %q is not sha256: and 64 lowercase hex", name, d)
 		}
 		return nil
 	}
-	optionalID := func(name, id string) *RuleError {
+	optionalID := func(name, id, knownID string) *RuleError {
+		if id == knownID && id != "" {
+			return nil
+		}
 		if id != "" && !validID(id) || family && id == "" {
 			return v.fail(RuleInvalidField, r, "%s %q is not 1-128 bytes of [A-Za-z0-9._-/:@+]", name, id)
 		}
 		return nil
 	}
 	switch {
-	case !validID(r.TransactionID):
+	case r.TransactionID != known.TransactionID && !validID(r.TransactionID):
 		return v.fail(RuleInvalidField, r, "transaction_id %q is not 1-128 bytes of [A-Za-z0-9._-/:@+]", r.TransactionID)
-	case !validModule(r.Module):
+	case r.Module != known.Module && !validModule(r.Module):
 		return v.fail(RuleInvalidField, r, "module %q does not match ^[a-z][a-z0-9_]{0,47}$", r.Module)
-	case !validDigest(r.CandidateSHA256):
+	case r.CandidateSHA256 != known.CandidateSHA256 && !validDigest(r.CandidateSHA256):
 		return v.fail(RuleInvalidField, r, "candidate_sha256 %q is not sha256: and 64 lowercase hex", r.CandidateSHA256)
-	case !validDigest(r.AuthoritySHA256):
+	case r.AuthoritySHA256 != known.AuthoritySHA256 && !validDigest(r.AuthoritySHA256):
 		return v.fail(RuleInvalidField, r, "authority_sha256 %q is not sha256: and 64 lowercase hex", r.AuthoritySHA256)
 	case r.DeadlineMs == 0:
 		return v.fail(RuleInvalidField, r, "deadline_ms is 0, must be > 0")
@@ -347,18 +354,24 @@ func (v *validator) checkFields(r *Record) *RuleError {
 	case r.BlockKind != nil && !r.BlockKind.known():
 		return v.fail(RuleInvalidField, r, "block_kind %q is not validation, dependency, provider or deadline", *r.BlockKind)
 	}
-	for _, f := range []struct{ name, value string }{
-		{"old_artifact_sha256", r.OldArtifactSHA256}, {"old_state_sha256", r.OldStateSHA256},
-		{"new_artifact_sha256", r.NewArtifactSHA256}, {"new_state_sha256", r.NewStateSHA256},
+	oldState, newState := known.OldStateSHA256, known.NewStateSHA256
+	if v.open != nil && known == &v.open.first {
+		oldState, newState = v.open.oldState, v.open.newState
+	}
+	for _, f := range [...]struct{ name, value, known string }{
+		{"old_artifact_sha256", r.OldArtifactSHA256, known.OldArtifactSHA256},
+		{"old_state_sha256", r.OldStateSHA256, oldState},
+		{"new_artifact_sha256", r.NewArtifactSHA256, known.NewArtifactSHA256},
+		{"new_state_sha256", r.NewStateSHA256, newState},
 	} {
-		if err := optionalDigest(f.name, f.value); err != nil {
+		if err := optionalDigest(f.name, f.value, f.known); err != nil {
 			return err
 		}
 	}
-	if err := optionalID("old_implementation_id", r.OldImplementationID); err != nil {
+	if err := optionalID("old_implementation_id", r.OldImplementationID, known.OldImplementationID); err != nil {
 		return err
 	}
-	if err := optionalID("new_implementation_id", r.NewImplementationID); err != nil {
+	if err := optionalID("new_implementation_id", r.NewImplementationID, known.NewImplementationID); err != nil {
 		return err
 	}
 
@@ -492,30 +505,36 @@ func (v *validator) checkSide(r *Record, side string, gen uint64, impl, artifact
 }
 
 // identityDiff returns the first identity field in which b differs from a.
+// Equal identities, the common case, are compared without formatting.
 func identityDiff(schema Schema, a, b *Record) (field, was, is string) {
-	u := func(n uint64) string { return fmt.Sprint(n) }
-	pairs := []struct{ name, a, b string }{
-		{"module", a.Module, b.Module},
-		{"candidate_sha256", a.CandidateSHA256, b.CandidateSHA256},
-		{"old_generation", u(a.OldGeneration), u(b.OldGeneration)},
-		{"old_implementation_id", a.OldImplementationID, b.OldImplementationID},
-		{"old_artifact_sha256", a.OldArtifactSHA256, b.OldArtifactSHA256},
-		{"new_generation", u(a.NewGeneration), u(b.NewGeneration)},
-		{"new_implementation_id", a.NewImplementationID, b.NewImplementationID},
-		{"new_artifact_sha256", a.NewArtifactSHA256, b.NewArtifactSHA256},
-		{"authority_sha256", a.AuthoritySHA256, b.AuthoritySHA256},
-		{"started_unix_ms", u(a.StartedUnixMs), u(b.StartedUnixMs)},
-		{"deadline_ms", u(a.DeadlineMs), u(b.DeadlineMs)},
-	}
-	if schema == SchemaFamily {
-		pairs = append(pairs,
-			struct{ name, a, b string }{"old_state_sha256", a.OldStateSHA256, b.OldStateSHA256},
-			struct{ name, a, b string }{"new_state_sha256", a.NewStateSHA256, b.NewStateSHA256})
-	}
-	for _, p := range pairs {
-		if p.a != p.b {
-			return p.name, p.a, p.b
-		}
+	u := func(n uint64) string { return strconv.FormatUint(n, 10) }
+	switch {
+	case a.Module != b.Module:
+		return "module", a.Module, b.Module
+	case a.CandidateSHA256 != b.CandidateSHA256:
+		return "candidate_sha256", a.CandidateSHA256, b.CandidateSHA256
+	case a.OldGeneration != b.OldGeneration:
+		return "old_generation", u(a.OldGeneration), u(b.OldGeneration)
+	case a.OldImplementationID != b.OldImplementationID:
+		return "old_implementation_id", a.OldImplementationID, b.OldImplementationID
+	case a.OldArtifactSHA256 != b.OldArtifactSHA256:
+		return "old_artifact_sha256", a.OldArtifactSHA256, b.OldArtifactSHA256
+	case a.NewGeneration != b.NewGeneration:
+		return "new_generation", u(a.NewGeneration), u(b.NewGeneration)
+	case a.NewImplementationID != b.NewImplementationID:
+		return "new_implementation_id", a.NewImplementationID, b.NewImplementationID
+	case a.NewArtifactSHA256 != b.NewArtifactSHA256:
+		return "new_artifact_sha256", a.NewArtifactSHA256, b.NewArtifactSHA256
+	case a.AuthoritySHA256 != b.AuthoritySHA256:
+		return "authority_sha256", a.AuthoritySHA256, b.AuthoritySHA256
+	case a.StartedUnixMs != b.StartedUnixMs:
+		return "started_unix_ms", u(a.StartedUnixMs), u(b.StartedUnixMs)
+	case a.DeadlineMs != b.DeadlineMs:
+		return "deadline_ms", u(a.DeadlineMs), u(b.DeadlineMs)
+	case schema == SchemaFamily && a.OldStateSHA256 != b.OldStateSHA256:
+		return "old_state_sha256", a.OldStateSHA256, b.OldStateSHA256
+	case schema == SchemaFamily && a.NewStateSHA256 != b.NewStateSHA256:
+		return "new_state_sha256", a.NewStateSHA256, b.NewStateSHA256
 	}
 	return "", "", ""
 }
@@ -564,9 +583,8 @@ func (v *validator) checkGrammar(t *txnState, r *Record) *RuleError {
 	if t.blocked != nil {
 		return v.fail(RulePhaseGrammar, r, "%s after the blocked %s record; only rolled_back may follow", r.Phase, t.blocked.Phase)
 	}
-	next := t.grammar.next(t.applied)
-	if !containsPhase(next, r.Phase) {
-		return v.fail(RulePhaseGrammar, r, "%s after %s; the %s grammar allows %s", r.Phase, phaseList(t.applied), kindList(t.kinds, r.SchemaID), phaseList(next))
+	if !t.grammar.allows(t.applied, r.Phase) {
+		return v.fail(RulePhaseGrammar, r, "%s after %s; the %s grammar allows %s", r.Phase, phaseList(t.applied.phases()), kindList(t.kinds, r.SchemaID), phaseList(t.grammar.next(t.applied)))
 	}
 	return nil
 }
@@ -609,7 +627,7 @@ func kindList(ks []Kind, schema Schema) string {
 
 // apply installs a record that check accepted, with t the state check
 // returned.
-func (v *validator) apply(r *Record, t txnState) {
+func (v *validator) apply(r *Record, t *txnState) {
 	if !v.started {
 		v.started = true
 		v.schema = r.SchemaID
@@ -622,10 +640,11 @@ func (v *validator) apply(r *Record, t txnState) {
 	if t.terminal {
 		// A committed SwapKind is decided by its phases now.
 		if r.Outcome == OutcomeCommitted {
-			v.committed[r.Module] = v.committedOf(&t, r)
+			v.committed[r.Module] = v.committedOf(t, r)
 		}
 	}
-	v.open = &t
+	// Two txnStates alternate: a replay is a long run of records.
+	v.open, v.spare = t, v.open
 	if v.anchor != nil && v.anchor.Sequence == r.Sequence && v.anchor.RecordSHA256 == r.RecordSHA256 {
 		v.anchorOK = true
 	}
@@ -637,7 +656,7 @@ func (v *validator) apply(r *Record, t txnState) {
 
 func (v *validator) committedOf(t *txnState, r *Record) CommittedTransaction {
 	kind := t.kinds[0]
-	if len(t.kinds) > 1 && !containsPhase(t.applied, PhaseMigrate) {
+	if len(t.kinds) > 1 && !t.applied.has(PhaseMigrate) {
 		kind = KindColdReplace
 	}
 	return CommittedTransaction{
@@ -675,10 +694,11 @@ func lastPhase(t *txnState) Phase {
 	if t.blocked != nil {
 		return t.blocked.Phase
 	}
-	if len(t.applied) == 0 {
+	applied := t.applied.phases()
+	if len(applied) == 0 {
 		return ""
 	}
-	return t.applied[len(t.applied)-1]
+	return applied[len(applied)-1]
 }
 
 // state returns the replay state.
@@ -705,16 +725,16 @@ func (v *validator) state() State {
 func (t *txnState) public() *OpenTransaction {
 	o := &OpenTransaction{
 		Identity: identityOf(&t.first), Kinds: append([]Kind(nil), t.kinds...),
-		Applied: append([]Phase(nil), t.applied...), Switched: t.switched,
+		Applied: t.applied.phases(), Switched: t.switched,
 		OldStateSHA256: t.oldState, NewStateSHA256: t.newState,
 		FirstSequence: t.first.Sequence, LastSequence: t.lastSeq,
 	}
 	if len(o.Kinds) > 1 {
 		// After quiesce, the phase that follows tells a hot swap (snapshot)
 		// from a cold replace (atomic_switch).
-		if containsPhase(t.applied, PhaseSnapshot) {
+		if t.applied.has(PhaseSnapshot) {
 			o.Kinds = []Kind{KindHotSwap}
-		} else if containsPhase(t.applied, PhaseAtomicSwitch) {
+		} else if t.applied.has(PhaseAtomicSwitch) {
 			o.Kinds = []Kind{KindColdReplace}
 		}
 	}
