@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -87,8 +88,7 @@ func (r *ActivationReconciler) reconcileGenerations(ctx context.Context, s *acti
 		}
 	}
 	for _, d := range decisions {
-		active, _, _ := r.activeOf(s, d.rm.Module)
-		if len(s.stalled) > 0 && !d.target.Keep && d.target.GenerationName != active {
+		if len(s.stalled) > 0 && !d.target.Keep && d.target.GenerationName != r.activeOf(s, d.rm.Module).name {
 			// A plan is not atomic across modules: after a failure the rest
 			// of it waits until the spec changes or a retry is requested.
 			s.targets[d.rm.Module] = hotswap.ModuleTarget{Module: d.rm.Module, Keep: true}
@@ -110,25 +110,21 @@ func (r *ActivationReconciler) reconcileGenerations(ctx context.Context, s *acti
 }
 
 // desiredGeneration picks the target generation of one module: the active
-// one when its epoch is unchanged; else the next lineage, reusing an
-// existing Generation for the same target unless it failed and a retry was
-// requested (a failed attempt's number is never reused). A failed target
-// without a retry keeps the active generation and reports the failure.
+// one when its epoch and authority are unchanged; else the next lineage,
+// reusing an existing Generation for the same target unless it failed and
+// either a retry was requested or the spec changed since (a failed attempt's
+// number is never reused). A failed target of the same spec without a retry
+// keeps the active generation and reports the failure.
 func (r *ActivationReconciler) desiredGeneration(s *activationScope, rm ResolvedModule, gens []iteronv1.Generation, retryRequested bool) (target *hotswap.ModuleTarget, create *iteronv1.Generation, stalled *hotswap.Failure) {
 	mk := func(name string, lineage int64, attempt int32) *hotswap.ModuleTarget {
 		return &hotswap.ModuleTarget{Module: rm.Module, Plan: *rm.Plan, Epoch: rm.Epoch, GenerationName: name, Lineage: lineage, Attempt: attempt, DependsOn: rm.DependsOn}
 	}
-	active, activeLineage, activeEpoch := r.activeOf(s, rm.Module)
-	var activeGen *iteronv1.Generation
-	for i := range gens {
-		if gens[i].Name == active {
-			activeGen = &gens[i]
-		}
-	}
+	cur := r.activeOf(s, rm.Module)
+	active, activeLineage := cur.name, cur.lineage
 	// Unchanged: same epoch and same admitted authority (a narrower
 	// ceiling changes what the process may do, so it is a reload too).
-	if active != "" && activeEpoch == rm.Epoch && activeGen != nil && activeGen.Spec.AuthoritySHA256 == rm.Plan.AuthoritySHA256() {
-		return mk(active, activeGen.Spec.Generation, activeGen.Spec.Attempt), nil, nil
+	if active != "" && cur.epoch == rm.Epoch && cur.authority == rm.Plan.AuthoritySHA256() {
+		return mk(active, cur.lineage, cur.attempt), nil, nil
 	}
 	lineage := activeLineage + 1
 	if active == "" {
@@ -154,10 +150,11 @@ func (r *ActivationReconciler) desiredGeneration(s *activationScope, rm Resolved
 	}
 	if match != nil {
 		failure := r.failureOf(s, match)
+		sameSpec := match.Annotations[iteronv1.AnnotationActivationGeneration] == strconv.FormatInt(s.act.Generation, 10)
 		switch {
 		case failure == nil:
 			return mk(match.Name, lineage, match.Spec.Attempt), nil, nil
-		case !retryRequested:
+		case !retryRequested && sameSpec:
 			// Not retried for the same target: keep what serves.
 			return &hotswap.ModuleTarget{Module: rm.Module, Keep: true}, nil, failure
 		}
@@ -167,21 +164,20 @@ func (r *ActivationReconciler) desiredGeneration(s *activationScope, rm Resolved
 	return mk(g.Name, lineage, attempt), g, nil
 }
 
-// activeOf returns the active generation of a module: the coordinator's,
-// else status.modules (the source of truth written after each switch).
-func (r *ActivationReconciler) activeOf(s *activationScope, module string) (name string, lineage int64, epoch string) {
-	if s.haveStatus {
-		if ms, ok := s.status.Modules[module]; ok && ms.Active != "" {
-			return ms.Active, ms.Lineage, ms.Epoch
-		}
-		return "", 0, ""
+// activeGeneration is what serves a module now.
+type activeGeneration struct {
+	name, epoch, authority string
+	lineage                int64
+	attempt                int32
+}
+
+// activeOf returns the active generation of a module, as the coordinator
+// (which owns the processes) reports it.
+func (r *ActivationReconciler) activeOf(s *activationScope, module string) activeGeneration {
+	if ms, ok := s.status.Modules[module]; s.haveStatus && ok && ms.Active != "" {
+		return activeGeneration{name: ms.Active, epoch: ms.Epoch, authority: ms.AuthoritySHA256, lineage: ms.Lineage, attempt: ms.Attempt}
 	}
-	for _, ms := range s.act.Status.Modules {
-		if ms.Module == module && ms.Phase == iteronv1.PhaseActive {
-			return ms.GenerationName, ms.Generation, ms.Epoch
-		}
-	}
-	return "", 0, ""
+	return activeGeneration{}
 }
 
 // failureOf reports whether a Generation's attempt failed: the coordinator
@@ -226,9 +222,10 @@ func newGeneration(act *iteronv1.ImplementationActivation, rm ResolvedModule, li
 	limits := p.EvidenceLimits()
 	return &iteronv1.Generation{
 		ObjectMeta: metav1.ObjectMeta{
-			Name:      GenerationName(act.Name, rm.Module, lineage, attempt),
-			Namespace: act.Namespace,
-			Labels:    map[string]string{iteronv1.LabelActivation: act.Name, iteronv1.LabelModule: strings.ReplaceAll(rm.Module, "_", "-")},
+			Name:        GenerationName(act.Name, rm.Module, lineage, attempt),
+			Namespace:   act.Namespace,
+			Labels:      map[string]string{iteronv1.LabelActivation: act.Name, iteronv1.LabelModule: strings.ReplaceAll(rm.Module, "_", "-")},
+			Annotations: map[string]string{iteronv1.AnnotationActivationGeneration: strconv.FormatInt(act.Generation, 10)},
 			OwnerReferences: []metav1.OwnerReference{{
 				APIVersion: iteronv1.GroupVersion.String(), Kind: "ImplementationActivation",
 				Name: act.Name, UID: act.UID, Controller: ptr.To(true), BlockOwnerDeletion: ptr.To(true),

@@ -236,7 +236,7 @@ func TestADependencyChangeReloadsExactlyTheAffectedModules(t *testing.T) {
 }
 
 func TestAnAuthorityChangeIsRefusedHotAndDoneColdWithStrategyCold(t *testing.T) {
-	src := source(t, artifacts.CounterV2, "prompt_system", "counter")
+	src := sourceWithCapabilities(t, "prompt_system", "counter", "read_only", "reversible_local")
 	act := newActivation(t, "authority", nil, src)
 	got := waitFor(t, act, "Ready", ready)
 	oldName := moduleStatus(got, "prompt_system").GenerationName
@@ -269,7 +269,7 @@ func TestAnAuthorityChangeIsRefusedHotAndDoneColdWithStrategyCold(t *testing.T) 
 func TestRemovingASourceRetiresItAndDeletingTheActivationReapsEverything(t *testing.T) {
 	act := newActivation(t, "retire", nil,
 		source(t, artifacts.CounterV2, "prompt_system", "sys"),
-		source(t, artifacts.CounterV1, "context_assembly", "ctx"),
+		source(t, artifacts.Stateless, "context_assembly", "ctx"),
 	)
 	got := waitFor(t, act, "Ready", ready)
 	before := pids(t, got)
@@ -285,7 +285,7 @@ func TestRemovingASourceRetiresItAndDeletingTheActivationReapsEverything(t *test
 	}
 	tx := transactionsOf(verifyLedger(t, got), "context_assembly")
 	if want := []string{"verify:applied", "quiesce:applied", "drain:applied", "committed:committed"}; !slices.Equal(tx[len(tx)-1], want) {
-		t.Fatalf("retirement %v, want %v (a v1 provider has no snapshot)", tx[len(tx)-1], want)
+		t.Fatalf("retirement %v, want %v (a protocol-1 provider has no snapshot)", tx[len(tx)-1], want)
 	}
 	dir := ledgerDir(t, got)
 

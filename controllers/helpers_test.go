@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
+	"iteron.dev/operator/examples/providers/artifacts"
 	"iteron.dev/operator/examples/providers/providertest"
 	"iteron.dev/operator/internal/hotswap"
 	"iteron.dev/operator/internal/ledger"
@@ -28,6 +29,17 @@ import (
 func source(t *testing.T, example, module, id string, argv ...string) iteronv1.ActivationSource {
 	t.Helper()
 	s := providertest.Example(t, example, module, id, argv...)
+	return iteronv1.ActivationSource{
+		Module: module, ImplementationID: id, CatalogPath: s.CatalogPath, ArtifactRoot: s.ArtifactRoot,
+		ManifestSHA256: s.ManifestSHA256, ArtifactSHA256: s.ArtifactSHA256,
+	}
+}
+
+// sourceWithCapabilities is source for a counter v2 that requests caps.
+func sourceWithCapabilities(t *testing.T, module, id string, caps ...string) iteronv1.ActivationSource {
+	t.Helper()
+	impl := providertest.Implement(t, artifacts.Spec{Binary: artifacts.CounterV2, Module: module, ImplementationID: id, Capabilities: caps})
+	s := providertest.Catalog(t, impl)[0]
 	return iteronv1.ActivationSource{
 		Module: module, ImplementationID: id, CatalogPath: s.CatalogPath, ArtifactRoot: s.ArtifactRoot,
 		ManifestSHA256: s.ManifestSHA256, ArtifactSHA256: s.ArtifactSHA256,

@@ -108,6 +108,10 @@ const (
 	LabelActivation = "iteron.dev/activation"
 	// LabelModule names the module of a Generation. For people only.
 	LabelModule = "iteron.dev/module"
+	// AnnotationActivationGeneration records on a Generation the
+	// metadata.generation of the activation spec it was created for: a
+	// failed attempt is retried for a new spec, never for the same one.
+	AnnotationActivationGeneration = "iteron.dev/activation-generation"
 	// FinalizerActivation holds an activation until every module is retired,
 	// every process reaped and every Generation deleted.
 	FinalizerActivation = "iteron.dev/retire"

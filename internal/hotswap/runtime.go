@@ -250,8 +250,16 @@ func (a *activationRuntime) step() bool {
 		active := m.active
 		failure, failed := a.failed[t.GenerationName]
 		a.mu.Unlock()
-		if active != nil && active.name == t.GenerationName {
+		if active != nil && (active.name == t.GenerationName || sameEpochAndAuthority(active.target, t)) {
+			// Unchanged: an epoch and authority that did not change never
+			// cause a transaction, whichever generation name the target
+			// carries (a controller may hand a target computed before the
+			// last switch).
 			a.setWaiting(m, "", "")
+			continue
+		}
+		if active != nil && t.Lineage != active.lineage+1 {
+			a.setWaiting(m, string(ledger.ReasonStaleGeneration), fmt.Sprintf("target %s (generation %d) does not follow the active generation %s (%d); waiting for a current target", t.GenerationName, t.Lineage, active.name, active.lineage))
 			continue
 		}
 		if failed {
@@ -277,6 +285,11 @@ func (a *activationRuntime) step() bool {
 		return true
 	}
 	return false
+}
+
+// sameEpochAndAuthority reports whether a target would change nothing.
+func sameEpochAndAuthority(active, t ModuleTarget) bool {
+	return active.Epoch != "" && active.Epoch == t.Epoch && active.Plan.AuthoritySHA256() == t.Plan.AuthoritySHA256()
 }
 
 // dependencyGate refuses to activate a module before the modules it depends
@@ -445,6 +458,7 @@ func (a *activationRuntime) status() ActivationStatus {
 		if g := m.active; g != nil {
 			ms.Active, ms.ImplementationID, ms.Lineage, ms.Epoch = g.name, g.target.Plan.ImplementationID(), g.lineage, g.target.Epoch
 			ms.AdmittedCapabilities = g.target.Plan.AdmittedCapabilities()
+			ms.AuthoritySHA256, ms.Attempt = g.target.Plan.AuthoritySHA256(), g.attempt
 			ms.Phase = g.phase
 			if g.proc != nil {
 				ms.Pid = g.proc.Pid()

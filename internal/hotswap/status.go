@@ -68,6 +68,10 @@ type ModuleStatus struct {
 	Epoch string
 	// AdmittedCapabilities of the active generation.
 	AdmittedCapabilities []string
+	// AuthoritySHA256 is the digest of AdmittedCapabilities.
+	AuthoritySHA256 string
+	// Attempt of the active generation.
+	Attempt int32
 	// Phase is the active generation's phase, or Inactive/Failed when none
 	// serves.
 	Phase iteronv1.ModulePhase
