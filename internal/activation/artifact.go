@@ -78,6 +78,8 @@ type hashFailure struct {
 }
 
 func (h *hashFailure) Error() string { return h.detail }
+
+// Unwrap returns the sentinel, so that errors.Is sees the kind of failure.
 func (h *hashFailure) Unwrap() error { return h.sentinel }
 
 // hashRegular checks that the open file is a regular file within the bound,

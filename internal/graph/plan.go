@@ -87,7 +87,8 @@ func (p RuntimePlan) Empty() bool {
 	return len(p.Added) == 0 && len(p.Removed) == 0 && len(p.Reloaded) == 0
 }
 
-// Status is the plan as the activation's status.plan shows it.
+// Status is the plan as the activation's status.plan shows it. PlanStatus
+// has no Blocked list: a blocked module's reason is in its module status.
 func (p RuntimePlan) Status() v1alpha1.PlanStatus {
 	return v1alpha1.PlanStatus{
 		Added: slices.Clone(p.Added), Removed: slices.Clone(p.Removed), Reloaded: slices.Clone(p.Reloaded),
