@@ -57,11 +57,6 @@ func writeLedger(t *testing.T, open bool) (dir string, head ledger.Summary) {
 	return dir, l.Summary()
 }
 
-func runCLI(args ...string) (int, string, string) {
-	var out, errOut bytes.Buffer
-	code := run(args, strings.NewReader(""), &out, &errOut)
-	return code, out.String(), errOut.String()
-}
 
 func TestLedgerVerify(t *testing.T) {
 	dir, sum := writeLedger(t, false)
@@ -111,7 +106,7 @@ func TestLedgerVerify(t *testing.T) {
 			if tc.noRepaired != "" {
 				before, _ = os.ReadFile(tc.noRepaired)
 			}
-			code, stdout, stderr := runCLI(tc.args...)
+			code, stdout, stderr := runCLI(t, "", tc.args...)
 			if code != tc.code || !strings.Contains(stdout, tc.stdout) || !strings.Contains(stderr, tc.stderr) {
 				t.Fatalf("exit %d\nstdout: %s\nstderr: %s\nwant exit %d, stdout ∋ %q, stderr ∋ %q", code, stdout, stderr, tc.code, tc.stdout, tc.stderr)
 			}
@@ -129,7 +124,7 @@ func TestLedgerVerify(t *testing.T) {
 
 func TestLedgerShow(t *testing.T) {
 	dir, _ := writeLedger(t, false)
-	code, stdout, stderr := runCLI("ledger", "show", dir)
+	code, stdout, stderr := runCLI(t, "", "ledger", "show", dir)
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr)
 	}
@@ -147,7 +142,7 @@ func TestLedgerShow(t *testing.T) {
 		t.Fatalf("blocked row = %q", lines[9])
 	}
 
-	code, stdout, _ = runCLI("ledger", "show", "--tail", "3", dir)
+	code, stdout, _ = runCLI(t, "", "ledger", "show", "--tail", "3", dir)
 	if rows := strings.Split(strings.TrimSpace(stdout), "\n"); code != 0 || len(rows) != 5 || !strings.HasPrefix(rows[1], "7 ") {
 		t.Fatalf("show --tail 3: exit %d\n%s", code, stdout)
 	}
@@ -162,7 +157,7 @@ func TestLedgerShow(t *testing.T) {
 	if err := os.WriteFile(seg, bytes.Join(append(lines2[:4:4], lines2[5:]...), nil), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	code, stdout, stderr = runCLI("ledger", "show", dir)
+	code, stdout, stderr = runCLI(t, "", "ledger", "show", dir)
 	if rows := strings.Split(strings.TrimSpace(stdout), "\n"); code != 1 || len(rows) != 5 || !strings.Contains(stderr, "rule sequence at sequence 4") {
 		t.Fatalf("show of a corrupt ledger: exit %d\nstdout:\n%s\nstderr: %s", code, stdout, stderr)
 	}
