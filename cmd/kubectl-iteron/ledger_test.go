@@ -57,7 +57,6 @@ func writeLedger(t *testing.T, open bool) (dir string, head ledger.Summary) {
 	return dir, l.Summary()
 }
 
-
 func TestLedgerVerify(t *testing.T) {
 	dir, sum := writeLedger(t, false)
 	seg := filepath.Join(dir, ledger.SegmentName(1))
