@@ -207,11 +207,6 @@ func sameTarget(g *iteronv1.Generation, p *activation.LaunchPlan, previous strin
 		g.Spec.Previous == previous
 }
 
-// GenerationName is <activation>-<module with _ → ->-g<lineage>-<attempt>.
-func GenerationName(activationName, module string, lineage int64, attempt int32) string {
-	return fmt.Sprintf("%s-%s-g%d-%d", activationName, strings.ReplaceAll(module, "_", "-"), lineage, attempt)
-}
-
 func newGeneration(act *iteronv1.ImplementationActivation, rm ResolvedModule, lineage int64, attempt int32, previous string) *iteronv1.Generation {
 	p := rm.Plan
 	v := p.Version()
@@ -222,7 +217,7 @@ func newGeneration(act *iteronv1.ImplementationActivation, rm ResolvedModule, li
 	limits := p.EvidenceLimits()
 	return &iteronv1.Generation{
 		ObjectMeta: metav1.ObjectMeta{
-			Name:        GenerationName(act.Name, rm.Module, lineage, attempt),
+			Name:        iteronv1.GenerationName(act.Name, rm.Module, lineage, attempt),
 			Namespace:   act.Namespace,
 			Labels:      map[string]string{iteronv1.LabelActivation: act.Name, iteronv1.LabelModule: strings.ReplaceAll(rm.Module, "_", "-")},
 			Annotations: map[string]string{iteronv1.AnnotationActivationGeneration: strconv.FormatInt(act.Generation, 10)},

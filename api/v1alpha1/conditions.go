@@ -1,5 +1,10 @@
 package v1alpha1
 
+import (
+	"fmt"
+	"strings"
+)
+
 // Condition types of both kinds. Ready summarizes the others. Reconciling and
 // Stalled are the abnormal-true pair kstatus reads; Degraded and Verified are
 // specific to this API.
@@ -120,3 +125,10 @@ const (
 // MaxMessageBytes bounds every status message (etcd's request limit is far
 // above the sum of all bounded status fields).
 const MaxMessageBytes = 1024
+
+// GenerationName is the name of a Generation object:
+// <activation>-<module with _ → ->-g<lineage>-<attempt> (at most 100
+// characters given the bounds of the activation name and the module).
+func GenerationName(activationName, module string, lineage int64, attempt int32) string {
+	return fmt.Sprintf("%s-%s-g%d-%d", activationName, strings.ReplaceAll(module, "_", "-"), lineage, attempt)
+}

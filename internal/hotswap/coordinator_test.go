@@ -72,8 +72,14 @@ func newHarness(t *testing.T) *harness {
 	uidCounter.n++
 	uid := fmt.Sprintf("%08x-0000-4000-8000-000000000000", 0xa0000000+uidCounter.n)
 	uidCounter.Unlock()
-	h := &harness{t: t, stateDir: t.TempDir(), key: ActivationKey{Namespace: "default", Name: "stack", UID: uid},
-		lineages: map[string]int64{}, attempts: map[string]int32{}}
+	return newHarnessAt(t, t.TempDir(), ActivationKey{Namespace: "default", Name: "stack", UID: uid})
+}
+
+// newHarnessAt is a coordinator over an existing state dir: a restarted
+// manager.
+func newHarnessAt(t *testing.T, stateDir string, key ActivationKey) *harness {
+	t.Helper()
+	h := &harness{t: t, stateDir: stateDir, key: key, lineages: map[string]int64{}, attempts: map[string]int32{}}
 	c, err := New(Config{
 		StateDir: h.stateDir, Launch: NewExecutorLauncher(sharedExecutor(t)), Log: testr.New(t),
 		AfterPhase: func(_ ActivationKey, module, phase string) {

@@ -137,6 +137,7 @@ type Dispatcher struct {
 	queue    []*pendingCall
 	inFlight *InFlight
 	idle     chan struct{} // closed when the slot empties; replaced when it fills
+	onNoFit  func()
 	kick     chan struct{}
 	stop     chan struct{}
 	stopped  chan struct{}
@@ -284,9 +285,13 @@ func (d *Dispatcher) dispatchOne() bool {
 		return true
 	}
 	if !route.Backend.Fits(remaining) {
-		// The process is about to be renewed: wait for the switch (Switch
-		// pokes the loop).
+		// The process is about to be renewed: ask for the renewal now and
+		// wait for the switch (Switch and Resume poke the loop).
+		onNoFit := d.onNoFit
 		d.mu.Unlock()
+		if onNoFit != nil {
+			onNoFit()
+		}
 		return false
 	}
 	d.queue = d.queue[1:]
@@ -361,6 +366,52 @@ func (d *Dispatcher) Pause(ctx context.Context, timeout time.Duration) (*InFligh
 		return &cancelled, errors.Join(err, ctx.Err())
 	}
 	return &cancelled, err
+}
+
+// PauseNow stops dispatching new calls at once, without waiting for the
+// run in flight (a crashed process: the run already failed).
+func (d *Dispatcher) PauseNow() {
+	d.mu.Lock()
+	d.paused = true
+	d.mu.Unlock()
+}
+
+// PauseWhenIdle pauses dispatching once no run is in flight, waiting up to
+// timeout for the slot to empty; it never cancels a run. It reports whether
+// the dispatcher is now paused and idle; when it is not, dispatching goes on
+// as before. Checkpoints use it to snapshot between runs.
+func (d *Dispatcher) PauseWhenIdle(ctx context.Context, timeout time.Duration) bool {
+	d.mu.Lock()
+	wasPaused := d.paused
+	d.paused = true
+	idle := d.idle
+	d.mu.Unlock()
+	select {
+	case <-idle:
+		return true
+	default:
+	}
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	select {
+	case <-idle:
+		return true
+	case <-ctx.Done():
+	case <-timer.C:
+	}
+	if !wasPaused {
+		d.Resume()
+	}
+	return false
+}
+
+// SetOnNoFit sets the function called when the head call does not fit the
+// current process's remaining lifetime (it must not block): the coordinator
+// renews the process on demand.
+func (d *Dispatcher) SetOnNoFit(f func()) {
+	d.mu.Lock()
+	d.onNoFit = f
+	d.mu.Unlock()
 }
 
 // Paused reports whether dispatching is paused.

@@ -51,6 +51,11 @@ func (pp *processProvider) Load(ctx context.Context) error {
 	return err
 }
 
+func (pp *processProvider) Budget() Budget {
+	b := pp.p.Budget()
+	return Budget{Lifetime: b.Lifetime, StdinBytes: b.StdinBytes, StateOperations: b.StateOperations}
+}
+
 func (pp *processProvider) Fits(deadline time.Duration) bool {
 	b := pp.p.Budget()
 	d := min(deadline, pp.p.Plan().RuntimeDeadline())

@@ -42,6 +42,21 @@ type Provider interface {
 	Exited() <-chan struct{}
 	// StderrTail returns the newest stderr bytes and how many were dropped.
 	StderrTail() (string, int64)
+	// Budget is what remains of the process's per-process bounds.
+	Budget() Budget
+	// SetRenewalMargin sets the lifetime a run must leave unused (the swap
+	// deadline plus the quiesce timeout: the time a renewal needs).
+	SetRenewalMargin(time.Duration)
+}
+
+// Budget is what remains of a process's per-process bounds (DESIGN §7).
+type Budget struct {
+	// Lifetime is what remains of runtime_deadline_ms.
+	Lifetime time.Duration
+	// StdinBytes is what remains of the 8 MiB of stdin.
+	StdinBytes int64
+	// StateOperations is what remains of the 64 state operations.
+	StateOperations int
 }
 
 // Launcher starts a provider process from a verified launch plan (not yet

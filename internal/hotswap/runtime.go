@@ -40,7 +40,12 @@ type generationRuntime struct {
 	renewals    int32
 	// rCount numbers the generation's /r<n> transactions: renewals,
 	// relaunches and its retirement.
-	rCount        uint64
+	rCount uint64
+	// committedAuthority is the authority the ledger committed for a
+	// generation recovered after a restart: its relaunches must match it.
+	committedAuthority string
+	// watched is the process whose exit is being watched.
+	watched       Provider
 	txnID         string
 	lastSeq       uint64
 	lastHash      string
@@ -65,6 +70,8 @@ type moduleRuntime struct {
 	// activateIndex is the module's position in the last activate order,
 	// for retiring modules that left the plan.
 	activateIndex int
+	// dur is the module's crash, renewal and checkpoint state.
+	dur moduleDurability
 }
 
 func (m *moduleRuntime) remember(g *generationRuntime) {
@@ -97,6 +104,11 @@ type activationRuntime struct {
 	ledgerErr error
 	modules   map[string]*moduleRuntime
 	failed    map[string]Failure // by generation name
+	// rCounts seeds the /r<n> numbering of generations recovered from the
+	// ledger (a transaction ID is never reused).
+	rCounts map[string]uint64
+	// stopping is set during shutdown: process exits are then not crashes.
+	stopping bool
 
 	wake chan struct{}
 	stop chan struct{}
@@ -107,7 +119,7 @@ func newActivationRuntime(c *Coordinator, key ActivationKey) *activationRuntime 
 	log := c.cfg.Log.WithValues("activation", key.Namespace+"/"+key.Name, "uid", key.UID)
 	return &activationRuntime{
 		c: c, key: key, log: func(msg string, kv ...any) { log.Info(msg, kv...) },
-		modules: map[string]*moduleRuntime{}, failed: map[string]Failure{},
+		modules: map[string]*moduleRuntime{}, failed: map[string]Failure{}, rCounts: map[string]uint64{},
 		wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
 	}
 }
@@ -121,6 +133,12 @@ func (a *activationRuntime) poke() {
 
 func (a *activationRuntime) setDesired(d Desired) {
 	a.mu.Lock()
+	if a.desired == nil || a.desired.SpecGeneration != d.SpecGeneration {
+		// A new spec may have resolved what refused a relaunch.
+		for _, m := range a.modules {
+			m.dur.committedFailure = nil
+		}
+	}
 	d.Modules = slices.Clone(d.Modules)
 	a.desired = &d
 	if !a.removing {
@@ -154,22 +172,29 @@ func (a *activationRuntime) dispatcher(module string) (*Dispatcher, bool) {
 	return m.dispatcher, true
 }
 
-// run is the activation's worker: one transaction at a time.
+// run is the activation's worker: one transaction at a time, then the due
+// relaunches, renewals and checkpoints, sleeping until the next is due.
 func (a *activationRuntime) run() {
 	defer close(a.done)
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
 	for {
 		select {
 		case <-a.stop:
 			return
 		case <-a.wake:
+		case <-timer.C:
 		}
+		var next time.Time
 		for {
 			select {
 			case <-a.stop:
 				return
 			default:
 			}
-			if !a.step() {
+			did, n := a.step()
+			next = n
+			if !did {
 				break
 			}
 		}
@@ -177,6 +202,10 @@ func (a *activationRuntime) run() {
 		a.busy = false
 		a.mu.Unlock()
 		a.notify()
+		timer.Stop()
+		if !next.IsZero() {
+			timer.Reset(max(time.Until(next), 10*time.Millisecond))
+		}
 	}
 }
 
@@ -210,30 +239,41 @@ func (a *activationRuntime) openLedger() error {
 			a.log("closed an interrupted transaction forward", "transaction", rec.TransactionID, "outcome", rec.Outcome)
 		}
 	}
+	if err := a.recoverFromLedger(led); err != nil {
+		_ = led.Close()
+		a.ledgerErr = err
+		return err
+	}
 	a.led = led
 	return nil
 }
 
-// step does the next unit of work and reports whether there may be more.
-func (a *activationRuntime) step() bool {
+// step does the next unit of work and reports whether it did something
+// (there may be more), and when timed work is next due.
+func (a *activationRuntime) step() (bool, time.Time) {
 	if err := a.openLedger(); err != nil {
 		a.log("ledger unusable; not acting on this activation", "error", err.Error())
-		return false
+		return false, time.Time{}
 	}
 	a.mu.Lock()
 	removing, desired := a.removing, a.desired
 	a.mu.Unlock()
 
 	if removing {
-		return a.retireNext(nil)
+		return a.retireNext(nil), time.Time{}
+	}
+	// Serving comes first: a crashed generation due for its relaunch.
+	did, relaunchNext := a.durabilityWork(desired, true)
+	if did {
+		return true, relaunchNext
 	}
 	if desired == nil {
-		return false
+		return false, relaunchNext
 	}
 	// Modules that left the plan are retired first, consumers before
 	// providers.
 	if a.retireNext(desired) {
-		return true
+		return true, relaunchNext
 	}
 	targets := map[string]ModuleTarget{}
 	for _, t := range desired.Modules {
@@ -248,33 +288,53 @@ func (a *activationRuntime) step() bool {
 		m := a.module(module)
 		m.activateIndex = i
 		active := m.active
+		committed := m.dur.committed
 		failure, failed := a.failed[t.GenerationName]
+		crashed := active != nil && active.proc == nil
 		a.mu.Unlock()
 		if active != nil && (active.name == t.GenerationName || sameEpochAndAuthority(active.target, t)) {
 			// Unchanged: an epoch and authority that did not change never
 			// cause a transaction, whichever generation name the target
 			// carries (a controller may hand a target computed before the
 			// last switch).
-			a.setWaiting(m, "", "")
-			continue
-		}
-		if active != nil && t.Lineage != active.lineage+1 {
-			a.setWaiting(m, string(ledger.ReasonStaleGeneration), fmt.Sprintf("target %s (generation %d) does not follow the active generation %s (%d); waiting for a current target", t.GenerationName, t.Lineage, active.name, active.lineage))
+			if !crashed {
+				a.setWaiting(m, "", "")
+			}
 			continue
 		}
 		if failed {
 			// The rest of the plan waits: a failed target is not retried
 			// until the controller hands a new attempt.
 			a.log("plan halted at a failed target", "module", module, "generation", t.GenerationName, "reason", failure.Code)
-			return false
+			return false, relaunchNext
+		}
+		if crashed {
+			// A crashed generation is relaunched before it is swapped.
+			continue
 		}
 		if code, msg := a.dependencyGate(t); code != "" {
 			a.setWaiting(m, code, msg)
 			continue
 		}
+		a.mu.Lock()
+		committedFailure := m.dur.committedFailure
+		a.mu.Unlock()
+		switch {
+		case active == nil && committedFailure != nil:
+			a.setWaiting(m, committedFailure.Code, committedFailure.Message)
+			continue
+		case active == nil && committed != nil && committed.Name != t.GenerationName:
+			a.setWaiting(m, string(ledger.ReasonStaleGeneration), fmt.Sprintf("the ledger's last committed generation of %s is %s: it is relaunched before %s", module, committed.Name, t.GenerationName))
+			continue
+		case active != nil && t.Lineage != active.lineage+1:
+			a.setWaiting(m, string(ledger.ReasonStaleGeneration), fmt.Sprintf("target %s (generation %d) does not follow the active generation %s (%d); waiting for a current target", t.GenerationName, t.Lineage, active.name, active.lineage))
+			continue
+		}
 		a.setWaiting(m, "", "")
 		ctx := context.Background()
 		switch {
+		case active == nil && committed != nil:
+			a.relaunchCommitted(desired, m, t, *committed)
 		case active == nil:
 			a.firstActivation(ctx, desired, t)
 		case desired.Swap.Cold || desired.Swap.Discard || active.target.Plan.ProtocolVersion() == 1 && t.Plan.ProtocolVersion() == 1:
@@ -282,9 +342,37 @@ func (a *activationRuntime) step() bool {
 		default:
 			a.hotSwap(ctx, desired, t, active)
 		}
-		return true
+		return true, time.Time{}
 	}
-	return false
+	return a.durabilityWork(desired, false)
+}
+
+// relaunchCommitted starts the ledger's last committed generation of a
+// module after a manager restart: a relaunch restoring its newest durable
+// snapshot. A changed authority refuses it until the spec changes; any other
+// failure counts as a crash (backoff, crash budget).
+func (a *activationRuntime) relaunchCommitted(d *Desired, m *moduleRuntime, t ModuleTarget, c CommittedGeneration) {
+	g := a.newGeneration(m, t)
+	a.mu.Lock()
+	g.rCount = a.rCounts[g.name] + 1
+	g.committedAuthority = c.AuthoritySHA256
+	renewal := g.rCount
+	m.active = g // so a crash of the relaunched process is seen as one
+	a.mu.Unlock()
+	pf := a.runRelaunch(d, m, g, renewal, c.AuthoritySHA256)
+	if pf == nil {
+		return
+	}
+	a.mu.Lock()
+	if pf.code == ledger.ReasonAuthorityChanged {
+		m.active = nil
+		g.phase = iteronv1.PhaseFailed
+		m.dur.committedFailure = &Failure{Module: m.name, GenerationName: g.name, Code: string(pf.code), Message: g.message}
+	} else if m.active == g && g.proc == nil {
+		a.noteCrashOf(m, g, pf)
+	}
+	a.mu.Unlock()
+	a.notify(g.name)
 }
 
 // sameEpochAndAuthority reports whether a target would change nothing.
@@ -387,9 +475,13 @@ func (a *activationRuntime) currentDesired() *Desired {
 	return a.desired
 }
 
-// shutdown stops the worker after its current transaction, stops every
-// process and closes the ledger.
+// shutdown stops the worker after its current transaction, stops
+// dispatching, checkpoints every Active protocol-2 generation (so a restart
+// loses nothing) and stops every process, then closes the ledger.
 func (a *activationRuntime) shutdown(ctx context.Context) error {
+	a.mu.Lock()
+	a.stopping = true
+	a.mu.Unlock()
 	select {
 	case <-a.stop:
 	default:
@@ -397,26 +489,42 @@ func (a *activationRuntime) shutdown(ctx context.Context) error {
 	}
 	<-a.done
 	a.mu.Lock()
-	var procs []*generationRuntime
+	type live struct {
+		m *moduleRuntime
+		g *generationRuntime
+		p Provider
+	}
+	var procs []live
 	var dispatchers []*Dispatcher
 	for _, m := range a.modules {
 		dispatchers = append(dispatchers, m.dispatcher)
 		if m.active != nil && m.active.proc != nil {
-			procs = append(procs, m.active)
+			procs = append(procs, live{m, m.active, m.active.proc})
 		}
 	}
 	led := a.led
 	a.led = nil
 	a.mu.Unlock()
 	var errs []error
+	for _, l := range procs {
+		// Let the run in flight finish if it can, then cancel it.
+		if !l.m.dispatcher.PauseWhenIdle(ctx, l.g.target.Plan.CancellationDeadline()) {
+			_, _ = l.m.dispatcher.Pause(ctx, 0)
+		}
+		if l.g.target.Plan.ProtocolVersion() == 2 {
+			if err := a.takeCheckpoint(l.m, l.g, l.p, 0); err != nil {
+				errs = append(errs, fmt.Errorf("checkpoint %s before shutdown: %w", l.g.name, err))
+			}
+		}
+	}
 	for _, d := range dispatchers {
 		d.Close()
 	}
-	for _, g := range procs {
-		if err := g.proc.Stop(ctx, "manager shutting down"); err != nil {
-			errs = append(errs, fmt.Errorf("stop %s: %w", g.name, err))
+	for _, l := range procs {
+		if err := l.p.Stop(ctx, "manager shutting down"); err != nil {
+			errs = append(errs, fmt.Errorf("stop %s: %w", l.g.name, err))
 		}
-		_ = g.proc.Close()
+		_ = l.p.Close()
 	}
 	if led != nil {
 		if err := led.Close(); err != nil {
@@ -455,6 +563,10 @@ func (a *activationRuntime) status() ActivationStatus {
 	}
 	for name, m := range a.modules {
 		ms := ModuleStatus{Module: name, Phase: iteronv1.PhaseInactive, Reason: m.waitingCode, Message: m.waitingMessage}
+		if c := m.dur.committed; c != nil && m.active == nil {
+			cc := *c
+			ms.Committed = &cc
+		}
 		if g := m.active; g != nil {
 			ms.Active, ms.ImplementationID, ms.Lineage, ms.Epoch = g.name, g.target.Plan.ImplementationID(), g.lineage, g.target.Epoch
 			ms.AdmittedCapabilities = g.target.Plan.AdmittedCapabilities()
@@ -462,6 +574,9 @@ func (a *activationRuntime) status() ActivationStatus {
 			ms.Phase = g.phase
 			if g.proc != nil {
 				ms.Pid = g.proc.Pid()
+			}
+			if g.reason != "" && ms.Reason == "" {
+				ms.Reason, ms.Message = g.reason, g.message
 			}
 		}
 		st.Modules[name] = ms

@@ -79,6 +79,9 @@ type ModuleStatus struct {
 	Reason, Message string
 	// Pid of the active process.
 	Pid int
+	// Committed is the ledger's last committed generation when the module
+	// has none active (after a manager restart, until it is relaunched).
+	Committed *CommittedGeneration
 }
 
 // GenerationStatus is one generation's runtime state, mirrored into its

@@ -38,7 +38,12 @@ func (a *activationRuntime) swap(d *Desired, t ModuleTarget, old *generationRunt
 	case pf == nil:
 	case !switched:
 		r.abort(pf)
-		r.m.dispatcher.Resume()
+		a.mu.Lock()
+		oldServes := old.proc != nil
+		a.mu.Unlock()
+		if oldServes {
+			r.m.dispatcher.Resume()
+		}
 	default:
 		r.rollbackAfterSwitch(d, old, pf)
 	}
@@ -199,9 +204,12 @@ func (r *txnRun) swapPhases(d *Desired, old *generationRuntime, kind ledger.Kind
 		r.m.dispatcher.Resume()
 		return nil, false
 	}
+	// The crash watch starts at the commit: until then a fault of the new
+	// process is the transaction's to roll back.
+	newProc := r.gen.proc
 	r.a.mu.Lock()
 	r.m.active = r.gen
-	r.gen.phase, r.gen.activatedAt = iteronv1.PhaseActive, r.a.c.cfg.Now()
+	r.gen.phase, r.gen.activatedAt = iteronv1.PhasePreparing, r.a.c.cfg.Now()
 	old.phase = iteronv1.PhaseDraining
 	r.a.mu.Unlock()
 	r.m.dispatcher.Resume()
@@ -210,14 +218,14 @@ func (r *txnRun) swapPhases(d *Desired, old *generationRuntime, kind ledger.Kind
 	// drain: stop and reap the old. A fault of the new process from the
 	// switch until the drain record rolls back to the old: switching back to
 	// the old process while it runs, relaunching it once it is stopped.
-	if pf := r.newProcessFault(ledger.PhaseDrain); pf != nil {
+	if pf := newProcessFault(newProc, ledger.PhaseDrain); pf != nil {
 		return pf, true
 	}
 	cleanup := r.a.drain(old, r.gen.name)
 	if hook := r.a.c.cfg.AfterPhase; hook != nil {
 		hook(r.a.key, r.m.name, OldStopped)
 	}
-	if pf := r.newProcessFault(ledger.PhaseDrain); pf != nil {
+	if pf := newProcessFault(newProc, ledger.PhaseDrain); pf != nil {
 		return pf, true
 	}
 	var err2 error
@@ -240,6 +248,7 @@ func (r *txnRun) swapPhases(d *Desired, old *generationRuntime, kind ledger.Kind
 	}
 	r.a.mu.Lock()
 	r.gen.step = iteronv1.StepCommitted
+	r.a.activate(r.m, r.gen, d)
 	r.a.mu.Unlock()
 	r.recorded(ledger.PhaseCommitted)
 	r.a.log("module swapped", "module", r.m.name, "from", old.name, "to", r.gen.name, "kind", kind.String())
@@ -247,10 +256,10 @@ func (r *txnRun) swapPhases(d *Desired, old *generationRuntime, kind ledger.Kind
 }
 
 // newProcessFault reports a fault of the new process after the switch.
-func (r *txnRun) newProcessFault(phase ledger.Phase) *phaseFailure {
+func newProcessFault(proc Provider, phase ledger.Phase) *phaseFailure {
 	select {
-	case <-r.gen.proc.Exited():
-		return &phaseFailure{phase, ledger.ReasonProviderFailed, fmt.Sprintf("the new generation's process (pid %d) exited after the switch", r.gen.proc.Pid())}
+	case <-proc.Exited():
+		return &phaseFailure{phase, ledger.ReasonProviderFailed, fmt.Sprintf("the new generation's process (pid %d) exited after the switch", proc.Pid())}
 	default:
 		return nil
 	}
@@ -375,8 +384,8 @@ func (r *txnRun) relaunchOld(ctx context.Context, old *generationRuntime) error 
 		return err
 	}
 	r.a.mu.Lock()
-	r.m.active = old
-	old.phase, old.step, old.reason, old.message = iteronv1.PhaseActive, iteronv1.StepRolledBack, "", ""
+	r.a.activate(r.m, old, r.desired)
+	old.step = iteronv1.StepRolledBack
 	r.a.mu.Unlock()
 	return nil
 }

@@ -30,6 +30,7 @@ type txnRun struct {
 	txn      *ledger.Txn
 	gen      *generationRuntime
 	deadline time.Time
+	desired  *Desired
 	ctx      context.Context
 	cancel   context.CancelFunc
 }
@@ -65,7 +66,7 @@ func (a *activationRuntime) begin(kind ledger.Kind, m *moduleRuntime, gen *gener
 	a.mu.Lock()
 	gen.txnID = id.String()
 	a.mu.Unlock()
-	return &txnRun{a: a, m: m, txn: txn, gen: gen, deadline: dl, ctx: ctx, cancel: cancel}, nil
+	return &txnRun{a: a, m: m, txn: txn, gen: gen, deadline: dl, desired: d, ctx: ctx, cancel: cancel}, nil
 }
 
 // check runs before each phase: the transaction's deadline.
@@ -153,7 +154,7 @@ func (a *activationRuntime) newGeneration(m *moduleRuntime, t ModuleTarget) *gen
 	g := &generationRuntime{
 		name: t.GenerationName, module: m.name, lineage: t.Lineage, attempt: t.Attempt, target: t,
 		phase: iteronv1.PhasePreparing, step: iteronv1.StepVerify, startedAt: a.c.cfg.Now(),
-		scope: effects.NewScope(t.GenerationName),
+		scope: effects.NewScope(t.GenerationName), rCount: a.rCounts[t.GenerationName],
 	}
 	m.remember(g)
 	return g
@@ -271,8 +272,7 @@ func (r *txnRun) firstActivationPhases() *phaseFailure {
 		return nil
 	}
 	r.a.mu.Lock()
-	r.m.active = r.gen
-	r.gen.phase, r.gen.activatedAt = iteronv1.PhaseActive, r.a.c.cfg.Now()
+	r.a.activate(r.m, r.gen, r.desired)
 	r.a.mu.Unlock()
 	r.m.dispatcher.Resume()
 	r.recorded(ledger.PhaseAtomicSwitch)
