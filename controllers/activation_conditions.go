@@ -83,7 +83,7 @@ func conditionsFor(s *activationScope) []metav1.Condition {
 		note(problem{f.Code, fmt.Sprintf("module %s: %s (a failed swap is not retried for the same target; change the spec or set %s)", m, f.Message, iteronv1.AnnotationRetry), true})
 	}
 	for _, f := range st.Failures {
-		note(problem{f.Code, fmt.Sprintf("module %s: %s", f.Module, f.Message), true})
+		note(problem{f.Code, fmt.Sprintf("module %s: %s", f.Module, f.Message), !f.Retryable})
 	}
 	degraded := false
 	notReady := ""

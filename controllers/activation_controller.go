@@ -9,10 +9,12 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
@@ -96,6 +98,7 @@ func (r *ActivationReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 		r.reconcileResolve,
 		r.reconcileGenerations,
 		r.reconcileApply,
+		r.reconcileHistory,
 	} {
 		if err := phase(ctx, s); err != nil {
 			return ctrl.Result{}, err
@@ -156,6 +159,13 @@ func (r *ActivationReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	}
 	b := ctrl.NewControllerManagedBy(mgr).
 		For(&iteronv1.ImplementationActivation{}).
+		// A deleted Generation requeues its activation: an Active one is
+		// re-created from what runs.
+		Owns(&iteronv1.Generation{}, builder.WithPredicates(predicate.Funcs{
+			CreateFunc:  func(event.CreateEvent) bool { return false },
+			UpdateFunc:  func(event.UpdateEvent) bool { return false },
+			GenericFunc: func(event.GenericEvent) bool { return false },
+		})).
 		Named("implementationactivation")
 	if r.Notifications != nil {
 		b = b.WatchesRawSource(source.Channel(r.Notifications, &handler.EnqueueRequestForObject{}))

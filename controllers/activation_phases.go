@@ -9,6 +9,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -79,7 +80,7 @@ func (r *ActivationReconciler) reconcileGenerations(ctx context.Context, s *acti
 			s.targets[rm.Module] = hotswap.ModuleTarget{Module: rm.Module, Keep: true}
 			continue
 		}
-		target, create, stalled := r.desiredGeneration(s, rm, gens, retryRequested)
+		target, create, stalled := r.desiredGeneration(ctx, s, rm, gens, retryRequested)
 		if stalled != nil {
 			s.stalled[rm.Module] = *stalled
 		}
@@ -94,8 +95,14 @@ func (r *ActivationReconciler) reconcileGenerations(ctx context.Context, s *acti
 			s.targets[d.rm.Module] = hotswap.ModuleTarget{Module: d.rm.Module, Keep: true}
 			continue
 		}
+		if d.create == nil && !d.target.Keep && !slices.ContainsFunc(gens, func(g iteronv1.Generation) bool { return g.Name == d.target.GenerationName }) {
+			// The Generation of a running target was deleted: re-create it
+			// from what runs (the process keeps running).
+			d.create = newGeneration(s.act, d.rm, d.target.Lineage, d.target.Attempt, "")
+			d.create.Spec.Implementation = implementationOf(d.target.Plan, d.rm.CatalogPath)
+		}
 		if d.create != nil {
-			if err := r.Client.Create(ctx, d.create); err != nil {
+			if err := r.Client.Create(ctx, d.create); err != nil && !apierrors.IsAlreadyExists(err) {
 				return fmt.Errorf("create Generation %s: %w", d.create.Name, err)
 			}
 			gens = append(gens, *d.create)
@@ -115,12 +122,19 @@ func (r *ActivationReconciler) reconcileGenerations(ctx context.Context, s *acti
 // either a retry was requested or the spec changed since (a failed attempt's
 // number is never reused). A failed target of the same spec without a retry
 // keeps the active generation and reports the failure.
-func (r *ActivationReconciler) desiredGeneration(s *activationScope, rm ResolvedModule, gens []iteronv1.Generation, retryRequested bool) (target *hotswap.ModuleTarget, create *iteronv1.Generation, stalled *hotswap.Failure) {
+func (r *ActivationReconciler) desiredGeneration(ctx context.Context, s *activationScope, rm ResolvedModule, gens []iteronv1.Generation, retryRequested bool) (target *hotswap.ModuleTarget, create *iteronv1.Generation, stalled *hotswap.Failure) {
 	mk := func(name string, lineage int64, attempt int32) *hotswap.ModuleTarget {
 		return &hotswap.ModuleTarget{Module: rm.Module, Plan: *rm.Plan, Epoch: rm.Epoch, GenerationName: name, Lineage: lineage, Attempt: attempt, DependsOn: rm.DependsOn}
 	}
 	cur := r.activeOf(s, rm.Module)
 	active, activeLineage := cur.name, cur.lineage
+	if active == "" {
+		if c := s.status.Modules[rm.Module].Committed; c != nil {
+			// After a restart: the ledger's last committed generation is
+			// relaunched first, whatever the spec says now.
+			return r.committedTarget(ctx, s, rm, c, gens)
+		}
+	}
 	// Unchanged: same epoch and same admitted authority (a narrower
 	// ceiling changes what the process may do, so it is a reload too).
 	if active != "" && cur.epoch == rm.Epoch && cur.authority == rm.Plan.AuthoritySHA256() {
@@ -154,7 +168,7 @@ func (r *ActivationReconciler) desiredGeneration(s *activationScope, rm Resolved
 		switch {
 		case failure == nil:
 			return mk(match.Name, lineage, match.Spec.Attempt), nil, nil
-		case !retryRequested && sameSpec:
+		case !retryRequested && sameSpec && !failure.Retryable:
 			// Not retried for the same target: keep what serves.
 			return &hotswap.ModuleTarget{Module: rm.Module, Keep: true}, nil, failure
 		}
@@ -162,6 +176,49 @@ func (r *ActivationReconciler) desiredGeneration(s *activationScope, rm Resolved
 	attempt := maxAttempt + 1
 	g := newGeneration(s.act, rm, lineage, attempt, active)
 	return mk(g.Name, lineage, attempt), g, nil
+}
+
+// committedTarget is the relaunch target of a module's last committed
+// generation. When the spec still selects its implementation the resolved
+// plan serves; otherwise (the spec changed while no manager ran) its
+// Generation object's source is verified again to relaunch it, and the next
+// reconcile swaps it to the new spec.
+func (r *ActivationReconciler) committedTarget(ctx context.Context, s *activationScope, rm ResolvedModule, c *hotswap.CommittedGeneration, gens []iteronv1.Generation) (*hotswap.ModuleTarget, *iteronv1.Generation, *hotswap.Failure) {
+	t := &hotswap.ModuleTarget{Module: rm.Module, GenerationName: c.Name, Lineage: c.Lineage, Attempt: c.Attempt, DependsOn: rm.DependsOn}
+	if rm.Plan.ImplementationID() == c.ImplementationID && rm.Plan.ArtifactSHA256() == c.ArtifactSHA256 {
+		t.Plan, t.Epoch = *rm.Plan, rm.Epoch
+		return t, nil, nil
+	}
+	var gen *iteronv1.Generation
+	for i := range gens {
+		if gens[i].Name == c.Name {
+			gen = &gens[i]
+		}
+	}
+	failure := func(msg string) (*hotswap.ModuleTarget, *iteronv1.Generation, *hotswap.Failure) {
+		return &hotswap.ModuleTarget{Module: rm.Module, Keep: true}, nil, &hotswap.Failure{Module: rm.Module, GenerationName: c.Name, Code: iteronv1.CodeVerificationFailed, Message: msg}
+	}
+	if gen == nil || gen.Spec.Implementation.CatalogPath == "" {
+		return failure(fmt.Sprintf("the last committed generation %s cannot be relaunched: its Generation object (with its catalog path) is gone", c.Name))
+	}
+	impl := gen.Spec.Implementation
+	spec := iteronv1.ImplementationActivationSpec{
+		NodeName: s.act.Spec.NodeName, CandidateSHA256: s.act.Spec.CandidateSHA256, CapabilityCeiling: s.act.Spec.CapabilityCeiling,
+		Sources: []iteronv1.ActivationSource{{Module: rm.Module, ImplementationID: impl.ID, CatalogPath: impl.CatalogPath,
+			ArtifactRoot: impl.ArtifactRoot, ManifestSHA256: impl.ManifestSHA256, ArtifactSHA256: impl.ArtifactSHA256}},
+	}
+	res := r.Resolve(ctx, &spec)
+	if res.DocumentError != nil || len(res.Modules) != 1 || res.Modules[0].Plan == nil {
+		msg := "verification failed"
+		if res.DocumentError != nil {
+			msg = res.DocumentError.Error()
+		} else if len(res.Modules) == 1 {
+			msg = res.Modules[0].Message
+		}
+		return failure(fmt.Sprintf("the last committed generation %s cannot be relaunched: %s", c.Name, msg))
+	}
+	t.Plan, t.Epoch = *res.Modules[0].Plan, res.Modules[0].Epoch
+	return t, nil, nil
 }
 
 // activeGeneration is what serves a module now.
@@ -189,6 +246,9 @@ func (r *ActivationReconciler) failureOf(s *activationScope, g *iteronv1.Generat
 				return &f
 			}
 		}
+		if f, ok := s.status.FailedAttempts[g.Name]; ok {
+			return &f
+		}
 		if gs, ok := s.status.Generations[g.Name]; ok && gs.Phase == iteronv1.PhaseFailed {
 			return &hotswap.Failure{Module: g.Spec.Module, GenerationName: g.Name, Code: gs.Reason, Message: gs.Message}
 		}
@@ -207,9 +267,19 @@ func sameTarget(g *iteronv1.Generation, p *activation.LaunchPlan, previous strin
 		g.Spec.Previous == previous
 }
 
+// implementationOf is a Generation's implementation from its launch plan.
+func implementationOf(p activation.LaunchPlan, catalogPath string) iteronv1.Implementation {
+	v := p.Version()
+	return iteronv1.Implementation{
+		ID: p.ImplementationID(), Version: fmt.Sprintf("%d.%d.%d", v[0], v[1], v[2]),
+		ManifestSHA256: p.ManifestSHA256(), ArtifactSHA256: p.ArtifactSHA256(),
+		CatalogPath: catalogPath, ArtifactRoot: p.ArtifactRoot(), Executable: p.Executable(), Argv: p.Argv(),
+		ProtocolVersion: int32(p.ProtocolVersion()),
+	}
+}
+
 func newGeneration(act *iteronv1.ImplementationActivation, rm ResolvedModule, lineage int64, attempt int32, previous string) *iteronv1.Generation {
 	p := rm.Plan
-	v := p.Version()
 	caps := make([]iteronv1.Capability, 0, len(p.AdmittedCapabilities()))
 	for _, c := range p.AdmittedCapabilities() {
 		caps = append(caps, iteronv1.Capability(c))
@@ -229,12 +299,7 @@ func newGeneration(act *iteronv1.ImplementationActivation, rm ResolvedModule, li
 		Spec: iteronv1.GenerationSpec{
 			ActivationName: act.Name, NodeName: act.Spec.NodeName, Module: rm.Module,
 			Generation: lineage, Attempt: attempt, Previous: previous, CandidateSHA256: act.Spec.CandidateSHA256,
-			Implementation: iteronv1.Implementation{
-				ID: p.ImplementationID(), Version: fmt.Sprintf("%d.%d.%d", v[0], v[1], v[2]),
-				ManifestSHA256: p.ManifestSHA256(), ArtifactSHA256: p.ArtifactSHA256(),
-				ArtifactRoot: p.ArtifactRoot(), Executable: p.Executable(), Argv: p.Argv(),
-				ProtocolVersion: int32(p.ProtocolVersion()),
-			},
+			Implementation:       implementationOf(*p, rm.CatalogPath),
 			AdmittedCapabilities: caps,
 			AuthoritySHA256:      p.AuthoritySHA256(),
 			Deadlines:            iteronv1.Deadlines{RuntimeMs: p.RuntimeDeadline().Milliseconds(), CancellationMs: p.CancellationDeadline().Milliseconds()},
@@ -257,6 +322,52 @@ func (r *ActivationReconciler) ownedGenerations(ctx context.Context, act *iteron
 		}
 	}
 	return out, nil
+}
+
+// reconcileHistory keeps at most spec.generationHistoryLimit Inactive or
+// Failed Generations per module (newest first); the targets, the active
+// generations and anything still in flight are never deleted.
+func (r *ActivationReconciler) reconcileHistory(ctx context.Context, s *activationScope) error {
+	if !s.resolved || s.res.DocumentError != nil {
+		return nil
+	}
+	limit := int(ptr.Deref(s.act.Spec.GenerationHistoryLimit, 10))
+	gens, err := r.ownedGenerations(ctx, s.act)
+	if err != nil {
+		return err
+	}
+	keep := map[string]bool{}
+	for _, t := range s.targets {
+		keep[t.GenerationName] = true
+	}
+	for _, ms := range s.status.Modules {
+		keep[ms.Active] = true
+		if ms.Committed != nil {
+			keep[ms.Committed.Name] = true
+		}
+	}
+	byModule := map[string][]iteronv1.Generation{}
+	for _, g := range gens {
+		done := g.Status.Phase == iteronv1.PhaseInactive || g.Status.Phase == iteronv1.PhaseFailed
+		if done && !keep[g.Name] {
+			byModule[g.Spec.Module] = append(byModule[g.Spec.Module], g)
+		}
+	}
+	for module, old := range byModule {
+		slices.SortFunc(old, func(a, b iteronv1.Generation) int {
+			if a.Spec.Generation != b.Spec.Generation {
+				return int(b.Spec.Generation - a.Spec.Generation)
+			}
+			return int(b.Spec.Attempt - a.Spec.Attempt)
+		})
+		for _, g := range old[min(limit, len(old)):] {
+			if err := r.Client.Delete(ctx, &g); client.IgnoreNotFound(err) != nil {
+				return fmt.Errorf("delete Generation %s beyond the history limit: %w", g.Name, err)
+			}
+			r.Recorder.Eventf(s.act, &g, corev1.EventTypeNormal, "GenerationPruned", "Prune", "module %s: %s (%s) is beyond generationHistoryLimit %d", module, g.Name, g.Status.Phase, limit)
+		}
+	}
+	return nil
 }
 
 // reconcileApply hands the desired state to the coordinator.
@@ -361,9 +472,11 @@ func moduleStatuses(s *activationScope) []iteronv1.ModuleStatus {
 			f := s.stalled[rm.Module]
 			ms.Reason, ms.Message = f.Code, fmt.Sprintf("%s (not retried for the same target: change the spec or set the %s annotation)", f.Message, iteronv1.AnnotationRetry)
 		}
-		if ms.Reason == "" && ms.Phase != iteronv1.PhaseActive {
-			if f := failureFor(s.status, rm.Module); f != nil {
-				ms.Reason, ms.Message = f.Code, f.Message
+		if f := failureFor(s.status, rm.Module); f != nil && ms.Reason == "" {
+			// A failed target: the module says why, whether or not an older
+			// generation still serves.
+			ms.Reason, ms.Message = f.Code, f.Message
+			if ms.Phase != iteronv1.PhaseActive {
 				ms.Phase = iteronv1.PhaseFailed
 			}
 		}

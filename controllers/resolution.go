@@ -27,6 +27,8 @@ type ResolvedModule struct {
 	Module string
 	// Plan is the verified launch plan; nil when the module cannot run.
 	Plan *activation.LaunchPlan
+	// CatalogPath is the canonical catalog the plan was verified from.
+	CatalogPath string
 	// Epoch is the module's epoch (DESIGN §6).
 	Epoch string
 	// Identity is module|implementation_id|version|artifact_sha256.

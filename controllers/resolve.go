@@ -34,7 +34,7 @@ func NewResolver(v *activation.Verifier) func(context.Context, *iteronv1.Impleme
 				rm.NotAdmitted = vs.NotAdmittedCapabilities
 				if ms.Admitted {
 					plan := vs.Plan
-					rm.Plan = &plan
+					rm.Plan, rm.CatalogPath = &plan, vs.CatalogPath
 				}
 			}
 			out.Modules = append(out.Modules, rm)

@@ -40,6 +40,11 @@ type Implementation struct {
 	// +kubebuilder:validation:MaxLength=71
 	// +kubebuilder:validation:Pattern=`^sha256:[0-9a-f]{64}$`
 	ArtifactSHA256 string `json:"artifactSHA256"`
+	// catalogPath is the canonical catalog the manifest was verified from;
+	// a restarted manager re-verifies it to relaunch this generation.
+	// +optional
+	// +kubebuilder:validation:MaxLength=512
+	CatalogPath string `json:"catalogPath,omitempty"`
 	// artifactRoot is the canonical artifact root (the provider's working
 	// directory).
 	// +kubebuilder:validation:MaxLength=512

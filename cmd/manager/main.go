@@ -11,6 +11,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"syscall"
 	"time"
 
 	"k8s.io/apimachinery/pkg/fields"
@@ -94,6 +95,7 @@ func run(args []string, stderr io.Writer) int {
 	coord, err := hotswap.New(hotswap.Config{
 		StateDir: opts.stateDir, Launch: hotswap.NewExecutorLauncher(exec),
 		Notify: notifier.Notify, Log: ctrl.Log.WithName("coordinator"),
+		AfterPhase: faultInjection(os.Getenv(faultKillAfterEnv)),
 	})
 	if err != nil {
 		fmt.Fprintln(stderr, "manager: coordinator:", err)
@@ -118,6 +120,26 @@ func run(args []string, stderr io.Writer) int {
 		return exitFailure
 	}
 	return exitOK
+}
+
+// faultKillAfterEnv names the fault-injection point of the crash tests:
+// "<module>:<phase>" makes the manager SIGKILL itself right after that
+// phase's ledger record is durable, as a node crash would. Unset in
+// production; the manager logs loudly when it is set.
+const faultKillAfterEnv = "ITERON_FAULT_KILL_AFTER"
+
+// faultInjection returns the coordinator's AfterPhase hook for spec, or nil.
+func faultInjection(spec string) func(hotswap.ActivationKey, string, string) {
+	if spec == "" {
+		return nil
+	}
+	ctrl.Log.WithName("setup").Info("FAULT INJECTION ENABLED: the manager kills itself after a phase", "env", faultKillAfterEnv, "point", spec)
+	return func(_ hotswap.ActivationKey, module, phase string) {
+		if module+":"+phase == spec {
+			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+			select {} // never return: the record after this one must not be written
+		}
+	}
 }
 
 // shutdownTimeout bounds stopping every provider after SIGTERM; it stays

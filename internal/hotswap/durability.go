@@ -663,7 +663,8 @@ func (a *activationRuntime) recoverFromLedger(led *ledger.Ledger) error {
 			if t.blocked != nil && t.blocked.Reason != nil {
 				code, msg, _ = strings.Cut(*t.blocked.Reason, ": ")
 			}
-			a.failed[name] = Failure{Module: r.Module, GenerationName: name, Code: code, Message: truncateMessage(msg)}
+			a.failed[name] = Failure{Module: r.Module, GenerationName: name, Code: code, Message: truncateMessage(msg),
+				Retryable: msg == ledger.RecoveryMessage}
 		}
 		return nil
 	})

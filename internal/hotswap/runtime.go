@@ -45,7 +45,10 @@ type generationRuntime struct {
 	// generation recovered after a restart: its relaunches must match it.
 	committedAuthority string
 	// watched is the process whose exit is being watched.
-	watched       Provider
+	watched Provider
+	// recovered is set for a committed generation known only from the
+	// ledger (no plan in hand): it can only be retired on paper.
+	recovered     *CommittedGeneration
 	txnID         string
 	lastSeq       uint64
 	lastHash      string
@@ -442,6 +445,16 @@ func (a *activationRuntime) retireNext(desired *Desired) bool {
 			next = m
 			break
 		}
+		if c := m.dur.committed; c != nil {
+			// Committed before a restart, never relaunched, now gone from
+			// the spec: its retirement is recorded so the ledger agrees.
+			m.dur.committed = nil
+			g := &generationRuntime{name: c.Name, module: m.name, lineage: c.Lineage, attempt: c.Attempt, recovered: c,
+				rCount: a.rCounts[c.Name], phase: iteronv1.PhaseInactive, scope: effects.NewScope(c.Name)}
+			m.active = g
+			next = m
+			break
+		}
 	}
 	if next == nil {
 		// Nothing left with a process: drop the modules that left.
@@ -541,6 +554,10 @@ func (a *activationRuntime) status() ActivationStatus {
 	st := ActivationStatus{
 		Key: a.key, Busy: a.busy, Removing: a.removing, Removed: a.removed,
 		Modules: map[string]ModuleStatus{}, Generations: map[string]GenerationStatus{},
+	}
+	st.FailedAttempts = make(map[string]Failure, len(a.failed))
+	for name, f := range a.failed {
+		st.FailedAttempts[name] = f
 	}
 	if a.desired != nil {
 		st.AppliedSpecGeneration = a.desired.SpecGeneration

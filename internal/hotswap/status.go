@@ -25,6 +25,10 @@ type Failure struct {
 	GenerationName string
 	// Code is the reason code; Message explains it (≤ 1 KiB).
 	Code, Message string
+	// Retryable marks an attempt that was cut short by a manager restart
+	// rather than failed by its provider: a new attempt follows without a
+	// retry request.
+	Retryable bool
 }
 
 // ActivationStatus is a consistent snapshot of one activation's runtime
@@ -45,6 +49,9 @@ type ActivationStatus struct {
 	Generations map[string]GenerationStatus
 	// Failures are the failed targets of the applied plan.
 	Failures []Failure
+	// FailedAttempts are every attempt known to have failed or been cut
+	// short, by Generation name: an attempt number is never reused.
+	FailedAttempts map[string]Failure
 	// Ledger summarizes the activation's ledger (nil before it is opened).
 	Ledger *ledger.Summary
 	// LedgerFile is the ledger's directory.

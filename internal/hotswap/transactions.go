@@ -44,12 +44,12 @@ func (a *activationRuntime) begin(kind ledger.Kind, m *moduleRuntime, gen *gener
 	if err != nil {
 		return nil, err
 	}
-	spec := ledger.TxnSpec{Kind: kind, ID: id, CandidateSHA256: d.CandidateSHA256, AuthoritySHA256: gen.target.Plan.AuthoritySHA256(), DeadlineMs: uint64(max(d.Swap.Deadline.Milliseconds(), 1))}
+	spec := ledger.TxnSpec{Kind: kind, ID: id, CandidateSHA256: d.CandidateSHA256, AuthoritySHA256: gen.authority(), DeadlineMs: uint64(max(d.Swap.Deadline.Milliseconds(), 1))}
 	if kind != ledger.KindRetirement {
-		spec.New = ledger.GenerationRef{Generation: uint64(gen.lineage), ImplementationID: gen.target.Plan.ImplementationID(), ArtifactSHA256: gen.target.Plan.ArtifactSHA256()}
+		spec.New = gen.ref()
 	}
 	if old != nil {
-		spec.Old = ledger.GenerationRef{Generation: uint64(old.lineage), ImplementationID: old.target.Plan.ImplementationID(), ArtifactSHA256: old.target.Plan.ArtifactSHA256()}
+		spec.Old = old.ref()
 	}
 	a.mu.Lock()
 	led := a.led
@@ -67,6 +67,23 @@ func (a *activationRuntime) begin(kind ledger.Kind, m *moduleRuntime, gen *gener
 	gen.txnID = id.String()
 	a.mu.Unlock()
 	return &txnRun{a: a, m: m, txn: txn, gen: gen, deadline: dl, desired: d, ctx: ctx, cancel: cancel}, nil
+}
+
+// ref is the generation as the ledger names it: from its plan, or from the
+// ledger's own record for a committed generation with no plan in hand.
+func (g *generationRuntime) ref() ledger.GenerationRef {
+	if c := g.recovered; c != nil {
+		return ledger.GenerationRef{Generation: uint64(g.lineage), ImplementationID: c.ImplementationID, ArtifactSHA256: c.ArtifactSHA256}
+	}
+	return ledger.GenerationRef{Generation: uint64(g.lineage), ImplementationID: g.target.Plan.ImplementationID(), ArtifactSHA256: g.target.Plan.ArtifactSHA256()}
+}
+
+// authority is the generation's authority digest.
+func (g *generationRuntime) authority() string {
+	if c := g.recovered; c != nil {
+		return c.AuthoritySHA256
+	}
+	return g.target.Plan.AuthoritySHA256()
 }
 
 // check runs before each phase: the transaction's deadline.

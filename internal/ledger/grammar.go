@@ -277,10 +277,10 @@ func BlockKindOf(code ReasonCode) (BlockKind, bool) {
 	return kind, true
 }
 
-// recoveryMessage is the message of the blocked record with which recovery
+// RecoveryMessage is the message of the blocked record with which recovery
 // closes a transaction interrupted before its switch (spec/wire.md §5: the
 // block kind is provider, the message "host restarted").
-const recoveryMessage = "host restarted"
+const RecoveryMessage = "host restarted"
 
 // FormatReason returns "<code>: <message>" as a ledger reason: 1..1024 bytes
 // of valid UTF-8 with no control character (a provider's message may carry

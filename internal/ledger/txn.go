@@ -409,7 +409,7 @@ func (l *Ledger) Recover() (*Recovery, error) {
 		}
 	default:
 		next := t.grammar.next(t.applied)
-		err = t.Block(next[0], ReasonProviderFailed, recoveryMessage)
+		err = t.Block(next[0], ReasonProviderFailed, RecoveryMessage)
 		if err == nil {
 			err = t.RollBack()
 		}
