@@ -24,6 +24,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
@@ -196,6 +197,11 @@ func newManager(cfg *rest.Config, opts *options, w wiring) (ctrl.Manager, error)
 	}
 	if err := mgr.Add(w.notifier); err != nil {
 		return nil, err
+	}
+	for _, c := range hotswap.Collectors() {
+		if err := metrics.Registry.Register(c); err != nil {
+			return nil, fmt.Errorf("register metrics: %w", err)
+		}
 	}
 	stateDir := opts.stateDir
 	activations := &controllers.ActivationReconciler{

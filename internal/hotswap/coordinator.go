@@ -177,6 +177,7 @@ func (c *Coordinator) Forget(uid string) error {
 		return fmt.Errorf("activation %s/%s is not retired yet", st.Key.Namespace, st.Key.Name)
 	}
 	a.shutdown(context.Background())
+	a.forgetMetrics()
 	c.mu.Lock()
 	delete(c.activations, uid)
 	c.mu.Unlock()

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr/testr"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
 	"iteron.dev/operator/examples/providers/artifacts"
@@ -238,6 +239,8 @@ func TestFirstActivationStartsModulesInDependencyOrder(t *testing.T) {
 
 func TestHotSwapMigratesStateAndReapsTheOldProcess(t *testing.T) {
 	h := newHarness(t)
+	committedBefore := testutil.ToFloat64(transactionsTotal.WithLabelValues("default", "stack", "prompt_system", "committed"))
+	appendsBefore := testutil.ToFloat64(ledgerAppends.WithLabelValues("default", "stack"))
 	v1 := h.target(providertest.Implement(t, artifacts.Spec{Binary: artifacts.CounterV1}))
 	h.apply(SwapPolicy{}, v1)
 	st := h.settle()
@@ -275,5 +278,11 @@ func TestHotSwapMigratesStateAndReapsTheOldProcess(t *testing.T) {
 	}
 	if got := h.ledgerPhases(); !slices.Equal(got, want) {
 		t.Fatalf("ledger:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	if d := testutil.ToFloat64(transactionsTotal.WithLabelValues("default", "stack", "prompt_system", "committed")) - committedBefore; d != 2 {
+		t.Fatalf("iteron_transactions_total{code=committed} grew by %v, want 2", d)
+	}
+	if d := testutil.ToFloat64(ledgerAppends.WithLabelValues("default", "stack")) - appendsBefore; d != float64(len(want)) {
+		t.Fatalf("iteron_ledger_appends_total grew by %v, want %d", d, len(want))
 	}
 }

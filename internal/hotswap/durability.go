@@ -88,6 +88,7 @@ func (a *activationRuntime) noteCrash(m *moduleRuntime, g *generationRuntime) {
 	now := a.c.cfg.Now()
 	g.proc = nil
 	m.dispatcher.PauseNow()
+	a.countCrash(m.name)
 	d := &m.dur
 	kept := d.crashes[:0]
 	for _, t := range d.crashes {
@@ -397,7 +398,7 @@ func (r *txnRun) abortRelaunch(pf *phaseFailure) {
 	if r.gen.scope != nil {
 		_ = r.gen.scope.Dispose(context.Background())
 	}
-	if err := r.txn.Block(pf.phase, pf.code, pf.message); err != nil {
+	if err := r.block(pf); err != nil {
 		r.ledgerFailure(err)
 	} else if err := r.txn.RollBack(); err != nil {
 		r.ledgerFailure(err)
@@ -450,7 +451,7 @@ func (a *activationRuntime) renew(d *Desired, m *moduleRuntime) {
 	fresh := &generationRuntime{name: g.name, module: m.name, lineage: g.lineage, attempt: g.attempt, target: g.target, scope: effects.NewScope(g.name + "/renewal")}
 	failBefore := func(pf *phaseFailure) {
 		_ = fresh.scope.Dispose(context.Background())
-		if err := r.txn.Block(pf.phase, pf.code, pf.message); err != nil {
+		if err := r.block(pf); err != nil {
 			r.ledgerFailure(err)
 		} else if err := r.txn.RollBack(); err != nil {
 			r.ledgerFailure(err)
@@ -562,6 +563,7 @@ func (a *activationRuntime) renew(d *Desired, m *moduleRuntime) {
 	g.renewals++
 	g.step = iteronv1.StepCommitted
 	a.mu.Unlock()
+	a.countRenewal(m.name)
 	r.recorded(ledger.PhaseCommitted)
 	a.log("process renewed", "module", m.name, "generation", g.name, "renewal", g.renewals, "pid", fresh.proc.Pid())
 }

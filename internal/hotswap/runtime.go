@@ -223,7 +223,7 @@ func (a *activationRuntime) openLedger() error {
 	if a.ledgerErr != nil {
 		return a.ledgerErr
 	}
-	led, report, err := ledger.OpenActivation(a.c.cfg.StateDir, a.key.UID, ledger.Options{Create: true, Now: a.c.cfg.Now})
+	led, report, err := ledger.OpenActivation(a.c.cfg.StateDir, a.key.UID, ledger.Options{Create: true, Now: a.c.cfg.Now, ObserveSync: a.observeSync})
 	if err != nil {
 		a.ledgerErr = err
 		return err
@@ -551,6 +551,7 @@ func (a *activationRuntime) shutdown(ctx context.Context) error {
 func (a *activationRuntime) status() ActivationStatus {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	a.setActiveGauge()
 	st := ActivationStatus{
 		Key: a.key, Busy: a.busy, Removing: a.removing, Removed: a.removed,
 		Modules: map[string]ModuleStatus{}, Generations: map[string]GenerationStatus{},

@@ -303,7 +303,7 @@ func (a *activationRuntime) drain(old *generationRuntime, successor string) stri
 // rollback_failed: nothing claims a recovery that did not happen.
 func (r *txnRun) rollbackAfterSwitch(d *Desired, old *generationRuntime, pf *phaseFailure) {
 	r.captureStderr(r.gen)
-	if err := r.txn.Block(pf.phase, pf.code, pf.message); err != nil {
+	if err := r.block(pf); err != nil {
 		r.ledgerFailure(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), d.Swap.Deadline)

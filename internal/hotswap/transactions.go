@@ -30,7 +30,11 @@ type txnRun struct {
 	txn      *ledger.Txn
 	gen      *generationRuntime
 	deadline time.Time
-	desired  *Desired
+	// blocked is the reason code the transaction was blocked with.
+	blocked string
+	// lastAt is when the previous record of the transaction was durable.
+	lastAt  time.Time
+	desired *Desired
 	ctx      context.Context
 	cancel   context.CancelFunc
 }
@@ -66,7 +70,7 @@ func (a *activationRuntime) begin(kind ledger.Kind, m *moduleRuntime, gen *gener
 	a.mu.Lock()
 	gen.txnID = id.String()
 	a.mu.Unlock()
-	return &txnRun{a: a, m: m, txn: txn, gen: gen, deadline: dl, desired: d, ctx: ctx, cancel: cancel}, nil
+	return &txnRun{a: a, m: m, txn: txn, gen: gen, deadline: dl, lastAt: a.c.cfg.Now(), desired: d, ctx: ctx, cancel: cancel}, nil
 }
 
 // ref is the generation as the ledger names it: from its plan, or from the
@@ -103,6 +107,18 @@ func (r *txnRun) check(phase ledger.Phase) error {
 // recorded notes a durable record in the generation's status and runs the
 // test hook.
 func (r *txnRun) recorded(phase ledger.Phase, gens ...*generationRuntime) {
+	now := r.a.c.cfg.Now()
+	r.a.countAppend()
+	r.a.observePhase(r.m.name, string(phase), now.Sub(r.lastAt))
+	r.lastAt = now
+	switch o := r.txn.Outcome(); {
+	case phase == ledger.PhaseCommitted:
+		r.a.countTransaction(r.m.name, "committed")
+	case phase == ledger.PhaseRolledBack && o == ledger.OutcomeRollbackFailed:
+		r.a.countTransaction(r.m.name, string(ledger.ReasonRollbackFailed))
+	case phase == ledger.PhaseRolledBack:
+		r.a.countTransaction(r.m.name, r.blockedCode())
+	}
 	last := r.txn.Last()
 	r.a.mu.Lock()
 	for _, g := range append(gens, r.gen) {
@@ -118,6 +134,20 @@ func (r *txnRun) recorded(phase ledger.Phase, gens ...*generationRuntime) {
 		names = append(names, g.name)
 	}
 	r.a.notify(names...)
+}
+
+// block appends the blocked record of a failure.
+func (r *txnRun) block(pf *phaseFailure) error {
+	r.blocked = string(pf.code)
+	return r.txn.Block(pf.phase, pf.code, pf.message)
+}
+
+// blockedCode is the reason code of the transaction's blocked record.
+func (r *txnRun) blockedCode() string {
+	if r.blocked != "" {
+		return r.blocked
+	}
+	return string(ledger.ReasonProviderFailed)
 }
 
 // fail turns a provider or host error at a phase into a phaseFailure.
@@ -202,7 +232,7 @@ func (r *txnRun) abort(pf *phaseFailure) {
 	defer r.cancel()
 	r.captureStderr(r.gen)
 	_ = r.gen.scope.Dispose(context.Background())
-	if err := r.txn.Block(pf.phase, pf.code, pf.message); err != nil {
+	if err := r.block(pf); err != nil {
 		r.ledgerFailure(err)
 	} else if err := r.txn.RollBack(); err != nil {
 		r.ledgerFailure(err)

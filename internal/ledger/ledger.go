@@ -40,6 +40,9 @@ type Options struct {
 	Anchor *Anchor
 	// Now is the clock for started_unix_ms and elapsed_ms; nil is time.Now.
 	Now func() time.Time
+	// ObserveSync, when set, is told how long each append's fdatasync took
+	// (for the manager's metrics).
+	ObserveSync func(time.Duration)
 }
 
 // TornTail reports the incomplete record that Open truncated.
@@ -380,8 +383,12 @@ func (l *Ledger) append(r *Record, reserve int64) error {
 	// The size is ours from here on, whether or not the sync succeeds: a
 	// reopen replays what really is in the file.
 	l.segSize += int64(len(line))
+	syncStart := time.Now()
 	if _, err := retryEINTR(func() (int, error) { return 0, unix.Fdatasync(l.segFD) }); err != nil {
 		return l.freeze(&IOError{Op: "fdatasync", Path: l.segPath(), Err: err})
+	}
+	if l.opts.ObserveSync != nil {
+		l.opts.ObserveSync(time.Since(syncStart))
 	}
 	l.v.apply(r, next)
 	return nil
