@@ -35,8 +35,8 @@ type txnRun struct {
 	// lastAt is when the previous record of the transaction was durable.
 	lastAt  time.Time
 	desired *Desired
-	ctx      context.Context
-	cancel   context.CancelFunc
+	ctx     context.Context
+	cancel  context.CancelFunc
 }
 
 // begin opens a ledger transaction. A ledger that refuses is fatal for the
