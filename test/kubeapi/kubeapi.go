@@ -5,12 +5,16 @@
 package kubeapi
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/discovery"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -133,4 +137,15 @@ func RepoRoot() (string, error) {
 		}
 		dir = parent
 	}
+}
+
+// EnsureNode creates a Node object named name if there is none: the local
+// control plane runs no kubelet, and the doctor tells a missing Node from a
+// cluster without Node objects.
+func EnsureNode(ctx context.Context, c client.Client, name string) error {
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"kubernetes.io/hostname": name}}}
+	if err := c.Create(ctx, node); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("create Node %s: %w", name, err)
+	}
+	return nil
 }
