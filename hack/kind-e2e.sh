@@ -130,7 +130,7 @@ esac
 # GOOS=linux would build the generator itself for the node and fail to start
 # on a non-Linux host.)
 (cd "$root" && go build -o "$work/catalog-gen" ./hack/catalog)
-(cd "$root" && GOOS=linux GOARCH="$node_arch" CGO_ENABLED=0 "$work/catalog-gen" -out "$work/providers")
+(cd "$root" && GOOS=linux GOARCH="$node_arch" CGO_ENABLED=0 "$work/catalog-gen" -out "$work/providers" -modules prompt_system,context_assembly >"$work/sources.json")
 docker exec "$node" mkdir -p "$provider_root"
 docker cp "$work/providers/." "$node:$provider_root/"
 # Providers run as uid 65534: every directory must be traversable and every
@@ -143,6 +143,10 @@ kc apply --server-side -k "$root/config/default"
 if [ "$image" != "$default_image" ]; then
   kc -n "$manager_ns" set image daemonset/iteron-manager manager="$image"
 fi
+# The suite calls the gateway from inside the manager pod (kubectl exec, as
+# root): allow uid 0 for the namespace it uses.
+kc -n "$manager_ns" patch daemonset/iteron-manager --type=json \
+  -p '[{"op":"add","path":"/spec/template/spec/containers/0/args/-","value":"--gateway-allow=uid:0=default"}]'
 kc -n "$manager_ns" rollout status daemonset/iteron-manager --timeout=180s
 
 step "5/6 running the e2e suite against $cluster"
@@ -151,6 +155,8 @@ read -r -a e2e_flags <<<"${E2E_FLAGS:-}"
   ITERON_E2E_NODE_NAME="$node" \
   ITERON_E2E_PROVIDER_ROOT="$provider_root" \
   ITERON_E2E_MANAGER_NAMESPACE="$manager_ns" \
+  ITERON_E2E_SOURCES="$work/sources.json" \
+  ITERON_E2E_LOCAL_PROVIDERS="$work/providers" \
   go test -count=1 "${e2e_flags[@]}" ./test/e2e/...)
 
 step "6/6 the e2e suite passed on kind; cleaning up"

@@ -58,11 +58,8 @@ func Start() (*Environment, error) {
 			return nil, fmt.Errorf("control-plane binary %s is missing from %s (run `make controlplane`): %w", bin, assets, err)
 		}
 	}
-	scheme := runtime.NewScheme()
-	if err := clientgoscheme.AddToScheme(scheme); err != nil {
-		return nil, err
-	}
-	if err := iteronv1.AddToScheme(scheme); err != nil {
+	scheme, err := NewScheme()
+	if err != nil {
 		return nil, err
 	}
 	env := &envtest.Environment{
@@ -92,6 +89,18 @@ func Start() (*Environment, error) {
 	}
 	e.ServerVersion = info.GitVersion
 	return e, nil
+}
+
+// NewScheme knows the built-in types and this repository's API.
+func NewScheme() (*runtime.Scheme, error) {
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		return nil, err
+	}
+	if err := iteronv1.AddToScheme(scheme); err != nil {
+		return nil, err
+	}
+	return scheme, nil
 }
 
 // Stop stops kube-apiserver and etcd and removes their data.
