@@ -1,0 +1,5 @@
+package gateway
+
+const pluginEnv = "ITERON_GATEWAY_BENCH_PLUGIN"
+
+func servePlugin() {}
