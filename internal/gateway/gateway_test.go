@@ -645,8 +645,10 @@ func TestStaleOutputIsDroppedAndTheCallFails(t *testing.T) {
 
 type emptyCoordinator struct{}
 
-func (emptyCoordinator) Dispatcher(string, string, string) (*hotswap.Dispatcher, bool) { return nil, false }
-func (emptyCoordinator) Activations() []hotswap.ActivationKey                         { return nil }
+func (emptyCoordinator) Dispatcher(string, string, string) (*hotswap.Dispatcher, bool) {
+	return nil, false
+}
+func (emptyCoordinator) Activations() []hotswap.ActivationKey { return nil }
 func (emptyCoordinator) Status(string) (hotswap.ActivationStatus, bool) {
 	return hotswap.ActivationStatus{}, false
 }
