@@ -52,13 +52,22 @@ func sharedExecutor(tb testing.TB) *procexec.Executor {
 			executorErr = err
 			return
 		}
-		executor, executorErr = procexec.NewExecutor(procexec.DefaultConfig(dir))
+		// Providers run as providerUID, not the default 65534: the client
+		// subprocesses of the authorization tests run as 65534, and the
+		// executor's subreaper kills any child running as a provider uid
+		// (it can only be a descendant that escaped its provider's group).
+		cfg := procexec.DefaultConfig(dir)
+		cfg.ProviderUID, cfg.ProviderGID = providerUID, providerUID
+		executor, executorErr = procexec.NewExecutor(cfg)
 	})
 	if executorErr != nil {
 		tb.Fatal(executorErr)
 	}
 	return executor
 }
+
+// providerUID is the uid (and gid) the test providers run as.
+const providerUID = 65533
 
 // socketDir returns a short directory (socket paths are at most 107 bytes)
 // that every uid can traverse, removed after the test.
