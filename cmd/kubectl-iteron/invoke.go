@@ -22,9 +22,9 @@ const defaultGatewaySocket = "/run/iteron/gateway.sock"
 func newInvokeCmd() *cobra.Command {
 	var (
 		socket, namespace, activation, module, input, invocationID string
-		pin                                                         int64
-		watch                                                       bool
-		timeout                                                     time.Duration
+		pin                                                        int64
+		watch                                                      bool
+		timeout                                                    time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "invoke --activation NAME --module MODULE [--input JSON|-]",

@@ -144,4 +144,3 @@ func TestInvokeCallsAModuleThroughTheGateway(t *testing.T) {
 		})
 	}
 }
-
