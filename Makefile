@@ -24,9 +24,13 @@ help: ## Show this help.
 ##@ Development
 
 .PHONY: generate
-generate: manifests ## Generate deepcopy code, CRDs, RBAC and the API reference from the markers.
+generate: manifests generate-proto ## Generate deepcopy code, CRDs, RBAC, the API reference and the gateway's gRPC code.
 	$(CONTROLLER_GEN) object:headerFile=hack/boilerplate.go.txt paths=./api/...
 	$(GO) run ./hack/apiref -crds config/crd/bases -out docs/reference/api.md
+
+.PHONY: generate-proto
+generate-proto: ## Generate api/gateway/v1 from gateway.proto (Debian's protoc, installed when missing; pinned protoc-gen-go/-go-grpc).
+	hack/generate-proto.sh
 
 .PHONY: manifests
 manifests: ## Generate CRDs (config/crd/bases) and the manager's RBAC (config/rbac/role.yaml).

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Regenerates deepcopy, CRDs and RBAC in a scratch copy of the tree and fails
-# when they differ from what is committed here. It never touches the working
+# Regenerates deepcopy, CRDs, RBAC, the API reference and the gateway's gRPC
+# code (api/gateway/v1, from gateway.proto) in a scratch copy of the tree and
+# fails when they differ from what is committed here. It never touches the working
 # tree, so it is safe with uncommitted work.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -15,7 +16,7 @@ git ls-files -z --cached --others --exclude-standard | while IFS= read -r -d '' 
 done
 (cd "$scratch" && make --no-print-directory generate >/dev/null)
 status=0
-for path in api config/crd/bases config/rbac/role.yaml docs/reference/api.md; do
+for path in api/v1alpha1 api/gateway/v1 config/crd/bases config/rbac/role.yaml docs/reference/api.md; do
   if ! diff -ru "$root/$path" "$scratch/$path" >/dev/null; then
     echo "stale generated files under $path: run 'make generate' and commit the result" >&2
     diff -ru "$root/$path" "$scratch/$path" | head -40 >&2 || true

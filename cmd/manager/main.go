@@ -30,6 +30,7 @@ import (
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
 	"iteron.dev/operator/controllers"
 	"iteron.dev/operator/internal/activation"
+	"iteron.dev/operator/internal/gateway"
 	"iteron.dev/operator/internal/hotswap"
 	"iteron.dev/operator/internal/procexec"
 )
@@ -102,7 +103,17 @@ func run(args []string, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "manager: coordinator:", err)
 		return exitFailure
 	}
-	mgr, err := newManager(cfg, opts, wiring{verifier: verifier, coordinator: coord, notifier: notifier})
+	// The gateway listens once the manager starts it, with the state-dir
+	// lock held (a stale socket may only be replaced then).
+	gw, err := gateway.New(gateway.Config{
+		NodeName: opts.nodeName, Coordinator: coord, Allow: opts.gatewayAllow,
+		Socket: opts.gatewaySocket, SocketGroup: opts.gatewayGroup, Log: ctrl.Log.WithName("gateway"),
+	})
+	if err != nil {
+		fmt.Fprintln(stderr, "manager: gateway:", err)
+		return exitFailure
+	}
+	mgr, err := newManager(cfg, opts, wiring{verifier: verifier, coordinator: coord, notifier: notifier, gateway: gw})
 	if err != nil {
 		fmt.Fprintln(stderr, "manager:", err)
 		return exitFailure
@@ -152,6 +163,9 @@ type wiring struct {
 	verifier    *activation.Verifier
 	coordinator *hotswap.Coordinator
 	notifier    *controllers.Notifier
+	// gateway, when set, is run as a Runnable (stopped before the
+	// coordinator shuts down).
+	gateway *gateway.Server
 }
 
 func restConfig(kubeconfig string) (*rest.Config, error) {
@@ -219,6 +233,11 @@ func newManager(cfg *rest.Config, opts *options, w wiring) (ctrl.Manager, error)
 	generations := &controllers.GenerationReconciler{Client: mgr.GetClient(), Coordinator: w.coordinator, Notifications: w.notifier.Generations()}
 	if err := generations.SetupWithManager(mgr); err != nil {
 		return nil, fmt.Errorf("set up the generation controller: %w", err)
+	}
+	if w.gateway != nil {
+		if err := mgr.Add(w.gateway); err != nil {
+			return nil, fmt.Errorf("add the gateway: %w", err)
+		}
 	}
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
 		return nil, err

@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
+	"iteron.dev/operator/internal/gateway"
 )
 
 // options are the manager's validated flags.
@@ -27,15 +28,8 @@ type options struct {
 	healthProbeBindAddress string
 	gatewaySocket          string
 	gatewayGroup           int
-	gatewayAllow           gatewayAllow
+	gatewayAllow           gateway.Allow
 	capabilityCeiling      []string
-}
-
-// gatewayAllow maps peer credentials to the namespaces they may call through
-// the gateway. "*" allows every namespace.
-type gatewayAllow struct {
-	uids map[uint32][]string
-	gids map[uint32][]string
 }
 
 // maxSocketPath is the longest unix socket path Linux accepts (sun_path is
@@ -112,7 +106,11 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	if o.gatewayGroup < 0 {
 		return nil, &flagError{"gateway-group", strconv.Itoa(o.gatewayGroup), "must be a gid (≥ 0)"}
 	}
-	if o.gatewayAllow, err = parseGatewayAllow(gatewayAllowValues); err != nil {
+	if o.gatewayAllow, err = gateway.ParseAllow(gatewayAllowValues); err != nil {
+		var rule *gateway.AllowRuleError
+		if errors.As(err, &rule) {
+			return nil, &flagError{"gateway-allow", rule.Rule, rule.Why}
+		}
 		return nil, err
 	}
 	if o.capabilityCeiling, err = parseCapabilities(ceiling); err != nil {
@@ -183,48 +181,6 @@ func parseCapabilities(value string) ([]string, error) {
 	}
 	slices.Sort(out)
 	return out, nil
-}
-
-func parseGatewayAllow(values []string) (gatewayAllow, error) {
-	allow := gatewayAllow{uids: map[uint32][]string{}, gids: map[uint32][]string{}}
-	for _, v := range values {
-		kind, rest, ok := strings.Cut(v, ":")
-		id, namespaces, ok2 := strings.Cut(rest, "=")
-		if !ok || !ok2 || (kind != "uid" && kind != "gid") {
-			return allow, &flagError{"gateway-allow", v, "must look like uid:<n>=<ns>[,<ns>...] or gid:<n>=<ns>[,<ns>...]"}
-		}
-		n, err := strconv.ParseUint(id, 10, 32)
-		if err != nil {
-			return allow, &flagError{"gateway-allow", v, fmt.Sprintf("%q is not a numeric %s", id, kind)}
-		}
-		var list []string
-		for _, ns := range strings.Split(namespaces, ",") {
-			if ns != "*" && !isDNSLabel(ns) {
-				return allow, &flagError{"gateway-allow", v, fmt.Sprintf("%q is not a namespace name or *", ns)}
-			}
-			list = append(list, ns)
-		}
-		m := allow.uids
-		if kind == "gid" {
-			m = allow.gids
-		}
-		m[uint32(n)] = append(m[uint32(n)], list...)
-	}
-	return allow, nil
-}
-
-// isDNSLabel reports whether s is a valid namespace name (RFC 1123 label).
-func isDNSLabel(s string) bool {
-	if len(s) == 0 || len(s) > 63 {
-		return false
-	}
-	for i, c := range s {
-		alnum := c >= 'a' && c <= 'z' || c >= '0' && c <= '9'
-		if !alnum && (c != '-' || i == 0 || i == len(s)-1) {
-			return false
-		}
-	}
-	return true
 }
 
 var errLocked = errors.New("another manager holds the state directory")

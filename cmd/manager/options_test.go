@@ -56,10 +56,10 @@ func TestParseOptionsGatewayAllow(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := strings.Join(o.gatewayAllow.uids[1000], ","); got != "team-a,team-b,team-c" {
+	if got := strings.Join(o.gatewayAllow.UIDs[1000], ","); got != "team-a,team-b,team-c" {
 		t.Fatalf("uid 1000 → %q", got)
 	}
-	if got := strings.Join(o.gatewayAllow.gids[2000], ","); got != "*" {
+	if got := strings.Join(o.gatewayAllow.GIDs[2000], ","); got != "*" {
 		t.Fatalf("gid 2000 → %q", got)
 	}
 }

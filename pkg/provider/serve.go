@@ -326,7 +326,19 @@ func (r *Run) EmitValue(v any, terminal bool) error {
 	return r.Emit(b, terminal)
 }
 
+// finished reports whether the run is over. A run that emitted its terminal
+// observation is over for the host, which may send its next request at
+// once, possibly before the run's Start has returned: wait for it to
+// return, so that nothing the run does overlaps that request (and the
+// request is not refused with run_active).
 func (r *Run) finished() bool {
+	r.mu.Lock()
+	terminal := r.terminal
+	r.mu.Unlock()
+	if terminal {
+		<-r.done
+		return true
+	}
 	select {
 	case <-r.done:
 		return true

@@ -1,0 +1,755 @@
+package gateway
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"sort"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-logr/logr"
+	"google.golang.org/grpc"
+
+	gatewayv1 "iteron.dev/operator/api/gateway/v1"
+	iteronv1 "iteron.dev/operator/api/v1alpha1"
+	"iteron.dev/operator/internal/hotswap"
+	"iteron.dev/operator/internal/ledger"
+	"iteron.dev/operator/internal/procexec"
+	"iteron.dev/operator/pkg/protocol"
+	"iteron.dev/operator/pkg/strictjson"
+)
+
+// ProtocolVersion is the gateway protocol this server speaks.
+const ProtocolVersion = "iteron-gateway/1"
+
+// Call deadlines: a call without a deadline of its own (request field or
+// gRPC deadline) gets DefaultCallDeadline; no call may ask for more than
+// MaxCallDeadline (the protocol's largest deadline_ms).
+const (
+	DefaultCallDeadline = 30 * time.Second
+	MaxCallDeadline     = time.Hour
+)
+
+// DefaultStopTimeout bounds how long Stop lets running RPCs finish before
+// it closes their connections.
+const DefaultStopTimeout = 5 * time.Second
+
+// maxRequestBytes bounds a request message: the 512 KiB input plus room for
+// the other fields.
+const maxRequestBytes = protocol.MaxPayloadBytes + 64<<10
+
+// Coordinator is what the gateway reads of the node-local coordinator;
+// *hotswap.Coordinator is one.
+type Coordinator interface {
+	// Dispatcher returns a module's dispatcher.
+	Dispatcher(namespace, name, module string) (*hotswap.Dispatcher, bool)
+	// Activations lists the activations the coordinator knows.
+	Activations() []hotswap.ActivationKey
+	// Status snapshots one activation.
+	Status(uid string) (hotswap.ActivationStatus, bool)
+}
+
+// Dispatch describes a call whose run just started, for Config.OnDispatch.
+type Dispatch struct {
+	// Namespace, Activation and Module of the call.
+	Namespace, Activation, Module string
+	// InvocationID is the client's (or the gateway's) invocation ID.
+	InvocationID string
+	// Route is the generation that runs it.
+	Route hotswap.Route
+	// At is when the run was dispatched.
+	At time.Time
+}
+
+// Config configures a Server.
+type Config struct {
+	// NodeName is reported by Handshake.
+	NodeName string
+	// Coordinator serves the calls.
+	Coordinator Coordinator
+	// Allow says who may call which namespace.
+	Allow Allow
+	// Socket and SocketGroup are where Start listens (see Listen).
+	Socket      string
+	SocketGroup int
+	// Log receives denied calls and stop errors.
+	Log logr.Logger
+	// DefaultDeadline replaces DefaultCallDeadline when set.
+	DefaultDeadline time.Duration
+	// StopTimeout replaces DefaultStopTimeout when set.
+	StopTimeout time.Duration
+	// OnDispatch, when set, is called (from the dispatcher's goroutine,
+	// before the run starts; it must not block) for every call the gateway
+	// dispatches: for metrics, and for tests and benchmarks that need the
+	// exact moment a generation took a call.
+	OnDispatch func(Dispatch)
+	// Now is the clock (time.Now if nil).
+	Now func() time.Time
+}
+
+// Server is the gateway: a gatewayv1.GatewayServer over the coordinator's
+// dispatchers. Create it with New; serve it with Start (the manager's
+// Runnable) or Serve.
+type Server struct {
+	gatewayv1.UnimplementedGatewayServer
+
+	cfg        Config
+	instanceID string
+	table      *invocationTable
+	grpc       *grpc.Server
+
+	// ctx ends when the server stops: queued calls are withdrawn.
+	ctx    context.Context
+	cancel context.CancelFunc
+	calls  sync.WaitGroup
+	seq    atomic.Uint64
+	// dropped counts observations of a stale generation that were dropped.
+	dropped atomic.Int64
+}
+
+// New returns a server with a fresh random instance ID.
+func New(cfg Config) (*Server, error) {
+	if cfg.Coordinator == nil {
+		return nil, errors.New("gateway: Config needs a Coordinator")
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.DefaultDeadline <= 0 {
+		cfg.DefaultDeadline = DefaultCallDeadline
+	}
+	if cfg.StopTimeout <= 0 {
+		cfg.StopTimeout = DefaultStopTimeout
+	}
+	var id [16]byte
+	if _, err := rand.Read(id[:]); err != nil {
+		return nil, fmt.Errorf("gateway: instance id: %w", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &Server{
+		cfg: cfg, instanceID: hex.EncodeToString(id[:]),
+		table: newInvocationTable(InvocationTTL, MaxInvocations, MaxInvocationBytes, cfg.Now),
+		ctx:   ctx, cancel: cancel,
+	}
+	s.grpc = grpc.NewServer(grpc.Creds(PeerCredentials()), grpc.MaxRecvMsgSize(maxRequestBytes))
+	gatewayv1.RegisterGatewayServer(s.grpc, s)
+	return s, nil
+}
+
+// InstanceID is the random ID of this server (one per manager start).
+func (s *Server) InstanceID() string { return s.instanceID }
+
+// DroppedObservations is how many observations of a stale generation were
+// dropped instead of delivered.
+func (s *Server) DroppedObservations() int64 { return s.dropped.Load() }
+
+// Serve serves lis until Stop; lis must be a unix socket listener (Listen).
+func (s *Server) Serve(lis net.Listener) error {
+	return s.grpc.Serve(lis)
+}
+
+// Start listens on the configured socket and serves until ctx ends, then
+// stops (a controller-runtime Runnable: the manager starts it after the
+// state-dir lock is held, which Listen requires).
+func (s *Server) Start(ctx context.Context) error {
+	lis, err := Listen(s.cfg.Socket, s.cfg.SocketGroup)
+	if err != nil {
+		return err
+	}
+	s.cfg.Log.Info("gateway listening", "socket", s.cfg.Socket, "group", s.cfg.SocketGroup, "instanceID", s.instanceID)
+	errc := make(chan error, 1)
+	go func() { errc <- s.Serve(lis) }()
+	select {
+	case err := <-errc:
+		s.Stop(context.Background())
+		return err
+	case <-ctx.Done():
+	}
+	stopCtx, cancel := context.WithTimeout(context.Background(), s.cfg.StopTimeout)
+	defer cancel()
+	s.Stop(stopCtx)
+	return <-errc
+}
+
+// NeedLeaderElection is false: every node's manager serves its own gateway.
+func (s *Server) NeedLeaderElection() bool { return false }
+
+// Stop stops accepting calls, lets running RPCs finish until ctx ends (or
+// StopTimeout, when ctx has no deadline), then closes every connection,
+// withdraws the calls still queued and waits for them. The socket file is
+// removed.
+func (s *Server) Stop(ctx context.Context) {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, s.cfg.StopTimeout)
+		defer cancel()
+	}
+	graceful := make(chan struct{})
+	go func() { s.grpc.GracefulStop(); close(graceful) }()
+	select {
+	case <-graceful:
+	case <-ctx.Done():
+		s.grpc.Stop()
+		<-graceful
+	}
+	s.cancel()
+	waited := make(chan struct{})
+	go func() { s.calls.Wait(); close(waited) }()
+	select {
+	case <-waited:
+	case <-ctx.Done():
+		s.cfg.Log.Info("gateway stopped with calls still running in their modules")
+	}
+}
+
+// authorize returns the caller when it may call namespace.
+func (s *Server) authorize(ctx context.Context, namespace string) (Peer, error) {
+	p, ok := PeerFromContext(ctx)
+	if !ok {
+		return Peer{}, fail(ReasonUnauthenticated, "the connection carries no peer credentials (the gateway serves a unix socket only)")
+	}
+	if !IsNamespaceName(namespace) {
+		return p, fail(ReasonInvalidRequest, fmt.Sprintf("namespace %q is not a namespace name", namespace))
+	}
+	if !s.cfg.Allow.Permits(p.UID, p.GID, namespace) {
+		s.cfg.Log.Info("gateway call denied", "uid", p.UID, "gid", p.GID, "pid", p.PID, "namespace", namespace)
+		return p, fail(string(ledger.ReasonPermissionDenied), fmt.Sprintf("uid %d (gid %d) may not call namespace %q", p.UID, p.GID, namespace))
+	}
+	return p, nil
+}
+
+// Handshake implements gatewayv1.GatewayServer.
+func (s *Server) Handshake(ctx context.Context, req *gatewayv1.HandshakeRequest) (*gatewayv1.HandshakeResponse, error) {
+	p, ok := PeerFromContext(ctx)
+	if !ok {
+		return nil, fail(ReasonUnauthenticated, "the connection carries no peer credentials (the gateway serves a unix socket only)")
+	}
+	if req.GetProtocolVersion() != "" && req.GetProtocolVersion() != ProtocolVersion {
+		return nil, fail(string(ledger.ReasonUnsupportedVersion), fmt.Sprintf("protocol %q is not spoken here; this gateway speaks %s", req.GetProtocolVersion(), ProtocolVersion))
+	}
+	resp := &gatewayv1.HandshakeResponse{
+		NodeName: s.cfg.NodeName, InstanceId: s.instanceID, ProtocolVersions: []string{ProtocolVersion},
+		Caller: &gatewayv1.Caller{Uid: p.UID, Gid: p.GID, Pid: p.PID, Namespaces: s.cfg.Allow.Namespaces(p.UID, p.GID)},
+		Nonce:  req.GetNonce(),
+	}
+	for _, key := range s.cfg.Coordinator.Activations() {
+		if !s.cfg.Allow.Permits(p.UID, p.GID, key.Namespace) {
+			continue
+		}
+		st, ok := s.cfg.Coordinator.Status(key.UID)
+		if !ok {
+			continue
+		}
+		for _, ms := range st.Modules {
+			resp.Modules = append(resp.Modules, &gatewayv1.ModuleInfo{
+				Namespace: key.Namespace, Activation: key.Name, Module: ms.Module,
+				Generation: ms.Lineage, GenerationName: ms.Active, Epoch: ms.Epoch,
+				ImplementationId: ms.ImplementationID, Phase: string(ms.Phase), Reason: ms.Reason,
+			})
+		}
+	}
+	sort.Slice(resp.Modules, func(i, j int) bool {
+		a, b := resp.Modules[i], resp.Modules[j]
+		if a.Namespace != b.Namespace {
+			return a.Namespace < b.Namespace
+		}
+		if a.Activation != b.Activation {
+			return a.Activation < b.Activation
+		}
+		return a.Module < b.Module
+	})
+	return resp, nil
+}
+
+// callRequest is the common part of InvokeRequest and WatchRequest.
+type callRequest struct {
+	namespace, activation, module, invocationID, input string
+	deadlineMs                                         uint64
+	pinned                                             *int64
+}
+
+// Invoke implements gatewayv1.GatewayServer.
+func (s *Server) Invoke(ctx context.Context, req *gatewayv1.InvokeRequest) (*gatewayv1.InvokeResponse, error) {
+	inv, replayed, err := s.begin(ctx, callRequest{
+		namespace: req.GetNamespace(), activation: req.GetActivation(), module: req.GetModule(),
+		invocationID: req.GetInvocationId(), input: req.GetInputJson(), deadlineMs: req.GetDeadlineMs(),
+		pinned: req.PinnedGeneration,
+	}, false)
+	if err != nil {
+		return nil, err
+	}
+	select {
+	case <-inv.done:
+	case <-ctx.Done():
+		// The call goes on (bounded by its deadline); a repeat with the same
+		// invocation_id gets its outcome.
+		return nil, fail(string(ledger.ReasonDeadlineExceeded), fmt.Sprintf("the caller stopped waiting for invocation %s: %v", inv.id, ctx.Err()))
+	}
+	if inv.err != nil {
+		return nil, inv.err
+	}
+	return &gatewayv1.InvokeResponse{
+		InvocationId: inv.id, Generation: inv.result.Lineage, GenerationName: inv.result.Name,
+		ObservationJson: string(inv.result.Terminal.Body), Sequence: inv.result.Terminal.Sequence,
+		QueuedMs: uint64(inv.result.QueuedFor.Milliseconds()), Replayed: replayed,
+	}, nil
+}
+
+// Watch implements gatewayv1.GatewayServer.
+func (s *Server) Watch(req *gatewayv1.WatchRequest, stream grpc.ServerStreamingServer[gatewayv1.WatchEvent]) error {
+	ctx := stream.Context()
+	inv, replayed, err := s.begin(ctx, callRequest{
+		namespace: req.GetNamespace(), activation: req.GetActivation(), module: req.GetModule(),
+		invocationID: req.GetInvocationId(), input: req.GetInputJson(), deadlineMs: req.GetDeadlineMs(),
+		pinned: req.PinnedGeneration,
+	}, true)
+	if err != nil {
+		return err
+	}
+	if replayed {
+		select {
+		case <-inv.done:
+		case <-ctx.Done():
+			return fail(string(ledger.ReasonDeadlineExceeded), fmt.Sprintf("the caller stopped waiting for invocation %s: %v", inv.id, ctx.Err()))
+		}
+		if inv.err != nil {
+			return inv.err
+		}
+		return stream.Send(&gatewayv1.WatchEvent{
+			InvocationId: inv.id, Generation: inv.result.Lineage, GenerationName: inv.result.Name,
+			Sequence: inv.result.Terminal.Sequence, Terminal: true, ObservationJson: string(inv.result.Terminal.Body), Replayed: true,
+		})
+	}
+	sentTerminal := false
+	for {
+		inv.mu.Lock()
+		pending := inv.events
+		inv.events = nil
+		inv.mu.Unlock()
+		for _, ev := range pending {
+			if err := stream.Send(&gatewayv1.WatchEvent{
+				InvocationId: inv.id, Generation: ev.generation, GenerationName: ev.generationName,
+				Sequence: ev.obs.Sequence, Terminal: ev.obs.Terminal, ObservationJson: string(ev.obs.Body),
+			}); err != nil {
+				return err
+			}
+			sentTerminal = sentTerminal || ev.obs.Terminal
+		}
+		select {
+		case <-inv.notify:
+			continue
+		case <-ctx.Done():
+			return fail(string(ledger.ReasonDeadlineExceeded), fmt.Sprintf("the caller stopped watching invocation %s: %v", inv.id, ctx.Err()))
+		case <-inv.done:
+		}
+		// Ended: drain what arrived last, then report the outcome.
+		inv.mu.Lock()
+		rest := len(inv.events)
+		inv.mu.Unlock()
+		if rest > 0 {
+			continue
+		}
+		if inv.err != nil {
+			return inv.err
+		}
+		if !sentTerminal {
+			return stream.Send(&gatewayv1.WatchEvent{
+				InvocationId: inv.id, Generation: inv.result.Lineage, GenerationName: inv.result.Name,
+				Sequence: inv.result.Terminal.Sequence, Terminal: true, ObservationJson: string(inv.result.Terminal.Body),
+			})
+		}
+		return nil
+	}
+}
+
+// begin authorizes and validates a call and returns its invocation: the
+// one already known under its invocation_id (replayed true), or a new one
+// whose call is now queued in the module's dispatcher.
+func (s *Server) begin(ctx context.Context, req callRequest, streaming bool) (*invocation, bool, error) {
+	if _, err := s.authorize(ctx, req.namespace); err != nil {
+		return nil, false, err
+	}
+	if err := validName(req.activation); err != nil {
+		return nil, false, fail(ReasonInvalidRequest, "activation: "+err.Error())
+	}
+	if err := protocol.ValidModule(req.module); err != nil {
+		return nil, false, fail(ReasonInvalidRequest, fmt.Sprintf("module %q: %v", req.module, err))
+	}
+	id := req.invocationID
+	if id != "" {
+		if err := protocol.ValidID(id); err != nil {
+			return nil, false, fail(ReasonInvalidRequest, fmt.Sprintf("invocation_id %q: %v", id, err))
+		}
+	}
+	if req.pinned != nil && *req.pinned <= 0 {
+		return nil, false, fail(ReasonInvalidRequest, fmt.Sprintf("pinned_generation %d: a lineage number is at least 1", *req.pinned))
+	}
+	input := []byte(req.input)
+	if len(input) == 0 {
+		input = []byte("{}")
+	}
+	if err := strictjson.Valid(input, protocol.MaxPayloadBytes); err != nil {
+		return nil, false, fail(string(ledger.ReasonSchemaMismatch), "input_json: "+err.Error())
+	}
+	canonical, err := strictjson.CanonicalValue(input)
+	if err != nil {
+		return nil, false, fail(string(ledger.ReasonSchemaMismatch), "input_json: "+err.Error())
+	}
+	if req.deadlineMs > uint64(MaxCallDeadline.Milliseconds()) {
+		return nil, false, fail(ReasonInvalidRequest, fmt.Sprintf("deadline_ms %d exceeds %d", req.deadlineMs, MaxCallDeadline.Milliseconds()))
+	}
+	budget := s.cfg.DefaultDeadline
+	if req.deadlineMs > 0 {
+		budget = time.Duration(req.deadlineMs) * time.Millisecond
+	}
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < budget {
+		budget = time.Until(dl)
+	}
+	budget = min(budget, MaxCallDeadline)
+	if budget <= 0 {
+		return nil, false, fail(string(ledger.ReasonDeadlineExceeded), "the call's deadline passed before it arrived")
+	}
+
+	fp := fingerprint(req.activation, req.module, req.pinned, canonical)
+	n := s.seq.Add(1)
+	runID := "gw-" + s.instanceID[:12] + "-" + strconv.FormatUint(n, 10)
+	if id == "" {
+		id = runID
+	}
+	key := req.namespace + "\x00" + id
+	// A repeat is answered from the table even if the module has gone since.
+	if known, ok := s.table.lookup(key); ok {
+		return s.repeat(known, fp, id, req.namespace)
+	}
+
+	d, ok := s.cfg.Coordinator.Dispatcher(req.namespace, req.activation, req.module)
+	if !ok {
+		return nil, false, fail(ReasonNotFound, fmt.Sprintf("no module %s in activation %s/%s on this node", req.module, req.namespace, req.activation))
+	}
+	inv := newInvocation()
+	inv.namespace, inv.activation, inv.module, inv.dispatcher, inv.streaming = req.namespace, req.activation, req.module, d, streaming
+	inv.id, inv.key, inv.runID, inv.fingerprint = id, key, runID, fp
+
+	known, existing, full := s.table.admit(inv)
+	if full != nil {
+		return nil, false, fail(string(ledger.ReasonQueueFull), fmt.Sprintf("the gateway remembers %d invocations that have not ended; retry later", full.n))
+	}
+	if existing {
+		return s.repeat(known, fp, id, req.namespace)
+	}
+	if d.Route() == nil {
+		if err := s.moduleUnavailable(req.namespace, req.activation, req.module); err != nil {
+			s.table.abandon(inv)
+			return nil, false, err
+		}
+	}
+
+	deadline := time.Now().Add(budget)
+	var pinned int64
+	if req.pinned != nil {
+		pinned = *req.pinned
+	}
+	call := hotswap.Call{
+		ID: inv.runID, Input: input, Deadline: deadline, PinnedLineage: pinned,
+		Observe: func(o hotswap.Observation) { s.observe(inv, o) },
+		OnStart: func(r hotswap.Route) { s.started(inv, r) },
+	}
+	s.calls.Add(1)
+	go func() {
+		defer s.calls.Done()
+		inv.mu.Lock()
+		cancelled := inv.cancelRequested
+		inv.mu.Unlock()
+		if cancelled {
+			s.finish(inv, hotswap.Result{}, &hotswap.CallError{Code: hotswap.CodeCancelled, Message: "cancelled before it was queued"})
+			return
+		}
+		res, err := d.Invoke(s.ctx, call)
+		var ce *hotswap.CallError
+		if errors.As(err, &ce) && ce.Code == string(ledger.ReasonQueueFull) {
+			// Refused at the door: it never ran, so a retry under the same
+			// invocation_id may run it.
+			s.table.abandon(inv)
+		}
+		s.finish(inv, res, err)
+	}()
+	return inv, false, nil
+}
+
+// repeat answers a request whose invocation_id is known: the same call gets
+// the known invocation, a different one is refused.
+func (s *Server) repeat(known *invocation, fp [32]byte, id, namespace string) (*invocation, bool, error) {
+	if known.fingerprint != fp {
+		return nil, false, fail(ReasonInvocationConflict, fmt.Sprintf("invocation_id %q was used in namespace %s for a different call (activation %s, module %s, or its input); choose a new one", id, namespace, known.activation, known.module))
+	}
+	return known, true, nil
+}
+
+// fingerprint identifies what a call asks for, so that an invocation_id
+// reused for a different call is refused rather than answered with another
+// call's outcome.
+func fingerprint(activation, module string, pinned *int64, canonicalInput []byte) [32]byte {
+	h := sha256.New()
+	for _, part := range []string{activation, module} {
+		var n [8]byte
+		binary.BigEndian.PutUint64(n[:], uint64(len(part)))
+		h.Write(n[:])
+		h.Write([]byte(part))
+	}
+	var pin [9]byte
+	if pinned != nil {
+		pin[0] = 1
+		binary.BigEndian.PutUint64(pin[1:], uint64(*pinned))
+	}
+	h.Write(pin[:])
+	h.Write(canonicalInput)
+	var out [32]byte
+	copy(out[:], h.Sum(nil))
+	return out
+}
+
+// started records the generation that took the call.
+func (s *Server) started(inv *invocation, r hotswap.Route) {
+	inv.mu.Lock()
+	inv.started, inv.generation, inv.generationName = true, r.Lineage, r.Name
+	cancel := inv.cancelRequested
+	inv.mu.Unlock()
+	if s.cfg.OnDispatch != nil {
+		s.cfg.OnDispatch(Dispatch{Namespace: inv.namespace, Activation: inv.activation, Module: inv.module, InvocationID: inv.id, Route: r, At: time.Now()})
+	}
+	if cancel {
+		// Cancelled between its withdrawal attempt and its dispatch.
+		s.cancelRunning(inv, "cancelled by the client before its run started")
+	}
+}
+
+// observe queues an observation for a Watch stream. Output of a stale
+// generation — one that no longer serves the module when the observation
+// arrives — is dropped, and the call then fails with stale_generation: a
+// caller never sees a result computed on state that was migrated away.
+// The check is made as each observation arrives (the run still holds the
+// module's run slot), never afterwards: a run that ended before a switch
+// is not stale.
+func (s *Server) observe(inv *invocation, o hotswap.Observation) {
+	inv.mu.Lock()
+	generation, name, streaming := inv.generation, inv.generationName, inv.streaming
+	inv.mu.Unlock()
+	if stale(generation, inv.dispatcher.Route()) {
+		s.dropped.Add(1)
+		inv.mu.Lock()
+		inv.droppedStale = true
+		inv.mu.Unlock()
+		return
+	}
+	if !streaming {
+		return
+	}
+	inv.mu.Lock()
+	inv.events = append(inv.events, event{generation: generation, generationName: name, obs: o})
+	inv.mu.Unlock()
+	inv.signal()
+}
+
+// stale reports whether output of the generation servedBy must be dropped
+// because current no longer routes to it. The dispatcher switches only
+// between runs, so this holds for every run it finished; the check keeps
+// the guarantee independent of that.
+func stale(servedBy int64, current *hotswap.Route) bool {
+	return current == nil || current.Lineage != servedBy
+}
+
+// finish records the outcome of a call.
+func (s *Server) finish(inv *invocation, res hotswap.Result, err error) {
+	inv.mu.Lock()
+	if err == nil && inv.droppedStale {
+		err = &hotswap.CallError{Code: string(ledger.ReasonStaleGeneration), Message: fmt.Sprintf("generation %d answered after module %s had switched away from it; its output was dropped", res.Lineage, inv.module)}
+		res = hotswap.Result{}
+	}
+	inv.result = res
+	if err != nil {
+		inv.reason, inv.message, inv.err = s.outcomeOf(inv, err)
+	}
+	inv.finished = s.cfg.Now()
+	inv.size = int64(invocationOverhead + len(res.Terminal.Body) + len(inv.message))
+	inv.mu.Unlock()
+	close(inv.done)
+	inv.signal()
+	s.table.markEnded(inv)
+}
+
+// outcomeOf maps a dispatcher error to the invocation's reason, message
+// and gRPC status. Caller holds inv.mu.
+func (s *Server) outcomeOf(inv *invocation, err error) (reason, message string, status error) {
+	reason, message = string(ledger.ReasonProviderFailed), err.Error()
+	var ce *hotswap.CallError
+	if errors.As(err, &ce) {
+		reason, message = ce.Code, ce.Message
+	}
+	generation := inv.generation
+	switch {
+	case reason == hotswap.CodeCancelled:
+		reason = ReasonCancelled
+	case errors.Is(err, procexec.ErrRunCancelled) || errors.Is(err, procexec.ErrClosed):
+		if inv.cancelRequested {
+			reason, message = ReasonCancelled, "the run was cancelled at the client's request"
+		} else {
+			reason, message = ReasonInterrupted, fmt.Sprintf("the host ended the run on generation %d (a swap's quiesce timeout, a retirement or a shutdown): %v", generation, err)
+		}
+	case s.ctx.Err() != nil && !inv.started:
+		reason, message = ReasonInterrupted, "the gateway stopped before the call ran"
+	case reason == string(ledger.ReasonProviderFailed) && ce != nil && ce.Err != nil:
+		// The executor's fault knows better (a run past its deadline is
+		// deadline_exceeded, a malformed input schema_mismatch).
+		var rc interface{ ReasonCode() string }
+		if errors.As(ce.Err, &rc) && rc.ReasonCode() != "" {
+			reason = rc.ReasonCode()
+		}
+	case reason == string(ledger.ReasonStaleGeneration):
+		if r := inv.dispatcher.Route(); r != nil {
+			generation = r.Lineage
+		}
+	}
+	code := CodeOf(reason)
+	if inv.started {
+		code = RunCodeOf(reason)
+	}
+	return reason, message, failure(code, reason, message, generation)
+}
+
+// moduleUnavailable explains why a module without an active generation
+// cannot take a call now, or returns nil when it is being activated (the
+// call waits in its queue).
+func (s *Server) moduleUnavailable(namespace, activation, module string) error {
+	var st hotswap.ActivationStatus
+	found := false
+	for _, key := range s.cfg.Coordinator.Activations() {
+		if key.Namespace == namespace && key.Name == activation {
+			st, found = s.cfg.Coordinator.Status(key.UID)
+			break
+		}
+	}
+	if !found {
+		return fail(ReasonNotFound, fmt.Sprintf("no activation %s/%s on this node", namespace, activation))
+	}
+	if st.LedgerError != "" {
+		return fail(string(ledger.ReasonLedgerCorrupt), fmt.Sprintf("activation %s/%s: %s", namespace, activation, st.LedgerError))
+	}
+	if st.Busy {
+		return nil
+	}
+	ms := st.Modules[module]
+	if ms.Reason != "" {
+		return fail(ms.Reason, fmt.Sprintf("module %s has no active generation: %s", module, ms.Message))
+	}
+	for _, f := range st.Failures {
+		if f.Module == module {
+			return fail(f.Code, fmt.Sprintf("module %s has no active generation: %s failed: %s", module, f.GenerationName, f.Message))
+		}
+	}
+	if ms.Phase == iteronv1.PhaseFailed {
+		return fail(string(ledger.ReasonProviderFailed), fmt.Sprintf("module %s has failed", module))
+	}
+	return fail(string(ledger.ReasonActivationFailed), fmt.Sprintf("module %s has no active generation", module))
+}
+
+// GetInvocationStatus implements gatewayv1.GatewayServer.
+func (s *Server) GetInvocationStatus(ctx context.Context, req *gatewayv1.InvocationControlRequest) (*gatewayv1.InvocationStatus, error) {
+	inv, err := s.control(ctx, req)
+	if err != nil || inv == nil {
+		return unknownStatus(req), err
+	}
+	return inv.status(), nil
+}
+
+// CancelInvocation implements gatewayv1.GatewayServer: a queued call is
+// withdrawn (FAILED, reason cancelled, it never runs); a running one is
+// CANCELLATION_REQUESTED while the provider is asked to cancel it; an ended
+// one is reported as it ended.
+func (s *Server) CancelInvocation(ctx context.Context, req *gatewayv1.InvocationControlRequest) (*gatewayv1.InvocationStatus, error) {
+	inv, err := s.control(ctx, req)
+	if err != nil || inv == nil {
+		return unknownStatus(req), err
+	}
+	select {
+	case <-inv.done:
+		return inv.status(), nil
+	default:
+	}
+	reason := req.GetReason()
+	if reason == "" {
+		reason = "cancelled by the client"
+	}
+	if len(reason) > 256 {
+		reason = reason[:256]
+	}
+	inv.mu.Lock()
+	inv.cancelRequested = true
+	inv.mu.Unlock()
+	if inv.dispatcher.Withdraw(inv.runID, reason) {
+		select {
+		case <-inv.done:
+		case <-ctx.Done():
+		}
+		return inv.status(), nil
+	}
+	s.cancelRunning(inv, reason)
+	return inv.status(), nil
+}
+
+// cancelRunning asks the provider to cancel inv's run, in the background:
+// the acknowledgement may take up to the cancellation deadline.
+func (s *Server) cancelRunning(inv *invocation, reason string) {
+	s.calls.Add(1)
+	go func() {
+		defer s.calls.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if _, err := inv.dispatcher.CancelRunning(ctx, inv.runID, reason); err != nil {
+			s.cfg.Log.Info("cancelling a run failed", "invocation", inv.id, "run", inv.runID, "error", err.Error())
+		}
+	}()
+}
+
+// control authorizes a status or cancel request and finds its invocation
+// (nil when unknown).
+func (s *Server) control(ctx context.Context, req *gatewayv1.InvocationControlRequest) (*invocation, error) {
+	if _, err := s.authorize(ctx, req.GetNamespace()); err != nil {
+		return nil, err
+	}
+	if err := protocol.ValidID(req.GetInvocationId()); err != nil {
+		return nil, fail(ReasonInvalidRequest, fmt.Sprintf("invocation_id %q: %v", req.GetInvocationId(), err))
+	}
+	inv, ok := s.table.lookup(req.GetNamespace() + "\x00" + req.GetInvocationId())
+	if !ok {
+		return nil, nil
+	}
+	return inv, nil
+}
+
+func unknownStatus(req *gatewayv1.InvocationControlRequest) *gatewayv1.InvocationStatus {
+	return &gatewayv1.InvocationStatus{InvocationId: req.GetInvocationId(), Namespace: req.GetNamespace(), State: gatewayv1.InvocationState_INVOCATION_STATE_UNKNOWN}
+}
+
+// validName checks an object name (a DNS subdomain: at most 253 bytes of
+// lowercase alphanumerics, '-' and '.', alphanumeric at both ends).
+func validName(s string) error {
+	if len(s) == 0 || len(s) > 253 {
+		return fmt.Errorf("%d bytes, want 1..253", len(s))
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		alnum := c >= 'a' && c <= 'z' || c >= '0' && c <= '9'
+		if !alnum && ((c != '-' && c != '.') || i == 0 || i == len(s)-1) {
+			return fmt.Errorf("%q is not an object name", s)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,59 @@
+package hotswap
+
+import (
+	"context"
+	"fmt"
+)
+
+// CodeCancelled is the code of a call that was withdrawn from the queue
+// because its caller cancelled it. It is not one of DESIGN §8's error
+// reasons: nothing failed, the caller changed its mind.
+const CodeCancelled = "cancelled"
+
+// Withdraw removes a queued call: its Invoke returns a CallError with
+// CodeCancelled at once and the call never runs. It reports false when no
+// call with that ID is queued (it is running, finished, or unknown); use
+// CancelRunning for a running one.
+func (d *Dispatcher) Withdraw(callID, reason string) bool {
+	d.mu.Lock()
+	var found *pendingCall
+	for i, q := range d.queue {
+		if q.call.ID == callID {
+			found = q
+			d.queue = append(d.queue[:i], d.queue[i+1:]...)
+			break
+		}
+	}
+	d.mu.Unlock()
+	if found == nil {
+		return false
+	}
+	found.err = &CallError{Code: CodeCancelled, Message: fmt.Sprintf("withdrawn from module %s's queue before it ran: %s", d.module, reason)}
+	close(found.done)
+	return true
+}
+
+// CancelRunning asks the backend to cancel the call with that ID if it is
+// the one in the run slot, and waits (bounded by ctx and the backend's
+// cancellation deadline) for the provider to acknowledge it. The run then
+// ends with the backend's error and Invoke returns it; the dispatcher does
+// not retry it. It reports false when that call is not running.
+func (d *Dispatcher) CancelRunning(ctx context.Context, callID, reason string) (bool, error) {
+	d.mu.Lock()
+	inflight := d.inFlight
+	d.mu.Unlock()
+	if inflight == nil || inflight.CallID != callID {
+		return false, nil
+	}
+	return true, inflight.Route.Backend.Cancel(ctx, callID, reason)
+}
+
+// Running returns the call in the run slot, if any.
+func (d *Dispatcher) Running() (InFlight, bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.inFlight == nil {
+		return InFlight{}, false
+	}
+	return *d.inFlight, true
+}
