@@ -39,13 +39,21 @@ type Config struct {
 	// KillTimeout bounds waiting for a killed group to disappear (a process
 	// in uninterruptible sleep). Default 5s.
 	KillTimeout time.Duration
+	// ExecutableCacheBytes bounds the sealed copies of executables kept for
+	// later launches of the same digest (renewals, relaunches); 0 keeps
+	// none, and every launch copies and hashes the file.
+	ExecutableCacheBytes int64
 }
+
+// DefaultExecutableCacheBytes is DefaultConfig's executable cache bound.
+const DefaultExecutableCacheBytes = 256 << 20
 
 // DefaultConfig is uid/gid 65534, interpreter /bin/sh, records in recordDir.
 func DefaultConfig(recordDir string) Config {
 	return Config{
 		ProviderUID: DefaultProviderID, ProviderGID: DefaultProviderID,
 		Interpreters: []string{"/bin/sh"}, RecordDir: recordDir,
+		ExecutableCacheBytes: DefaultExecutableCacheBytes,
 	}
 }
 
@@ -54,7 +62,8 @@ func DefaultConfig(recordDir string) Config {
 // process-wide by nature) the permanent spawner thread and the subreaper, and
 // the durable records of the provider groups it started.
 type Executor struct {
-	cfg Config
+	cfg   Config
+	cache *exeCache
 
 	mu   sync.Mutex
 	live map[int]*Process // by leader pid
@@ -87,7 +96,7 @@ func NewExecutor(cfg Config) (*Executor, error) {
 	if err := startSpawner(); err != nil {
 		return nil, err
 	}
-	return &Executor{cfg: cfg, live: map[int]*Process{}}, nil
+	return &Executor{cfg: cfg, cache: newExeCache(cfg.ExecutableCacheBytes), live: map[int]*Process{}}, nil
 }
 
 // Config returns the executor's configuration, defaults filled in.
@@ -122,8 +131,9 @@ func (e *Executor) Live() []*Process {
 }
 
 // Launch starts the provider of plan: it copies the executable into a sealed
-// memfd while hashing it, refuses it (KindRefused, nothing spawned) unless
-// the digest is the plan's, checks a #! interpreter against the allowlist,
+// memfd and hashes it, refuses it (KindRefused, nothing spawned) unless the
+// digest is the plan's (a sealed copy of that digest kept from an earlier
+// launch is used as it is), checks a #! interpreter against the allowlist,
 // and execs the memfd from the spawner thread: no shell, an empty
 // environment, its own process group, the configured uid/gid with no
 // supplementary groups and no capabilities, NoNewPrivs, cwd the artifact
@@ -141,11 +151,22 @@ func (e *Executor) Launch(plan activation.LaunchPlan) (*Process, error) {
 	if plan.RuntimeDeadline() <= 0 || plan.CancellationDeadline() <= 0 {
 		return nil, &Fault{Kind: KindRefused, Op: OpSpawn, Reason: ReasonVerificationFailed, Detail: "the plan has no deadlines"}
 	}
-	exe, interpreter, err := sealedCopy(plan.Executable(), plan.ArtifactSHA256(), e.cfg.Interpreters)
-	if err != nil {
-		return nil, err
+	exe, head, cached := e.cache.get(plan.ArtifactSHA256())
+	var size int64
+	if !cached {
+		var err error
+		if exe, size, head, err = sealedCopy(plan.Executable(), plan.ArtifactSHA256()); err != nil {
+			return nil, err
+		}
 	}
 	defer exe.Close()
+	interpreter, ferr := checkInterpreter(head, e.cfg.Interpreters)
+	if ferr != nil {
+		return nil, ferr
+	}
+	if !cached {
+		e.cache.put(plan.ArtifactSHA256(), exe, size, head)
+	}
 
 	var files [6]*os.File // stdin r/w, stdout r/w, stderr r/w
 	closeAll := func() {
@@ -164,6 +185,13 @@ func (e *Executor) Launch(plan activation.LaunchPlan) (*Process, error) {
 		files[i], files[i+1] = r, w
 	}
 	stdinR, stdinW, stdoutR, stdoutW, stderrR, stderrW := files[0], files[1], files[2], files[3], files[4], files[5]
+	// A frame is up to 1 MiB: with the default 64 KiB pipe, a large input or
+	// observation crosses in 16 pieces, each a wake-up of the other side. A
+	// pipe as large as a frame lets it cross in one (best effort: the
+	// system's pipe-max-size may be lower).
+	for _, f := range []*os.File{stdinR, stdoutW} {
+		unix.FcntlInt(f.Fd(), unix.F_SETPIPE_SZ, protocol.MaxFrameBytes)
+	}
 
 	cred := &syscall.Credential{Uid: e.cfg.ProviderUID, Gid: e.cfg.ProviderGID, Groups: []uint32{}}
 	if os.Geteuid() != 0 {

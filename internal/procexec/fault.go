@@ -66,6 +66,7 @@ var kindNames = map[FaultKind]string{
 	KindTampered: "artifact tampered",
 }
 
+// String names the kind.
 func (k FaultKind) String() string {
 	if s, ok := kindNames[k]; ok {
 		return s
@@ -122,6 +123,7 @@ type Fault struct {
 	Err error
 }
 
+// Error says what happened during which operation, with the offending frame.
 func (f *Fault) Error() string {
 	msg := fmt.Sprintf("provider %s during %s: %s", f.Kind, f.Op, f.Detail)
 	if f.Kind == KindProviderFailed {

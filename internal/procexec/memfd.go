@@ -27,27 +27,27 @@ const hashBufferBytes = 64 << 10
 // (BINPRM_BUF_SIZE).
 const shebangBytes = 256
 
-// sealedCopy copies the executable at path into a memfd while hashing it,
-// refuses it unless its digest is want, checks a #! interpreter against the
-// allowlist, then seals the memfd (no write, grow, shrink or further seal)
-// and returns a read-only descriptor of it: the bytes verified are the bytes
-// that will run, whatever happens to the file afterwards. interpreter is ""
-// for a binary.
-func sealedCopy(path, want string, interpreters []string) (exe *os.File, interpreter string, err error) {
+// sealedCopy copies the executable at path into a memfd, seals it (no
+// write, grow, shrink or further seal), hashes what the memfd holds, and
+// refuses it unless the digest is want. It returns a read-only descriptor
+// of the sealed memfd, its size and its first bytes (for the #! check):
+// the bytes verified are the bytes that will run, whatever happens to the
+// file afterwards.
+func sealedCopy(path, want string) (exe *os.File, size int64, head []byte, err error) {
 	src, err := os.OpenFile(path, os.O_RDONLY|unix.O_NOFOLLOW, 0)
 	if err != nil {
-		return nil, "", &Fault{Kind: KindSpawn, Op: OpSpawn, Detail: "opening the executable: " + err.Error(), Err: err, Reason: ReasonVerificationFailed}
+		return nil, 0, nil, &Fault{Kind: KindSpawn, Op: OpSpawn, Detail: "opening the executable: " + err.Error(), Err: err, Reason: ReasonVerificationFailed}
 	}
 	defer src.Close()
 	fi, err := src.Stat()
 	if err != nil {
-		return nil, "", &Fault{Kind: KindSpawn, Op: OpSpawn, Detail: err.Error(), Err: err}
+		return nil, 0, nil, &Fault{Kind: KindSpawn, Op: OpSpawn, Detail: err.Error(), Err: err}
 	}
 	if !fi.Mode().IsRegular() {
-		return nil, "", &Fault{Kind: KindRefused, Op: OpSpawn, Detail: fmt.Sprintf("%s is not a regular file", path), Reason: ReasonVerificationFailed}
+		return nil, 0, nil, &Fault{Kind: KindRefused, Op: OpSpawn, Detail: fmt.Sprintf("%s is not a regular file", path), Reason: ReasonVerificationFailed}
 	}
 	if fi.Size() > MaxExecutableBytes {
-		return nil, "", &Fault{Kind: KindRefused, Op: OpSpawn, Detail: fmt.Sprintf("%s is %d bytes, more than %d", path, fi.Size(), MaxExecutableBytes), Reason: ReasonVerificationFailed}
+		return nil, 0, nil, &Fault{Kind: KindRefused, Op: OpSpawn, Detail: fmt.Sprintf("%s is %d bytes, more than %d", path, fi.Size(), MaxExecutableBytes), Reason: ReasonVerificationFailed}
 	}
 	mfd, err := unix.MemfdCreate("iteron-provider", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING|unix.MFD_EXEC)
 	if errors.Is(err, unix.EINVAL) {
@@ -55,63 +55,52 @@ func sealedCopy(path, want string, interpreters []string) (exe *os.File, interpr
 		mfd, err = unix.MemfdCreate("iteron-provider", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 	}
 	if err != nil {
-		return nil, "", &Fault{Kind: KindSpawn, Op: OpSpawn, Detail: "memfd_create: " + err.Error(), Err: err}
+		return nil, 0, nil, &Fault{Kind: KindSpawn, Op: OpSpawn, Detail: "memfd_create: " + err.Error(), Err: err}
 	}
 	mem := os.NewFile(uintptr(mfd), "iteron-provider")
 	defer mem.Close()
 
-	h := sha256.New()
-	var head []byte
-	buf := make([]byte, hashBufferBytes)
-	var total int64
-	for {
-		n, rerr := src.Read(buf)
-		if n > 0 {
-			total += int64(n)
-			if total > MaxExecutableBytes {
-				return nil, "", &Fault{Kind: KindRefused, Op: OpSpawn, Detail: fmt.Sprintf("%s grew past %d bytes while being copied", path, MaxExecutableBytes), Reason: ReasonVerificationFailed}
-			}
-			if len(head) < shebangBytes {
-				head = append(head, buf[:min(n, shebangBytes-len(head))]...)
-			}
-			h.Write(buf[:n])
-			if _, err := mem.Write(buf[:n]); err != nil {
-				return nil, "", &Fault{Kind: KindSpawn, Op: OpSpawn, Detail: "copying into the memfd: " + err.Error(), Err: err}
-			}
+	// Copy in the kernel (sendfile: no pass through user memory), seal, and
+	// only then hash what the memfd holds: the digest is of the very bytes
+	// that will run, and nothing can change them after the seal.
+	want64 := fi.Size()
+	var copied int64
+	for copied < want64 {
+		n, err := unix.Sendfile(mfd, int(src.Fd()), nil, int(min(want64-copied, 1<<30)))
+		if err != nil && err != unix.EINTR && err != unix.EAGAIN {
+			return nil, 0, nil, &Fault{Kind: KindSpawn, Op: OpSpawn, Detail: "copying into the memfd: " + err.Error(), Err: err}
 		}
-		if rerr == io.EOF {
-			break
+		if n == 0 && err == nil {
+			break // the file shrank while being copied: the digest will say so
 		}
-		if rerr != nil {
-			return nil, "", &Fault{Kind: KindSpawn, Op: OpSpawn, Detail: "reading the executable: " + rerr.Error(), Err: rerr}
-		}
-	}
-	got := strictjson.DigestPrefix + hex.EncodeToString(h.Sum(nil))
-	if got != want {
-		return nil, "", &Fault{Kind: KindRefused, Op: OpSpawn, Reason: ReasonVerificationFailed,
-			Detail: fmt.Sprintf("artifact digest mismatch: %s hashes to %s, the plan says %s", path, got, want)}
-	}
-	interpreter, ferr := checkInterpreter(head, interpreters)
-	if ferr != nil {
-		return nil, "", ferr
+		copied += int64(n)
 	}
 	if err := mem.Chmod(0o555); err != nil {
-		return nil, "", &Fault{Kind: KindSpawn, Op: OpSpawn, Detail: "chmod memfd: " + err.Error(), Err: err}
+		return nil, 0, nil, &Fault{Kind: KindSpawn, Op: OpSpawn, Detail: "chmod memfd: " + err.Error(), Err: err}
 	}
 	seals := unix.F_SEAL_WRITE | unix.F_SEAL_GROW | unix.F_SEAL_SHRINK | unix.F_SEAL_SEAL
 	if _, err := unix.FcntlInt(mem.Fd(), unix.F_ADD_SEALS, seals|unix.F_SEAL_EXEC); err != nil {
 		// F_SEAL_EXEC (no later chmod) is 6.3+; the rest is what matters.
 		if _, err := unix.FcntlInt(mem.Fd(), unix.F_ADD_SEALS, seals); err != nil {
-			return nil, "", &Fault{Kind: KindSpawn, Op: OpSpawn, Detail: "sealing the memfd: " + err.Error(), Err: err}
+			return nil, 0, nil, &Fault{Kind: KindSpawn, Op: OpSpawn, Detail: "sealing the memfd: " + err.Error(), Err: err}
 		}
+	}
+	var got string
+	got, head, err = hashSealed(mfd, copied)
+	if err != nil {
+		return nil, 0, nil, &Fault{Kind: KindSpawn, Op: OpSpawn, Detail: "hashing the memfd: " + err.Error(), Err: err}
+	}
+	if got != want {
+		return nil, 0, nil, &Fault{Kind: KindRefused, Op: OpSpawn, Reason: ReasonVerificationFailed,
+			Detail: fmt.Sprintf("artifact digest mismatch: %s hashes to %s, the plan says %s", path, got, want)}
 	}
 	// Exec refuses a file open for writing (ETXTBSY): hand the child a
 	// read-only descriptor of the same sealed memory, and close this one.
 	ro, err := os.OpenFile("/proc/self/fd/"+strconv.Itoa(int(mem.Fd())), os.O_RDONLY, 0)
 	if err != nil {
-		return nil, "", &Fault{Kind: KindSpawn, Op: OpSpawn, Detail: "reopening the memfd read-only: " + err.Error(), Err: err}
+		return nil, 0, nil, &Fault{Kind: KindSpawn, Op: OpSpawn, Detail: "reopening the memfd read-only: " + err.Error(), Err: err}
 	}
-	return ro, interpreter, nil
+	return ro, copied, head, nil
 }
 
 // checkInterpreter returns the interpreter of a #! script, refusing one that
@@ -159,4 +148,24 @@ func rehash(path, want string) error {
 		return fmt.Errorf("%s now hashes to %s, verified as %s", path, got, want)
 	}
 	return nil
+}
+
+// hashSealed hashes the first size bytes of a sealed memfd through a
+// read-only mapping (no copy), and returns its first bytes for the #!
+// check.
+func hashSealed(fd int, size int64) (digest string, head []byte, err error) {
+	if size == 0 {
+		sum := sha256.Sum256(nil)
+		return strictjson.DigestPrefix + hex.EncodeToString(sum[:]), nil, nil
+	}
+	m, err := unix.Mmap(fd, 0, int(size), unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		return "", nil, err
+	}
+	defer unix.Munmap(m)
+	h := sha256.New()
+	for off := 0; off < len(m); off += hashBufferBytes {
+		h.Write(m[off:min(off+hashBufferBytes, len(m))])
+	}
+	return strictjson.DigestPrefix + hex.EncodeToString(h.Sum(nil)), bytes.Clone(m[:min(len(m), shebangBytes)]), nil
 }

@@ -44,6 +44,7 @@ type Process struct {
 	errs   *ring
 
 	reqMu sync.Mutex // serializes requests
+	wbuf  []byte     // the request frame buffer, reused (guarded by reqMu)
 
 	mu         sync.Mutex
 	nextID     uint64
@@ -55,19 +56,16 @@ type Process struct {
 	stdinBytes int64
 	stateOps   int
 	fault      *Fault
-	closedBy   error // ErrClosed when the host closed it, nil when stopped cleanly
-	lastFrame  []byte
 
-	exited    chan struct{} // the leader exited (not yet reaped)
-	exit      Exit
-	verified  chan struct{} // the re-hash after start finished
-	verifyErr error
-	recorded  chan struct{} // the durable record is written (or failed)
-	record    string
-	recErr    error
+	exited   chan struct{} // the leader exited (not yet reaped)
+	exit     Exit
+	verified chan struct{} // the re-hash after start finished
+	recorded chan struct{} // the durable record is written (or failed)
+	record   string
+	recErr   error
 
-	stdoutDone, stderrDone chan struct{}
-	lifetime               *time.Timer
+	stdoutDone, stderrDone, watchDone chan struct{}
+	lifetime                          *time.Timer
 
 	teardownOnce sync.Once
 	done         chan struct{}
@@ -103,7 +101,7 @@ func newProcess(e *Executor, plan activation.LaunchPlan, v protocol.Version, g g
 		group: g, interpreter: interpreter, startedAt: time.Now(),
 		pidfd: pidfd, stdin: stdin, stdout: stdout, stderr: stderr, errs: newRing(plan.EvidenceLimits().StderrBytes),
 		exited: make(chan struct{}), verified: make(chan struct{}), recorded: make(chan struct{}),
-		stdoutDone: make(chan struct{}), stderrDone: make(chan struct{}), done: make(chan struct{}),
+		stdoutDone: make(chan struct{}), stderrDone: make(chan struct{}), watchDone: make(chan struct{}), done: make(chan struct{}),
 	}
 }
 
@@ -116,8 +114,10 @@ func (p *Process) start() {
 	go p.watchExit()
 	go func() {
 		defer close(p.verified)
+		if beforeRehash != nil {
+			beforeRehash(p)
+		}
 		if err := rehash(p.plan.Executable(), p.plan.ArtifactSHA256()); err != nil {
-			p.verifyErr = err
 			p.fail(&Fault{Kind: KindTampered, Op: OpVerify, Reason: ReasonVerificationFailed, Detail: "the artifact changed after verification: " + err.Error(), Err: err})
 		}
 	}()
@@ -407,6 +407,9 @@ func (p *Process) refuse(op protocol.Operation) error {
 
 var errDead = errors.New("dead")
 
+// beforeRehash, when set by a test, runs before the re-hash after start.
+var beforeRehash func(*Process)
+
 // deadErr is what a request to a dead process returns: its fault, or
 // ErrClosed.
 func (p *Process) deadErr() error {
@@ -441,15 +444,20 @@ func (p *Process) exchange(ctx context.Context, payload protocol.RequestPayload,
 	}
 	p.mu.Unlock()
 
-	line, err := protocol.MarshalRequest(req, p.version, &p.contracts)
+	if err := req.Validate(p.version, &p.contracts); err != nil {
+		return nil, &Fault{Kind: KindInvalidRequest, Op: string(op), Reason: invalidReason(err), Detail: "request refused before writing: " + err.Error(), Err: err}
+	}
+	// Encode into the process's buffer (requests are serialized by reqMu):
+	// a 500 KiB input is not copied into a fresh allocation every time.
+	line, err := protocol.AppendRequest(p.wbuf[:0], req)
+	if err == nil && len(line) > protocol.MaxFrameBytes {
+		err = fmt.Errorf("frame of %d bytes exceeds %d", len(line), protocol.MaxFrameBytes)
+	}
 	if err != nil {
-		kind := KindInvalidRequest
-		if protocol.KindOf(err) == protocol.ErrTooLarge {
-			kind = KindInvalidRequest
-		}
-		return nil, &Fault{Kind: kind, Op: string(op), Reason: invalidReason(err), Detail: "request refused before writing: " + err.Error(), Err: err}
+		return nil, &Fault{Kind: KindInvalidRequest, Op: string(op), Reason: invalidReason(err), Detail: "request refused before writing: " + err.Error(), Err: err}
 	}
 	line = append(line, '\n')
+	p.wbuf = line
 
 	p.mu.Lock()
 	if p.dying {
@@ -500,6 +508,11 @@ func (p *Process) exchange(ctx context.Context, payload protocol.RequestPayload,
 		}
 		return resp, nil
 	case <-p.done:
+		select {
+		case resp := <-pend.reply:
+			return resp, nil // answered, then died: the answer stands
+		default:
+		}
 		return nil, p.deadErr()
 	case <-timer.C:
 		return nil, p.kill(&Fault{Kind: KindTimeout, Op: string(op), Detail: fmt.Sprintf("no %s response within %v", op.Success(), timeout)})
@@ -560,8 +573,6 @@ func (p *Process) beginTeardown(f *Fault, graceful bool) {
 	p.dying = true
 	if f != nil {
 		p.fault = f
-	} else if !graceful {
-		p.closedBy = ErrClosed
 	}
 	p.mu.Unlock()
 	p.teardownOnce.Do(func() { go p.teardown(graceful) })
@@ -629,6 +640,11 @@ func (p *Process) teardown(graceful bool) {
 	p.stderr.Close()
 	<-p.stdoutDone
 	<-p.stderrDone
+	select {
+	case <-p.watchDone:
+	case <-time.After(p.ex.cfg.KillTimeout):
+		// Only a leader that never exited (Unreaped) keeps the watcher.
+	}
 	p.pidfd.Close()
 
 	<-p.recorded
@@ -652,15 +668,20 @@ func (p *Process) teardown(graceful bool) {
 	} else if graceful {
 		runErr = ErrRunCancelled
 	}
-	if p.run != nil {
-		p.run.finish(nil, runErr)
-		p.run = nil
-	}
+	run := p.run
+	p.run = nil
 	p.pending = nil
 	p.report = rep
 	p.mu.Unlock()
 	p.ex.forget(p)
 	close(p.done)
+	// The run ends after Done: whoever learns of the fault from the run
+	// finds the group already gone.
+	if run != nil {
+		p.mu.Lock()
+		run.finish(nil, runErr)
+		p.mu.Unlock()
+	}
 }
 
 // control runs fn with the pidfd.
@@ -675,6 +696,7 @@ func (p *Process) control(fn func(fd int)) {
 // watchExit waits (without reaping) for the leader to exit. An exit nobody
 // asked for is a fault at once, even while idle.
 func (p *Process) watchExit() {
+	defer close(p.watchDone)
 	rc, err := p.pidfd.SyscallConn()
 	if err == nil {
 		err = rc.Read(func(fd uintptr) bool {
@@ -858,12 +880,11 @@ func (p *Process) onObservation(o *protocol.Observation, line []byte) *Fault {
 			Detail: fmt.Sprintf("run %q sent %d observations, more than evidence_limits.observations %d", run.ID, run.count, p.limits.Observations)}
 	}
 	run.lastSeq = o.Sequence
+	run.deliver(o)
 	if o.Terminal {
 		run.finish(o, nil)
 		p.run = nil
-		return nil
 	}
-	run.obs <- *o // buffered to the observation limit: never blocks
 	return nil
 }
 

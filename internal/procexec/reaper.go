@@ -76,11 +76,32 @@ func reaperLoop(sig <-chan os.Signal, kick <-chan struct{}) {
 	for {
 		select {
 		case <-sig:
+			childChanged()
 		case <-kick:
 		case <-tick.C:
 		}
 		reapOrphans()
 	}
+}
+
+// childEvents is closed (and replaced) whenever SIGCHLD arrives: a group
+// sweep waits on it instead of polling blindly.
+var childEvents = struct {
+	sync.Mutex
+	ch chan struct{}
+}{ch: make(chan struct{})}
+
+func childChanged() {
+	childEvents.Lock()
+	close(childEvents.ch)
+	childEvents.ch = make(chan struct{})
+	childEvents.Unlock()
+}
+
+func nextChildEvent() <-chan struct{} {
+	childEvents.Lock()
+	defer childEvents.Unlock()
+	return childEvents.ch
 }
 
 func kickReaper() {
@@ -175,11 +196,13 @@ func kickLater() {
 	})
 }
 
-// reapPID reaps one child that is known to be a zombie (caller holds
-// reaper.mu).
-func reapPID(pid int) {
+// reapPID reaps one child that /proc shows as a zombie (caller holds
+// reaper.mu) and reports whether it did. A zombie leader whose other
+// threads are still exiting shows 'Z' but cannot be reaped yet.
+func reapPID(pid int) bool {
 	var info siginfo
-	waitid(unix.P_PID, pid, &info, unix.WEXITED|unix.WNOHANG)
+	err := waitid(unix.P_PID, pid, &info, unix.WEXITED|unix.WNOHANG)
+	return err == nil && info.Pid == int32(pid) || err == syscall.ECHILD
 }
 
 // siginfo is the part of siginfo_t that waitid fills for a child.
@@ -205,6 +228,7 @@ type Exit struct {
 	Signal syscall.Signal
 }
 
+// String is "exit status N" or "killed by signal N (name)".
 func (e Exit) String() string {
 	if e.Exited {
 		return fmt.Sprintf("exit status %d", e.Code)
@@ -244,8 +268,10 @@ func waitid(idtype, id int, info *siginfo, options int) error {
 // every pass anyway (the leader still pins the pgid). It returns the pids
 // still present at the deadline.
 func sweepGroup(pgid, leader int, deadline time.Time) []int {
-	wait := 50 * time.Microsecond
 	for {
+		// Subscribe before scanning, so that a child dying during the scan
+		// wakes the wait below.
+		event := nextChildEvent()
 		syscall.Kill(-pgid, syscall.SIGKILL)
 		members, err := groupMembers(pgid)
 		if err != nil {
@@ -263,8 +289,7 @@ func sweepGroup(pgid, leader int, deadline time.Time) []int {
 		reaped := 0
 		reaper.mu.Lock()
 		for _, m := range others {
-			if m.ppid == reaper.self && m.state == 'Z' {
-				reapPID(m.pid)
+			if m.ppid == reaper.self && m.state == 'Z' && reapPID(m.pid) {
 				reaped++
 			}
 		}
@@ -281,7 +306,14 @@ func sweepGroup(pgid, leader int, deadline time.Time) []int {
 			}
 			return left
 		}
-		time.Sleep(wait)
-		wait = min(2*wait, 5*time.Millisecond)
+		// A member dies (or is re-parented dead) with a SIGCHLD to this
+		// process; a member whose parent is another member dies without
+		// one, so do not wait long for it.
+		timer := time.NewTimer(time.Millisecond)
+		select {
+		case <-event:
+		case <-timer.C:
+		}
+		timer.Stop()
 	}
 }

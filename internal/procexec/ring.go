@@ -22,6 +22,7 @@ func newRing(size int64) *ring {
 	return &ring{buf: make([]byte, 0, size), size: int(size)}
 }
 
+// Write keeps the newest bytes of p and counts the ones pushed out.
 func (r *ring) Write(p []byte) (int, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()

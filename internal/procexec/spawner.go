@@ -67,6 +67,7 @@ func spawnerLoop(reqs <-chan spawnRequest, ready chan<- error) {
 	spawner.capsDropped = dropBoundingSet() == nil
 	ready <- nil
 	for req := range reqs {
+		closeOnExecAll()
 		pidfd := -1
 		req.attr.Sys.PidFD = &pidfd
 		pid, err := syscall.ForkExec(req.argv[0], req.argv[1:len(req.argv):len(req.argv)], req.attr)
@@ -97,4 +98,29 @@ func dropBoundingSet() error {
 		}
 	}
 	return nil
+}
+
+// closeOnExecAll marks every descriptor of the manager above stderr
+// close-on-exec. Go opens all of its own descriptors that way, but a
+// manager can inherit descriptors that are not (a shell's, a job server's),
+// and a fork would pass them to every provider: the provider must get
+// exactly fds 0-3.
+func closeOnExecAll() {
+	d, err := os.Open("/proc/self/fd")
+	if err != nil {
+		return
+	}
+	names, _ := d.Readdirnames(-1)
+	self := int(d.Fd())
+	for _, n := range names {
+		fd, err := strconv.Atoi(n)
+		if err != nil || fd <= 2 || fd == self {
+			continue
+		}
+		flags, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0)
+		if err == nil && flags&unix.FD_CLOEXEC == 0 {
+			unix.FcntlInt(uintptr(fd), unix.F_SETFD, flags|unix.FD_CLOEXEC)
+		}
+	}
+	d.Close()
 }

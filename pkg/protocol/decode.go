@@ -28,7 +28,6 @@ func DecodeRequest(frame []byte) (*Request, error) {
 		return nil, err
 	}
 	var r Request
-	var payload jsontext.Value
 	seen, err := d.members("", envelopeNames, 0, func(i int, p string) (err error) {
 		switch i {
 		case 0:
@@ -40,7 +39,13 @@ func DecodeRequest(frame []byte) (*Request, error) {
 		case 3:
 			r.Module, err = d.string(p)
 		case 4:
-			payload, err = d.raw(p)
+			err = d.payload(p, "operation", func(d *decoder, tag string) (err error) {
+				r.Payload, err = readRequestPayload(d, p, tag, 1)
+				return err
+			}, func(raw jsontext.Value) (err error) {
+				r.Payload, err = decodeRequestPayload(raw)
+				return err
+			})
 		}
 		return err
 	})
@@ -51,10 +56,6 @@ func DecodeRequest(frame []byte) (*Request, error) {
 		return nil, err
 	}
 	if err := d.end(); err != nil {
-		return nil, err
-	}
-	r.Payload, err = decodeRequestPayload(payload)
-	if err != nil {
 		return nil, err
 	}
 	return &r, nil
@@ -73,7 +74,7 @@ func DecodeFrame(frame []byte) (Frame, error) {
 	}
 	var (
 		env     Envelope
-		payload jsontext.Value
+		payload ResponsePayload
 		obs     Observation
 	)
 	seen, err := d.members("", frameNames, 0, func(i int, p string) (err error) {
@@ -87,7 +88,13 @@ func DecodeFrame(frame []byte) (Frame, error) {
 		case 3:
 			env.Module, err = d.string(p)
 		case 4:
-			payload, err = d.raw(p)
+			err = d.payload(p, "result", func(d *decoder, tag string) (err error) {
+				payload, err = readResponsePayload(d, p, tag, 1)
+				return err
+			}, func(raw jsontext.Value) (err error) {
+				payload, err = decodeResponsePayload(raw)
+				return err
+			})
 		case 5:
 			obs.RunID, err = d.string(p)
 		case 6:
@@ -118,11 +125,7 @@ func DecodeFrame(frame []byte) (Frame, error) {
 		if err := requireAll("", frameNames, seen, responseMembers); err != nil {
 			return Frame{}, err
 		}
-		p, err := decodeResponsePayload(payload)
-		if err != nil {
-			return Frame{}, err
-		}
-		return Frame{Response: &Response{Envelope: env, Payload: p}}, nil
+		return Frame{Response: &Response{Envelope: env, Payload: payload}}, nil
 	}
 	if err := onlyMembers("", frameNames, seen, observationMembers, "an observation (a frame without request_id)"); err != nil {
 		return Frame{}, err
@@ -179,16 +182,13 @@ var responseNames = map[Result][]string{
 	ResultFailed:      {"result", "code", "message"},
 }
 
+// decodeRequestPayload decodes a payload whose tag is not its first member
+// (findTag, then a second pass).
 func decodeRequestPayload(raw jsontext.Value) (RequestPayload, error) {
 	const ptr = "/payload"
 	tag, fast, err := findTag(raw, ptr, "operation")
 	if err != nil {
 		return nil, err
-	}
-	op := Operation(tag)
-	names, ok := requestNames[op]
-	if !ok {
-		return nil, errorf(ErrMalformed, ptr+"/operation", "unknown operation %q", tag)
 	}
 	d := newDecoder(raw)
 	_ = d.open(ptr) // findTag has checked it is an object
@@ -202,6 +202,18 @@ func decodeRequestPayload(raw jsontext.Value) (RequestPayload, error) {
 			return nil, d.wrap(err)
 		}
 		seen = 1
+	}
+	return readRequestPayload(d, ptr, tag, seen)
+}
+
+// readRequestPayload reads the members of a request payload tagged tag,
+// from a decoder inside its object (seen has bit 0 set if the tag member
+// was read already).
+func readRequestPayload(d *decoder, ptr, tag string, seen uint64) (RequestPayload, error) {
+	op := Operation(tag)
+	names, ok := requestNames[op]
+	if !ok {
+		return nil, errorf(ErrMalformed, ptr+"/operation", "unknown operation %q", tag)
 	}
 	var read func(i int, p string) error
 	var payload RequestPayload
@@ -254,6 +266,7 @@ func decodeRequestPayload(raw jsontext.Value) (RequestPayload, error) {
 				r.InputSchema, err = d.contract(p)
 			case 5:
 				r.Input, err = d.raw(p)
+				r.decoded = r.Input
 			case 6:
 				r.DeadlineMs, err = d.uint(p)
 			}
@@ -366,7 +379,7 @@ func decodeRequestPayload(raw jsontext.Value) (RequestPayload, error) {
 			return err
 		}
 	}
-	seen, err = d.members(ptr, names, seen, read)
+	seen, err := d.members(ptr, names, seen, read)
 	if err != nil {
 		return nil, err
 	}
@@ -376,16 +389,13 @@ func decodeRequestPayload(raw jsontext.Value) (RequestPayload, error) {
 	return payload, nil
 }
 
+// decodeResponsePayload decodes a payload whose tag is not its first
+// member.
 func decodeResponsePayload(raw jsontext.Value) (ResponsePayload, error) {
 	const ptr = "/payload"
 	tag, fast, err := findTag(raw, ptr, "result")
 	if err != nil {
 		return nil, err
-	}
-	res := Result(tag)
-	names, ok := responseNames[res]
-	if !ok {
-		return nil, errorf(ErrMalformed, ptr+"/result", "unknown result %q", tag)
 	}
 	d := newDecoder(raw)
 	_ = d.open(ptr)
@@ -398,6 +408,16 @@ func decodeResponsePayload(raw jsontext.Value) (ResponsePayload, error) {
 			return nil, d.wrap(err)
 		}
 		seen = 1
+	}
+	return readResponsePayload(d, ptr, tag, seen)
+}
+
+// readResponsePayload is readRequestPayload for responses.
+func readResponsePayload(d *decoder, ptr, tag string, seen uint64) (ResponsePayload, error) {
+	res := Result(tag)
+	names, ok := responseNames[res]
+	if !ok {
+		return nil, errorf(ErrMalformed, ptr+"/result", "unknown result %q", tag)
 	}
 	tagMember := func(p string) error {
 		s, err := d.string(p)
@@ -499,7 +519,7 @@ func decodeResponsePayload(raw jsontext.Value) (ResponsePayload, error) {
 			return err
 		}
 	}
-	seen, err = d.members(ptr, names, seen, read)
+	seen, err := d.members(ptr, names, seen, read)
 	if err != nil {
 		return nil, err
 	}
@@ -507,6 +527,48 @@ func decodeResponsePayload(raw jsontext.Value) (ResponsePayload, error) {
 		return nil, err
 	}
 	return payload, nil
+}
+
+// payload reads a payload object in the frame's own pass when its tag is
+// its first member (what every encoder here writes); otherwise it skips
+// the object and decodes its bytes again with the tag found first.
+func (d *decoder) payload(ptr, tagName string, inline func(d *decoder, tag string) error, slow func(raw jsontext.Value) error) error {
+	if k := d.d.PeekKind(); k != '{' {
+		return d.wrongKind(ptr, "a payload object", k)
+	}
+	if _, err := d.d.ReadToken(); err != nil {
+		return d.wrap(err)
+	}
+	start := d.d.InputOffset() - 1
+	if d.d.PeekKind() == '"' {
+		name, err := d.d.ReadToken()
+		if err != nil {
+			return d.wrap(err)
+		}
+		if name.String() == tagName {
+			tag, err := d.string(ptr + "/" + tagName)
+			if err != nil {
+				return err
+			}
+			return inline(d, tag)
+		}
+		if err := d.d.SkipValue(); err != nil {
+			return d.wrap(err)
+		}
+	}
+	for d.d.PeekKind() == '"' {
+		if _, err := d.d.ReadToken(); err != nil {
+			return d.wrap(err)
+		}
+		if err := d.d.SkipValue(); err != nil {
+			return d.wrap(err)
+		}
+	}
+	if _, err := d.d.ReadToken(); err != nil { // '}'
+		return d.wrap(err)
+	}
+	end := d.d.InputOffset()
+	return slow(jsontext.Value(d.src[start:end:end]))
 }
 
 // findTag returns the string value of the payload's tag member. fast is true

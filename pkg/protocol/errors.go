@@ -24,6 +24,7 @@ const (
 	ErrMismatch
 )
 
+// String names the kind.
 func (k ErrorKind) String() string {
 	switch k {
 	case ErrMalformed:
@@ -50,6 +51,7 @@ type Error struct {
 	Reason string
 }
 
+// Error says what kind of rejection, where and why.
 func (e *Error) Error() string {
 	where := e.Pointer
 	if where == "" {

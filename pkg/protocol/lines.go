@@ -13,6 +13,9 @@ type LineReader struct {
 	r   *bufio.Reader
 	max int
 	err error
+	// scratch gathers a frame longer than the buffer; it is kept for the
+	// next one (it never grows past the cap).
+	scratch []byte
 }
 
 // NewLineReader reads frames of at most max bytes (the newline not counted)
@@ -47,10 +50,12 @@ func (lr *LineReader) Next() ([]byte, error) {
 				return append([]byte(nil), chunk[:len(chunk)-1]...), nil
 			}
 			line = append(line, chunk[:len(chunk)-1]...)
-			return line, nil
+			frame := append(make([]byte, 0, len(line)), line...)
+			lr.scratch = line[:0] // at most the cap: kept for the next large frame
+			return frame, nil
 		case errors.Is(err, bufio.ErrBufferFull):
 			if line == nil {
-				line = make([]byte, 0, 2*len(chunk))
+				line = lr.scratch[:0]
 			}
 			line = append(line, chunk...)
 		case errors.Is(err, io.EOF):

@@ -168,6 +168,10 @@ type StartRequest struct {
 	Input jsontext.Value
 	// DeadlineMs is > 0 and at most the manifest's runtime_deadline_ms.
 	DeadlineMs uint64
+
+	// decoded is Input as the strict decoder returned it: Validate need not
+	// parse it again while Input is still that very slice.
+	decoded jsontext.Value
 }
 
 // CancelRequest addresses one run.

@@ -197,7 +197,12 @@ func (r *Request) Validate(v Version, contracts *ModuleContracts) error {
 		if err := contract("/payload/input_schema", p.InputSchema, c.Consumer); err != nil {
 			return err
 		}
-		if err := check(ErrMalformed, "/payload/input", ValidPayload(p.Input, MaxPayloadBytes)); err != nil {
+		if sameBytes(p.Input, p.decoded) {
+			// Strictly decoded already: only its size is left to check.
+			if len(p.Input) > MaxPayloadBytes {
+				return errorf(ErrTooLarge, "/payload/input", "%d bytes exceed %d", len(p.Input), MaxPayloadBytes)
+			}
+		} else if err := check(ErrMalformed, "/payload/input", ValidPayload(p.Input, MaxPayloadBytes)); err != nil {
 			return err
 		}
 		return deadline(p.DeadlineMs)
@@ -348,4 +353,9 @@ func (s *State) validate(ptr, module string, contracts *ModuleContracts) error {
 		return errorf(ErrMismatch, ptr+"/state_sha256", "claims %s, the state's digest is %s", s.StateSHA256, digest)
 	}
 	return nil
+}
+
+// sameBytes reports whether a and b are the very same slice.
+func sameBytes(a, b []byte) bool {
+	return len(a) == len(b) && len(a) > 0 && &a[0] == &b[0]
 }

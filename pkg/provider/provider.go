@@ -136,6 +136,7 @@ type Error struct {
 	Message string
 }
 
+// Error is "code: message".
 func (e *Error) Error() string { return e.Code + ": " + e.Message }
 
 // Failf returns an *Error with code and a formatted message.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"sync"
 	"time"
 	"unicode/utf8"
@@ -28,44 +29,53 @@ func Serve(ctx context.Context, in io.Reader, out io.Writer, p Provider) error {
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-
-	type lineOrErr struct {
-		line []byte
-		err  error
+	// Requests are read and handled by one goroutine at a time, with no
+	// hand-off between reading and answering; a start hands reading over to
+	// a new goroutine and runs the run itself, at once. Serve only waits for
+	// the reading to end, a fatal run error or ctx. (After a fatal error or
+	// ctx, the reader ends when in does: a provider process exits.)
+	loop := make(chan error, 1)
+	go s.readLoop(ctx, protocol.NewLineReader(in, protocol.MaxFrameBytes), loop)
+	select {
+	case err := <-loop:
+		return err
+	case err := <-s.fatal:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
 	}
-	lines := make(chan lineOrErr)
-	go func() {
-		lr := protocol.NewLineReader(in, protocol.MaxFrameBytes)
-		for {
-			line, err := lr.Next()
-			select {
-			case lines <- lineOrErr{line, err}:
-			case <-ctx.Done():
-				return
-			}
-			if err != nil {
-				return
-			}
-		}
-	}()
-	defer s.endRun("provider shutting down")
+}
+
+// readLoop reads and handles requests until the provider stops, in ends, or
+// a start hands the reading to a new readLoop (this goroutine then runs the
+// run).
+func (s *server) readLoop(ctx context.Context, lr *protocol.LineReader, loop chan<- error) {
 	for {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case err := <-s.fatal:
-			return err
-		case l := <-lines:
-			if l.err != nil {
-				if errors.Is(l.err, io.EOF) {
-					return io.ErrUnexpectedEOF
-				}
-				return fmt.Errorf("provider: reading a request: %w", l.err)
+		line, err := lr.Next()
+		if err != nil {
+			s.endRun("provider shutting down")
+			if errors.Is(err, io.EOF) {
+				loop <- io.ErrUnexpectedEOF
+			} else {
+				loop <- fmt.Errorf("provider: reading a request: %w", err)
 			}
-			stop, err := s.handle(ctx, l.line)
-			if err != nil || stop {
-				return err
-			}
+			return
+		}
+		if ctx.Err() != nil {
+			s.endRun("provider shutting down")
+			loop <- ctx.Err()
+			return
+		}
+		stop, run, err := s.handle(ctx, line)
+		if run != nil {
+			go s.readLoop(ctx, lr, loop)
+			run()
+			return
+		}
+		if err != nil || stop {
+			s.endRun("provider shutting down")
+			loop <- err
+			return
 		}
 	}
 }
@@ -77,8 +87,13 @@ type server struct {
 	out     io.Writer
 	fatal   chan error
 
-	wmu sync.Mutex
-	buf []byte
+	// wmu guards wbuf, the frames not yet written. A start's "started" is
+	// held there (holdNext) until the next frame is written (the run's
+	// first observation, usually) or a short timer: a quick run then
+	// crosses the pipe in one write and wakes the host once.
+	wmu      sync.Mutex
+	wbuf     []byte
+	holdNext bool
 
 	loaded            bool
 	module, impl      string
@@ -87,21 +102,29 @@ type server struct {
 	run *Run
 }
 
-// handle answers one request; stop is true once "stopped" has been written.
-func (s *server) handle(ctx context.Context, line []byte) (stop bool, err error) {
+// handle answers one request; stop is true once "stopped" has been written;
+// run, for a start, is the run to perform (by the caller, at once).
+func (s *server) handle(ctx context.Context, line []byte) (stop bool, run func(), err error) {
 	req, err := protocol.DecodeRequest(line)
 	if err != nil {
 		// Without a decodable envelope there is nothing to correlate a
 		// failure with: the host wrote a frame no host should write.
-		return false, fmt.Errorf("provider: undecodable request: %w", err)
+		return false, nil, fmt.Errorf("provider: undecodable request: %w", err)
 	}
 	env := req.Envelope
-	fail := func(code, format string, args ...any) (bool, error) {
-		return false, s.respond(env, &protocol.Failed{Code: code, Message: fmt.Sprintf(format, args...)})
+	fail := func(code, format string, args ...any) (bool, func(), error) {
+		return false, nil, s.respond(env, &protocol.Failed{Code: code, Message: fmt.Sprintf(format, args...)})
 	}
 	if err := req.Validate(s.version, nil); err != nil {
-		if protocol.KindOf(err) == protocol.ErrInvalid && req.Payload != nil && !req.Payload.Operation().SupportedBy(s.version) {
+		var pe *protocol.Error
+		errors.As(err, &pe)
+		switch {
+		case req.Payload != nil && !req.Payload.Operation().SupportedBy(s.version):
 			return fail("unsupported_operation", "%v", err)
+		case pe != nil && (strings.HasPrefix(pe.Pointer, "/payload/state") || strings.HasPrefix(pe.Pointer, "/payload/source")):
+			// A state whose digest, lineage or size is wrong never reaches
+			// the provider.
+			return fail("invalid_state", "%v", err)
 		}
 		return fail("invalid_request", "%v", err)
 	}
@@ -119,32 +142,31 @@ func (s *server) handle(ctx context.Context, line []byte) (stop bool, err error)
 	case *protocol.LoadRequest:
 		load := &Load{Version: s.version, Module: env.Module, ImplementationID: env.ImplementationID, Request: r}
 		if err := s.p.Load(ctx, load); err != nil {
-			return false, s.respondError(env, err)
+			return false, nil, s.respondError(env, err)
 		}
 		s.loaded, s.module, s.impl, s.observationSchema = true, env.Module, env.ImplementationID, r.ObservationSchema
-		return false, s.respond(env, &protocol.Loaded{ProviderContract: r.ProviderContract, ObservationSchema: r.ObservationSchema})
+		return false, nil, s.respond(env, &protocol.Loaded{ProviderContract: r.ProviderContract, ObservationSchema: r.ObservationSchema})
 	case *protocol.StartRequest:
 		if s.run != nil && !s.run.finished() {
 			return fail("run_active", "run %q is active", s.run.ID)
 		}
-		s.startRun(ctx, env, r)
-		return false, nil
+		return false, s.startRun(ctx, env, r), nil
 	case *protocol.CancelRequest:
 		if s.run != nil && s.run.ID == r.RunID {
 			s.endRun(r.Reason)
 		}
 		if err := s.p.Cancel(ctx, r.RunID, r.Reason); err != nil {
-			return false, s.respondError(env, err)
+			return false, nil, s.respondError(env, err)
 		}
-		return false, s.respond(env, &protocol.Cancelled{RunID: r.RunID})
+		return false, nil, s.respond(env, &protocol.Cancelled{RunID: r.RunID})
 	case *protocol.StopRequest:
 		s.endRun(r.Reason)
 		if st, ok := s.p.(Stopper); ok {
 			if err := st.Stop(ctx, r.Reason); err != nil {
-				return false, s.respondError(env, err)
+				return false, nil, s.respondError(env, err)
 			}
 		}
-		return true, s.respond(env, &protocol.Stopped{})
+		return true, nil, s.respond(env, &protocol.Stopped{})
 	}
 	// State operations: protocol 2 only (Validate refused them for v1), never
 	// while a run is active.
@@ -158,47 +180,41 @@ func (s *server) handle(ctx context.Context, line []byte) (stop bool, err error)
 		lineage := Lineage{Module: s.module, RunID: r.RunID, Generation: r.Generation, Schema: r.StateSchema}
 		raw, err := s.sp.Snapshot(sctx, lineage)
 		if err != nil {
-			return false, s.respondError(env, err)
+			return false, nil, s.respondError(env, err)
 		}
 		st, err := s.state(raw, lineage)
 		if err != nil {
-			return false, s.respondError(env, err)
+			return false, nil, s.respondError(env, err)
 		}
-		return false, s.respond(env, &protocol.Snapshotted{State: st})
+		return false, nil, s.respond(env, &protocol.Snapshotted{State: st})
 	case *protocol.MigrateRequest:
-		if err := r.Source.Validate(s.module, nil); err != nil {
-			return fail("invalid_state", "%v", err)
-		}
 		sctx, cancel := withDeadlineMs(ctx, r.DeadlineMs)
 		defer cancel()
 		target := Lineage{Module: s.module, RunID: r.Source.RunID, Generation: r.TargetGeneration, Schema: r.Source.StateSchema}
 		raw, err := s.sp.Migrate(sctx, &r.Source, target)
 		if err != nil {
-			return false, s.respondError(env, err)
+			return false, nil, s.respondError(env, err)
 		}
 		st, err := s.state(raw, target)
 		if err != nil {
-			return false, s.respondError(env, err)
+			return false, nil, s.respondError(env, err)
 		}
-		return false, s.respond(env, &protocol.Migrated{State: st})
+		return false, nil, s.respond(env, &protocol.Migrated{State: st})
 	case *protocol.RestoreRequest:
-		if err := r.State.Validate(s.module, nil); err != nil {
-			return fail("invalid_state", "%v", err)
-		}
 		sctx, cancel := withDeadlineMs(ctx, r.DeadlineMs)
 		defer cancel()
 		if err := s.sp.Restore(sctx, &r.State); err != nil {
-			return false, s.respondError(env, err)
+			return false, nil, s.respondError(env, err)
 		}
-		return false, s.respond(env, &protocol.Restored{RunID: r.State.RunID, Generation: r.State.Generation, StateSchema: r.State.StateSchema, StateSHA256: r.State.StateSHA256})
+		return false, nil, s.respond(env, &protocol.Restored{RunID: r.State.RunID, Generation: r.State.Generation, StateSchema: r.State.StateSchema, StateSHA256: r.State.StateSHA256})
 	case *protocol.ReadinessRequest:
 		sctx, cancel := withDeadlineMs(ctx, r.DeadlineMs)
 		defer cancel()
 		lineage := Lineage{Module: s.module, RunID: r.RunID, Generation: r.Generation, Schema: r.StateSchema}
 		if err := s.sp.Readiness(sctx, lineage, r.StateSHA256); err != nil {
-			return false, s.respondError(env, err)
+			return false, nil, s.respondError(env, err)
 		}
-		return false, s.respond(env, &protocol.Ready{RunID: r.RunID, Generation: r.Generation, StateSchema: r.StateSchema, StateSHA256: r.StateSHA256})
+		return false, nil, s.respond(env, &protocol.Ready{RunID: r.RunID, Generation: r.Generation, StateSchema: r.StateSchema, StateSHA256: r.StateSHA256})
 	}
 	return fail("invalid_request", "unsupported operation %s", op)
 }
@@ -240,24 +256,49 @@ func (s *server) respondError(env protocol.Envelope, err error) error {
 	return s.respond(env, f)
 }
 
-// write encodes one frame and writes it, newline included, in one call.
+// write encodes one frame and writes it, newline included, in one call
+// (with the frames held before it, if any).
 func (s *server) write(encode func([]byte) ([]byte, error)) error {
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
-	b, err := encode(s.buf[:0])
+	n := len(s.wbuf)
+	b, err := encode(s.wbuf)
 	if err != nil {
+		s.wbuf = s.wbuf[:n]
 		return err
 	}
-	if len(b) > protocol.MaxFrameBytes {
-		return fmt.Errorf("provider: frame of %d bytes exceeds %d", len(b), protocol.MaxFrameBytes)
+	if len(b)-n > protocol.MaxFrameBytes {
+		s.wbuf = s.wbuf[:n]
+		return fmt.Errorf("provider: frame of %d bytes exceeds %d", len(b)-n, protocol.MaxFrameBytes)
 	}
-	b = append(b, '\n')
-	if cap(b) <= 64<<10 {
-		s.buf = b
+	s.wbuf = append(b, '\n')
+	if s.holdNext {
+		// This is a "started": keep it for the run's first frame.
+		s.holdNext = false
+		return nil
 	}
-	_, err = s.out.Write(b)
+	return s.flushLocked()
+}
+
+func (s *server) flushLocked() error {
+	if len(s.wbuf) == 0 {
+		return nil
+	}
+	_, err := s.out.Write(s.wbuf)
+	s.wbuf = s.wbuf[:0] // kept: frames are bounded (a held one and one more)
 	return err
 }
+
+// release writes a held frame, if any.
+func (s *server) release() error {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	return s.flushLocked()
+}
+
+// holdStarted bounds how long "started" waits for the run's first
+// observation.
+const holdStarted = 200 * time.Microsecond
 
 func truncateUTF8(s string, max int) string {
 	if len(s) <= max {
@@ -294,9 +335,17 @@ type Run struct {
 // Emit sends one observation (raw JSON in the module's observation schema);
 // terminal ends the run. It returns ErrRunEnded after the terminal
 // observation or once the host has cancelled the run.
+//
+// The observation's bytes are sent as they are (compacted only if they span
+// lines); they are not parsed here: the host parses every observation
+// strictly, and one that is not a single strict JSON value is a protocol
+// fault that ends the provider. EmitValue cannot produce one.
 func (r *Run) Emit(observation jsontext.Value, terminal bool) error {
-	if err := protocol.ValidPayload(observation, protocol.MaxPayloadBytes); err != nil {
-		return fmt.Errorf("provider: observation: %w", err)
+	if len(observation) == 0 {
+		return fmt.Errorf("provider: observation: empty")
+	}
+	if len(observation) > protocol.MaxPayloadBytes {
+		return fmt.Errorf("provider: observation of %d bytes exceeds %d", len(observation), protocol.MaxPayloadBytes)
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -326,17 +375,14 @@ func (r *Run) EmitValue(v any, terminal bool) error {
 	return r.Emit(b, terminal)
 }
 
-// finished reports whether the run is over. A run that emitted its terminal
-// observation is over for the host, which may send its next request at
-// once, possibly before the run's Start has returned: wait for it to
-// return, so that nothing the run does overlaps that request (and the
-// request is not refused with run_active).
+// finished reports whether the run is over for the protocol: its terminal
+// observation is written (its Start may still be returning), or its Start
+// has returned.
 func (r *Run) finished() bool {
 	r.mu.Lock()
 	terminal := r.terminal
 	r.mu.Unlock()
 	if terminal {
-		<-r.done
 		return true
 	}
 	select {
@@ -347,7 +393,9 @@ func (r *Run) finished() bool {
 	}
 }
 
-func (s *server) startRun(ctx context.Context, env protocol.Envelope, req *protocol.StartRequest) {
+// startRun answers started (held for the run's first frame) and returns
+// the run's body, for the caller to run.
+func (s *server) startRun(ctx context.Context, env protocol.Envelope, req *protocol.StartRequest) func() {
 	deadline := time.Now().Add(time.Duration(req.DeadlineMs) * time.Millisecond)
 	rctx, cancel := context.WithDeadline(ctx, deadline)
 	run := &Run{
@@ -355,14 +403,27 @@ func (s *server) startRun(ctx context.Context, env protocol.Envelope, req *proto
 		s: s, env: env, cancel: cancel, done: make(chan struct{}),
 	}
 	s.run = run
+	s.wmu.Lock()
+	s.holdNext = true
+	s.wmu.Unlock()
 	if err := s.respond(env, &protocol.Started{RunID: req.RunID}); err != nil {
+		s.release()
 		cancel()
 		close(run.done)
 		s.reportFatal(err)
-		return
+		return nil
 	}
-	go func() {
+	// "started" waits in the buffer for the run's first observation (which
+	// writes both at once), or for this timer, whichever comes first.
+	hold := time.AfterFunc(holdStarted, func() {
+		if err := s.release(); err != nil {
+			s.reportFatal(err)
+		}
+	})
+	return func() {
 		defer close(run.done)
+		defer s.release() // a run that ends without emitting
+		defer hold.Stop()
 		defer cancel()
 		err := s.p.Start(rctx, run)
 		run.mu.Lock()
@@ -370,13 +431,18 @@ func (s *server) startRun(ctx context.Context, env protocol.Envelope, req *proto
 		run.ended = true
 		run.mu.Unlock()
 		switch {
-		case cancelled:
+		case cancelled, terminal:
+			// Over for the host: what Start returns afterwards changes
+			// nothing it has seen.
+		case errors.Is(rctx.Err(), context.DeadlineExceeded):
+			// The run outlived its deadline: the host times it out (and
+			// stops this provider); exiting first would only blur why.
 		case err != nil:
 			s.reportFatal(fmt.Errorf("provider: run %q failed: %w", run.ID, err))
 		case !terminal:
 			s.reportFatal(fmt.Errorf("provider: run %q returned without a terminal observation", run.ID))
 		}
-	}()
+	}
 }
 
 // endRun cancels the active run, if any, and waits for its Start to return:

@@ -262,8 +262,8 @@ func act(f *fault, op protocol.Operation) {
 	}
 }
 
-// filter rewrites the frames the SDK writes (one frame per Write) when a
-// fault fires for the request being answered.
+// filter rewrites the frames the SDK writes when a fault fires for the
+// request being answered.
 type filter struct {
 	out io.Writer
 	s   *state
@@ -272,8 +272,18 @@ type filter struct {
 }
 
 func (w *filter) Write(b []byte) (int, error) {
-	frame := bytes.TrimSuffix(b, []byte("\n"))
-	out, exitAfter := w.rewrite(frame)
+	// The SDK writes whole frames, several at once when it holds "started"
+	// for the run's first observation.
+	var out []byte
+	exitAfter := false
+	for _, frame := range bytes.SplitAfter(b, []byte("\n")) {
+		if len(frame) == 0 {
+			continue
+		}
+		rewritten, exit := w.rewrite(bytes.TrimSuffix(frame, []byte("\n")))
+		out = append(out, rewritten...)
+		exitAfter = exitAfter || exit
+	}
 	if _, err := w.out.Write(out); err != nil {
 		return 0, err
 	}

@@ -18,6 +18,10 @@ import (
 	"iteron.dev/operator/pkg/strictjson"
 )
 
+// build names the build, set with -ldflags "-X main.build=…" to make
+// binaries whose bytes differ (the executor's tests race two of them).
+var build = "A"
+
 type stateless struct{}
 
 type input struct {
@@ -42,6 +46,7 @@ func (stateless) Cancel(ctx context.Context, runID, reason string) error { retur
 
 // View is the process as the provider sees it.
 type View struct {
+	Build      string            `json:"build"`
 	Argv       []string          `json:"argv"`
 	Env        []string          `json:"env"`
 	UID        int               `json:"uid"`
@@ -55,7 +60,7 @@ type View struct {
 }
 
 func introspect() View {
-	v := View{Argv: os.Args, Env: os.Environ(), UID: os.Getuid(), EUID: os.Geteuid(), GID: os.Getgid(), EGID: os.Getegid(), Caps: map[string]string{}}
+	v := View{Build: build, Argv: os.Args, Env: os.Environ(), UID: os.Getuid(), EUID: os.Geteuid(), GID: os.Getgid(), EGID: os.Getegid(), Caps: map[string]string{}}
 	v.Groups, _ = os.Getgroups()
 	if v.Groups == nil {
 		v.Groups = []int{}

@@ -1,0 +1,38 @@
+package main
+
+import (
+	"slices"
+	"strings"
+	"testing"
+)
+
+func TestFaultyArgumentsAreParsedStrictly(t *testing.T) {
+	f, err := parse(strings.Fields("--fault fork-grandchild --at load --children 3 --fault crash --at start --skip 2 --always"))
+	if err != nil || len(f) != 2 || f[0].children != 3 || f[1].skip != 2 || !f[1].always || f[1].at != "start" {
+		t.Fatalf("parse: %+v, %v", f, err)
+	}
+	for _, bad := range []string{
+		"--at load",                 // an option before --fault
+		"--fault explode --at load", // an unknown fault
+		"--fault crash --at launch", // an unknown operation
+		"--fault crash",             // no operation
+		"--fault crash --at load --skip -1",
+		"--fault crash --at load --size",
+		"--fault crash --at load --color red",
+	} {
+		if _, err := parse(strings.Fields(bad)); err == nil {
+			t.Errorf("parse(%q) succeeded", bad)
+		}
+	}
+}
+
+func TestAFaultFiresOnceAfterItsSkipsUnlessAlways(t *testing.T) {
+	s := &state{faults: []*fault{{kind: "wrong-schema", at: "start", skip: 1}, {kind: "stderr-flood", at: "start", always: true}}}
+	var fired []int
+	for range 4 {
+		fired = append(fired, len(s.arm("start")))
+	}
+	if !slices.Equal(fired, []int{1, 2, 1, 1}) {
+		t.Fatalf("faults firing per start: %v, want [1 2 1 1]", fired)
+	}
+}
