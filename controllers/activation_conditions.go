@@ -16,6 +16,14 @@ var verificationCodes = map[string]bool{
 	iteronv1.CodeVerificationFailed: true, iteronv1.CodeUnsupportedVersion: true, iteronv1.CodeSchemaMismatch: true,
 }
 
+// stallingCodes are module reasons that need a change to clear (kstatus
+// reads them as Failed through Stalled=True).
+var stallingCodes = map[string]bool{
+	iteronv1.CodeDependencyCycle: true, iteronv1.CodeAuthorityChanged: true, iteronv1.CodeVerificationFailed: true,
+	iteronv1.CodeUnsupportedVersion: true, iteronv1.CodeSchemaMismatch: true, iteronv1.CodeLedgerCorrupt: true,
+	iteronv1.CodeRollbackFailed: true,
+}
+
 // problem is the first thing standing between an activation and Ready.
 type problem struct {
 	code, message string
@@ -90,7 +98,7 @@ func conditionsFor(s *activationScope) []metav1.Condition {
 	for _, ms := range act.Status.Modules {
 		if ms.Reason != "" {
 			degraded = true
-			note(problem{ms.Reason, fmt.Sprintf("module %s: %s", ms.Module, ms.Message), ms.Reason == iteronv1.CodeDependencyCycle})
+			note(problem{ms.Reason, fmt.Sprintf("module %s: %s", ms.Module, ms.Message), stallingCodes[ms.Reason]})
 		}
 		if ms.Phase != iteronv1.PhaseActive && notReady == "" {
 			notReady = ms.Module
@@ -99,7 +107,9 @@ func conditionsFor(s *activationScope) []metav1.Condition {
 			notReady = ms.Module
 		}
 	}
-	busy := s.haveStatus && (st.Busy || st.AppliedSpecGeneration < act.Generation)
+	// A paused spec is not applied, so the applied generation lagging is
+	// not work in progress.
+	busy := s.haveStatus && (st.Busy || st.AppliedSpecGeneration < act.Generation && !act.Spec.Paused)
 	stalled := first != nil && first.stalled
 
 	switch {

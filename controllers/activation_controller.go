@@ -19,6 +19,7 @@ import (
 
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
 	"iteron.dev/operator/internal/hotswap"
+	"iteron.dev/operator/internal/ledger"
 )
 
 // +kubebuilder:rbac:groups=iteron.dev,resources=implementationactivations,verbs=get;list;watch;update;patch
@@ -33,6 +34,7 @@ import (
 // Coordinator is what the activation controller needs of the node-local
 // coordinator (internal/hotswap.Coordinator).
 type Coordinator interface {
+	Prepare(hotswap.ActivationKey, *ledger.Anchor) error
 	Apply(hotswap.Desired) error
 	Remove(hotswap.ActivationKey) error
 	Forget(uid string) error

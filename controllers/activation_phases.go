@@ -18,6 +18,7 @@ import (
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
 	"iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/hotswap"
+	"iteron.dev/operator/internal/ledger"
 )
 
 // activationScope carries one reconcile's state between phases.
@@ -44,6 +45,16 @@ type activationScope struct {
 // reconcileResolve verifies the spec and orders its modules. A paused
 // activation is not resolved: nothing changes while paused.
 func (r *ActivationReconciler) reconcileResolve(ctx context.Context, s *activationScope) error {
+	// The ledger is replayed before anything is decided: after a restart
+	// Status then knows each module's last committed generation. The head
+	// mirrored into status must be in the chain.
+	var anchor *ledger.Anchor
+	if l := s.act.Status.Ledger; l != nil && l.HeadSHA256 != "" && l.Records > 0 {
+		anchor = &ledger.Anchor{Sequence: uint64(l.Records - 1), RecordSHA256: l.HeadSHA256}
+	}
+	if err := r.Coordinator.Prepare(s.key, anchor); err != nil {
+		r.Recorder.Eventf(s.act, nil, corev1.EventTypeWarning, iteronv1.ReasonLedgerCorrupt, "Replay", "the ledger is unusable: %v", err)
+	}
 	s.status, s.haveStatus = r.Coordinator.Status(s.key.UID)
 	if s.act.Spec.Paused {
 		return nil
@@ -303,6 +314,7 @@ func newGeneration(act *iteronv1.ImplementationActivation, rm ResolvedModule, li
 			AdmittedCapabilities: caps,
 			AuthoritySHA256:      p.AuthoritySHA256(),
 			Deadlines:            iteronv1.Deadlines{RuntimeMs: p.RuntimeDeadline().Milliseconds(), CancellationMs: p.CancellationDeadline().Milliseconds()},
+			FailurePolicy:        p.FailurePolicy(),
 			EvidenceLimits:       iteronv1.EvidenceLimits{StdoutBytes: limits.StdoutBytes, StderrBytes: limits.StderrBytes, Observations: int64(limits.Observations)},
 		},
 	}
@@ -421,7 +433,13 @@ func (r *ActivationReconciler) summarize(s *activationScope) {
 		act.Status.Ledger = ledgerStatus(st)
 	}
 	if s.resolved {
-		act.Status.Modules, act.Status.Plan = moduleStatuses(s), planStatus(s)
+		act.Status.Modules = moduleStatuses(s)
+		// The plan is the RuntimePlan of the spec when it was first acted
+		// on; it stays until the spec changes (transactions finishing do
+		// not turn it into "unchanged").
+		if act.Status.Plan == nil || s.base.Status.ObservedGeneration != act.Generation {
+			act.Status.Plan = planStatus(s)
+		}
 	}
 	active := int32(0)
 	for _, ms := range act.Status.Modules {

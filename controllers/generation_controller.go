@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"context"
+	"fmt"
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -89,13 +90,30 @@ func mirrorGeneration(gen *iteronv1.Generation, gs hotswap.GenerationStatus) {
 	s.ActivatedAt = timeOrNil(metav1.NewTime(gs.ActivatedAt))
 	s.DrainedAt = timeOrNil(metav1.NewTime(gs.DrainedAt))
 	ready := metav1.Condition{Type: iteronv1.ConditionReady, Status: metav1.ConditionFalse, Reason: iteronv1.ReasonProgressing, Message: string(gs.Phase) + " at " + string(gs.Step), ObservedGeneration: gen.Generation}
+	reconciling := metav1.Condition{Type: iteronv1.ConditionReconciling, Status: metav1.ConditionFalse, Reason: iteronv1.ReasonSucceeded, Message: string(gs.Phase), ObservedGeneration: gen.Generation}
+	stalled := metav1.Condition{Type: iteronv1.ConditionStalled, Status: metav1.ConditionFalse, Reason: iteronv1.ReasonSucceeded, Message: "not stalled", ObservedGeneration: gen.Generation}
 	switch {
 	case gs.Phase == iteronv1.PhaseActive:
 		ready.Status, ready.Reason, ready.Message = metav1.ConditionTrue, iteronv1.ReasonSucceeded, "serving"
+	case gs.Phase == iteronv1.PhaseFailed:
+		ready.Reason, ready.Message = reasonOf(gs.Reason), truncate(gs.Message, iteronv1.MaxMessageBytes)
+		stalled.Status, stalled.Reason, stalled.Message = metav1.ConditionTrue, ready.Reason, ready.Message
+	case gs.Phase == iteronv1.PhasePreparing || gs.Phase == iteronv1.PhaseDraining:
+		reconciling.Status, reconciling.Reason = metav1.ConditionTrue, iteronv1.ReasonProgressing
+		reconciling.Message = string(gs.Phase) + " at " + string(gs.Step)
+		if gs.Reason != "" {
+			ready.Reason, ready.Message = reasonOf(gs.Reason), truncate(gs.Message, iteronv1.MaxMessageBytes)
+		}
 	case gs.Reason != "":
 		ready.Reason, ready.Message = reasonOf(gs.Reason), truncate(gs.Message, iteronv1.MaxMessageBytes)
 	}
+	if p := gen.Spec.FailurePolicy; p != "" && p != "fail_closed" && ready.Status == metav1.ConditionTrue {
+		// The host owns fallback and quarantine: say so where people look.
+		ready.Message = fmt.Sprintf("serving (failure_policy %s is treated as fail_closed: the host owns fallback and quarantine)", p)
+	}
 	meta.SetStatusCondition(&s.Conditions, ready)
+	meta.SetStatusCondition(&s.Conditions, reconciling)
+	meta.SetStatusCondition(&s.Conditions, stalled)
 }
 
 // tailBytes keeps the last n bytes of s, starting at a rune boundary.

@@ -128,6 +128,11 @@ type GenerationSpec struct {
 	AuthoritySHA256 string `json:"authoritySHA256"`
 	// deadlines are the manifest's deadlines.
 	Deadlines Deadlines `json:"deadlines"`
+	// failurePolicy is the manifest's failure_policy as written; the host
+	// treats every policy as fail_closed (it owns fallback and quarantine).
+	// +optional
+	// +kubebuilder:validation:Enum=fail_closed;request_host_fallback;request_host_quarantine
+	FailurePolicy string `json:"failurePolicy,omitempty"`
 	// evidenceLimits are the manifest's evidence limits.
 	EvidenceLimits EvidenceLimits `json:"evidenceLimits"`
 }

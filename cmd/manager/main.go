@@ -218,6 +218,9 @@ func newManager(cfg *rest.Config, opts *options, w wiring) (ctrl.Manager, error)
 		}
 	}
 	stateDir := opts.stateDir
+	if err := mgr.Add(&controllers.LedgerJanitor{Client: mgr.GetClient(), Cache: mgr.GetCache(), StateDir: stateDir, Log: ctrl.Log.WithName("ledger-janitor")}); err != nil {
+		return nil, err
+	}
 	activations := &controllers.ActivationReconciler{
 		Client: mgr.GetClient(), NodeName: opts.nodeName, Coordinator: w.coordinator,
 		Resolve:       controllers.NewResolver(w.verifier),

@@ -11,6 +11,7 @@ import (
 
 	"iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/effects"
+	"iteron.dev/operator/internal/ledger"
 )
 
 // Config configures a Coordinator.
@@ -150,6 +151,19 @@ func (c *Coordinator) Apply(d Desired) error {
 	}
 	a.setDesired(d)
 	return nil
+}
+
+// Prepare registers an activation and opens its ledger at once, replaying
+// and verifying it, closing an interrupted transaction forward and learning
+// each module's last committed generation, so that Status reflects the
+// ledger before the controller decides anything. anchor, when set, is the
+// ledger head the activation's status recorded: it must be in the chain.
+func (c *Coordinator) Prepare(key ActivationKey, anchor *ledger.Anchor) error {
+	a, err := c.runtime(key, true)
+	if err != nil {
+		return err
+	}
+	return a.openLedgerAnchored(anchor)
 }
 
 // Remove retires every module of the activation in drain order and reaps

@@ -364,7 +364,7 @@ func (a *activationRuntime) runRelaunch(d *Desired, m *moduleRuntime, g *generat
 		return pf
 	}
 	_, _ = m.dispatcher.Pause(r.ctx, 0)
-	if _, err := m.dispatcher.Switch(route(g)); err != nil {
+	if _, err := m.dispatcher.Switch(a.route(g)); err != nil {
 		pf := fail(ledger.PhaseAtomicSwitch, err, ledger.ReasonActivationFailed)
 		r.abortRelaunch(pf)
 		return pf
@@ -520,7 +520,7 @@ func (a *activationRuntime) renew(d *Desired, m *moduleRuntime) {
 	}
 	if err := r.txn.AtomicSwitch(); err != nil {
 		r.ledgerFailure(err)
-		_, _ = m.dispatcher.Switch(route(g))
+		_, _ = m.dispatcher.Switch(a.route(g))
 		_ = fresh.scope.Dispose(context.Background())
 		m.dispatcher.Resume()
 		return

@@ -136,6 +136,12 @@ func (a *activationRuntime) poke() {
 
 func (a *activationRuntime) setDesired(d Desired) {
 	a.mu.Lock()
+	if a.desired != nil && sameDesired(*a.desired, d) {
+		// The controller re-applies what it applied before (every
+		// reconcile does): nothing to do, nothing to report.
+		a.mu.Unlock()
+		return
+	}
 	if a.desired == nil || a.desired.SpecGeneration != d.SpecGeneration {
 		// A new spec may have resolved what refused a relaunch.
 		for _, m := range a.modules {
@@ -149,6 +155,25 @@ func (a *activationRuntime) setDesired(d Desired) {
 	}
 	a.mu.Unlock()
 	a.poke()
+}
+
+// sameDesired reports whether two desired states ask for the same thing.
+func sameDesired(x, y Desired) bool {
+	if x.SpecGeneration != y.SpecGeneration || x.CandidateSHA256 != y.CandidateSHA256 || x.Swap != y.Swap ||
+		x.CheckpointInterval != y.CheckpointInterval || !slices.Equal(x.ActivateOrder, y.ActivateOrder) ||
+		!slices.Equal(x.DrainOrder, y.DrainOrder) || len(x.Modules) != len(y.Modules) {
+		return false
+	}
+	for i := range x.Modules {
+		a, b := x.Modules[i], y.Modules[i]
+		if a.Module != b.Module || a.Keep != b.Keep || a.GenerationName != b.GenerationName || a.Epoch != b.Epoch ||
+			a.Lineage != b.Lineage || a.Attempt != b.Attempt || !slices.Equal(a.DependsOn, b.DependsOn) ||
+			a.Plan.ManifestSHA256() != b.Plan.ManifestSHA256() || a.Plan.ArtifactSHA256() != b.Plan.ArtifactSHA256() ||
+			a.Plan.AuthoritySHA256() != b.Plan.AuthoritySHA256() {
+			return false
+		}
+	}
+	return true
 }
 
 func (a *activationRuntime) remove() {
@@ -189,6 +214,7 @@ func (a *activationRuntime) run() {
 		case <-timer.C:
 		}
 		var next time.Time
+		worked := false
 		for {
 			select {
 			case <-a.stop:
@@ -200,11 +226,17 @@ func (a *activationRuntime) run() {
 			if !did {
 				break
 			}
+			worked = true
 		}
 		a.mu.Lock()
+		wasBusy := a.busy
 		a.busy = false
 		a.mu.Unlock()
-		a.notify()
+		if worked || wasBusy {
+			// Only a change is reported: an idle wake-up must not requeue
+			// the controllers (that would make them flap).
+			a.notify()
+		}
 		timer.Stop()
 		if !next.IsZero() {
 			timer.Reset(max(time.Until(next), 10*time.Millisecond))
@@ -215,6 +247,12 @@ func (a *activationRuntime) run() {
 // openLedger opens (creating) the activation's ledger once, closing an
 // interrupted transaction forward. A corrupt ledger stops all work.
 func (a *activationRuntime) openLedger() error {
+	return a.openLedgerAnchored(nil)
+}
+
+// openLedgerAnchored is openLedger with the head the activation's status
+// recorded, which must be in the chain.
+func (a *activationRuntime) openLedgerAnchored(anchor *ledger.Anchor) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.led != nil {
@@ -223,7 +261,7 @@ func (a *activationRuntime) openLedger() error {
 	if a.ledgerErr != nil {
 		return a.ledgerErr
 	}
-	led, report, err := ledger.OpenActivation(a.c.cfg.StateDir, a.key.UID, ledger.Options{Create: true, Now: a.c.cfg.Now, ObserveSync: a.observeSync})
+	led, report, err := ledger.OpenActivation(a.c.cfg.StateDir, a.key.UID, ledger.Options{Create: true, Now: a.c.cfg.Now, ObserveSync: a.observeSync, Anchor: anchor})
 	if err != nil {
 		a.ledgerErr = err
 		return err
@@ -255,6 +293,15 @@ func (a *activationRuntime) openLedger() error {
 // (there may be more), and when timed work is next due.
 func (a *activationRuntime) step() (bool, time.Time) {
 	if err := a.openLedger(); err != nil {
+		a.mu.Lock()
+		removing := a.removing
+		a.mu.Unlock()
+		if removing {
+			// Deleting an activation whose ledger is unusable: nothing can
+			// be recorded, but every process is still reaped.
+			a.forceRetireAll()
+			return false, time.Time{}
+		}
 		a.log("ledger unusable; not acting on this activation", "error", err.Error())
 		return false, time.Time{}
 	}

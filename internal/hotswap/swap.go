@@ -194,12 +194,12 @@ func (r *txnRun) swapPhases(d *Desired, old *generationRuntime, kind ledger.Kind
 	if err := r.check(ledger.PhaseAtomicSwitch); err != nil {
 		return fail(ledger.PhaseAtomicSwitch, err, ledger.ReasonDeadlineExceeded), false
 	}
-	if _, err := r.m.dispatcher.Switch(route(r.gen)); err != nil {
+	if _, err := r.m.dispatcher.Switch(r.a.route(r.gen)); err != nil {
 		return fail(ledger.PhaseAtomicSwitch, err, ledger.ReasonActivationFailed), false
 	}
 	if err := r.txn.AtomicSwitch(); err != nil {
 		r.ledgerFailure(err)
-		_, _ = r.m.dispatcher.Switch(route(old))
+		_, _ = r.m.dispatcher.Switch(r.a.route(old))
 		_ = r.gen.scope.Dispose(context.Background())
 		r.m.dispatcher.Resume()
 		return nil, false
@@ -380,7 +380,7 @@ func (r *txnRun) relaunchOld(ctx context.Context, old *generationRuntime) error 
 		r.a.mu.Unlock()
 		running = proc
 	}
-	if _, err := r.m.dispatcher.Switch(route(old)); err != nil {
+	if _, err := r.m.dispatcher.Switch(r.a.route(old)); err != nil {
 		return err
 	}
 	r.a.mu.Lock()
@@ -422,6 +422,9 @@ func (a *activationRuntime) retire(_ context.Context, swap SwapPolicy, candidate
 		return
 	}
 	_ = r.check(ledger.PhaseQuiesce)
+	a.mu.Lock()
+	g.phase = iteronv1.PhaseDraining
+	a.mu.Unlock()
 	cancelled, _ := m.dispatcher.Pause(r.ctx, swap.QuiesceTimeout)
 	if cancelled != nil {
 		a.recordReceipt(g, effects.Receipt{ID: "quiesce-cancel-" + cancelled.CallID, Kind: effects.ReceiptQuiesceCancel, Class: effects.Cancelable,
@@ -466,6 +469,34 @@ func (a *activationRuntime) retire(_ context.Context, swap SwapPolicy, candidate
 	delete(a.modules, m.name)
 	a.mu.Unlock()
 	a.log("module retired", "module", m.name, "generation", g.name)
+}
+
+// forceRetireAll reaps every module's process without a ledger and marks
+// the activation removed.
+func (a *activationRuntime) forceRetireAll() {
+	a.mu.Lock()
+	var mods []*moduleRuntime
+	for _, m := range a.modules {
+		mods = append(mods, m)
+	}
+	a.mu.Unlock()
+	for _, m := range mods {
+		a.mu.Lock()
+		g := m.active
+		a.mu.Unlock()
+		if g != nil {
+			a.forceRetire(m, g)
+		} else {
+			m.dispatcher.Close()
+			a.mu.Lock()
+			delete(a.modules, m.name)
+			a.mu.Unlock()
+		}
+	}
+	a.mu.Lock()
+	a.removed = true
+	a.mu.Unlock()
+	a.notify()
 }
 
 // forceRetire reaps a module's process without a ledger (the ledger is

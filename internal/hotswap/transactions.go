@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
@@ -257,9 +258,47 @@ func (r *txnRun) captureStderr(g *generationRuntime) {
 	r.a.mu.Unlock()
 }
 
-// route is the dispatcher route of a generation.
-func route(g *generationRuntime) Route {
-	return Route{Lineage: g.lineage, Name: g.name, Epoch: g.target.Epoch, Backend: g.proc}
+// route is the dispatcher route of a generation. Runs of a provider
+// admitted irreversible_external or trust_mutating effects leave a receipt.
+func (a *activationRuntime) route(g *generationRuntime) Route {
+	var backend Backend = g.proc
+	if class, ok := receiptClass(g.target.Plan.AdmittedCapabilities()); ok {
+		backend = &receiptBackend{Backend: g.proc, a: a, g: g, class: class}
+	}
+	return Route{Lineage: g.lineage, Name: g.name, Epoch: g.target.Epoch, Backend: backend}
+}
+
+// receiptClass is the effect class of a provider's runs, by its admitted
+// capabilities: irreversible_external runs are Irreversible (never reported
+// as rolled back), trust_mutating runs Compensatable.
+func receiptClass(admitted []string) (effects.Class, bool) {
+	switch {
+	case slices.Contains(admitted, "irreversible_external"):
+		return effects.Irreversible, true
+	case slices.Contains(admitted, "trust_mutating"):
+		return effects.Compensatable, true
+	}
+	return 0, false
+}
+
+// receiptBackend records a receipt for every run of a provider whose runs
+// have effects that cannot simply be undone.
+type receiptBackend struct {
+	Backend
+	a     *activationRuntime
+	g     *generationRuntime
+	class effects.Class
+}
+
+func (b *receiptBackend) Run(ctx context.Context, runID string, input []byte, deadline time.Duration, observe func(Observation)) (Observation, error) {
+	started := b.a.c.cfg.Now()
+	obs, err := b.Backend.Run(ctx, runID, input, deadline, observe)
+	detail := "completed"
+	if err != nil {
+		detail = "ended without a terminal observation: " + firstLine(err.Error())
+	}
+	b.a.recordReceipt(b.g, effects.Receipt{ID: "run-" + runID, Kind: effects.ReceiptRun, Class: b.class, StartedAt: started, FinishedAt: b.a.c.cfg.Now(), Detail: detail})
+	return obs, err
 }
 
 // firstActivation: verify → shadow_load → atomic_switch → committed.
@@ -308,7 +347,7 @@ func (r *txnRun) firstActivationPhases() *phaseFailure {
 	if _, err := r.m.dispatcher.Pause(r.ctx, 0); err != nil {
 		return fail(ledger.PhaseAtomicSwitch, err, ledger.ReasonDeadlineExceeded)
 	}
-	if _, err := r.m.dispatcher.Switch(route(r.gen)); err != nil {
+	if _, err := r.m.dispatcher.Switch(r.a.route(r.gen)); err != nil {
 		return fail(ledger.PhaseAtomicSwitch, err, ledger.ReasonActivationFailed)
 	}
 	if err := r.txn.AtomicSwitch(); err != nil {
