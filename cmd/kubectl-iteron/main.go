@@ -71,6 +71,7 @@ func newRootCmd() *cobra.Command {
 		newPlanCmd(),
 		newLedgerCmd(),
 		newConformanceCmd(),
+		newDoctorCmd(),
 	)
 	return root
 }
