@@ -162,7 +162,7 @@ func (p *printer) module(m ModuleDiagnosis) {
 		p.f("    last block: none in view\n")
 	}
 	if m.ChainText != "" {
-		p.f("    waits for:  %s\n", clean(m.ChainText))
+		p.f("    chain:      %s\n", clean(m.ChainText))
 	}
 	for _, g := range []*GenerationSummary{m.Target, m.Active} {
 		if g == nil || g.StderrTail == "" {
