@@ -148,7 +148,7 @@ func (d *diagnosis) node() {
 	case n.OtherNodes:
 		ns.State = NodeMissing
 	default:
-		ns.State, ns.Detail = NodeUnknown, "the cluster has no Node objects at all (a control plane without kubelets, like the local one): whether the node exists cannot be told"
+		ns.State, ns.Detail = NodeUnknown, "the cluster has no Node objects at all (a control plane without kubelets, like the local one), so whether the node exists cannot be told"
 	}
 	d.r.Node = ns
 
@@ -167,7 +167,7 @@ func (d *diagnosis) node() {
 			Commands: remove})
 	case held && ns.State == NodeUnknown:
 		d.add(Finding{Code: FindingDeletionPending, Severity: SeverityProblem,
-			Summary:  fmt.Sprintf("the activation is being deleted%s and its finalizer %s waits for the manager of node %s; Node %s: unknown (%s)", since, iteronv1.FinalizerActivation, name, name, ns.Detail),
+			Summary:  fmt.Sprintf("the activation is being deleted%s and its finalizer %s waits for the manager of node %s; Node %s: unknown: %s", since, iteronv1.FinalizerActivation, name, name, ns.Detail),
 			Hint:     fmt.Sprintf("If a manager runs for node %s it retires every module and releases the finalizer: check its logs. Only if you know that no manager will ever run for %s (and no provider of this activation runs there), remove the finalizer with the command below.", name, name),
 			Commands: remove})
 	case held:
@@ -180,7 +180,7 @@ func (d *diagnosis) node() {
 			Hint:    "spec.nodeName is immutable: create the activation again under the right node name, or bring the node back."})
 	case d.r.Deleting == nil && ns.State == NodeUnknown:
 		d.add(Finding{Code: FindingNodeUnknown, Severity: SeverityInfo,
-			Summary: fmt.Sprintf("Node %s: unknown (%s)", name, ns.Detail)})
+			Summary: fmt.Sprintf("Node %s: unknown: %s", name, ns.Detail)})
 	}
 }
 
@@ -713,7 +713,11 @@ func (d *diagnosis) summarize() {
 		if ready != nil {
 			f.Summary = fmt.Sprintf("Ready is %s (%s): %s", ready.Status, ready.Reason, ready.Message)
 		}
-		if rec := d.condition(iteronv1.ConditionReconciling); rec != nil && rec.Status == metav1.ConditionTrue {
+		switch rec := d.condition(iteronv1.ConditionReconciling); {
+		case d.act.Spec.Paused:
+			f.Hint = "spec.paused is true: the manager does not apply the current spec (pausing is itself a spec change), so Ready stays False while paused; running providers keep serving. Unpause to let the manager apply the spec:"
+			f.Commands = []string{d.unpauseCommand()}
+		case rec != nil && rec.Status == metav1.ConditionTrue:
 			f.Hint = "A transaction is in progress (Reconciling is True); run the doctor again in a few seconds."
 		}
 		d.add(f)

@@ -189,6 +189,24 @@ func TestDiagnoseFindings(t *testing.T) {
 			healthy: true,
 		},
 		{
+			name: "a paused activation whose Ready the manager left False says pausing is why and how to unpause",
+			build: func() *Input {
+				a := activation("prompt_system")
+				a.Generation, a.Status.ObservedGeneration, a.Spec.Paused = 2, 2, true
+				a.Status.Conditions = readyConditions(2)
+				setCondition(a, iteronv1.ConditionReady, metav1.ConditionFalse, iteronv1.ReasonProgressing, "transactions in progress")
+				setCondition(a, iteronv1.ConditionReconciling, metav1.ConditionFalse, iteronv1.ReasonPaused, "spec.paused is true")
+				return input(a)
+			},
+			want: []string{"problem not_ready", "info paused"},
+			check: func(t *testing.T, r *Report) {
+				f := finding(t, r, FindingNotReady, "")
+				if !strings.Contains(f.Hint, "spec.paused is true: the manager does not apply the current spec") || len(f.Commands) != 1 || !strings.Contains(f.Commands[0], `{"spec":{"paused":false}}`) {
+					t.Fatalf("%+v", f)
+				}
+			},
+		},
+		{
 			name: "a retry annotation the manager has not handled is pending",
 			build: func() *Input {
 				a := activation("prompt_system")
@@ -366,7 +384,7 @@ func TestDiagnoseNode(t *testing.T) {
 			name:   "a deleted activation in a cluster with no Node objects at all is unknown, not missing",
 			lookup: NodeLookup{}, edit: deleting, state: NodeUnknown,
 			want: []string{"problem deletion_pending"}, commands: []string{patch0},
-			summary: "Node worker-1: unknown (the cluster has no Node objects at all",
+			summary: "Node worker-1: unknown: the cluster has no Node objects at all",
 		},
 		{
 			name:   "a deleted activation whose Nodes cannot be read is unknown",

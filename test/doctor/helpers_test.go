@@ -209,6 +209,42 @@ func cli(t *testing.T, args ...string) (int, string, string) {
 	return -1, "", ""
 }
 
+// settle bounds how long a test waits for the doctor to see a healthy
+// activation. The activation controller and the coordinator requeue each
+// other (every reconcile's Apply marks the coordinator busy until its
+// worker has run, and the worker's notification requeues the activation),
+// so a healthy activation's Ready flaps between True and False
+// (Progressing); the doctor reports what status says at the moment it
+// reads it.
+const settle = 15 * time.Second
+
+// cliUntil runs the CLI until it exits with want (or settle passes) and
+// returns the last run and how many runs it took.
+func cliUntil(t *testing.T, want int, args ...string) (int, string, int) {
+	t.Helper()
+	deadline := time.Now().Add(settle)
+	for n := 1; ; n++ {
+		code, out, _ := cli(t, args...)
+		if code == want || time.Now().After(deadline) {
+			return code, out, n
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// diagnoseUntil diagnoses until cond holds (or settle passes).
+func diagnoseUntil(t *testing.T, act *iteronv1.ImplementationActivation, stateDir string, cond func(*doctor.Report) bool) *doctor.Report {
+	t.Helper()
+	deadline := time.Now().Add(settle)
+	for {
+		r := diagnose(t, act, stateDir, 0)
+		if cond(r) || time.Now().After(deadline) {
+			return r
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
 // cliJSON runs `doctor -o json` and decodes the report.
 func cliJSON(t *testing.T, args ...string) (int, *doctor.Report) {
 	t.Helper()
