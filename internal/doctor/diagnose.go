@@ -527,8 +527,9 @@ func (d *diagnosis) ledger() {
 		ld := &LedgerDiagnosis{Source: "file", Path: ll.Dir}
 		switch {
 		case ll.Missing:
-			ld.Error = ll.Err
+			ld.Missing = true
 			if ls != nil && ls.Records > 0 {
+				ld.Error = ll.Err
 				d.add(Finding{Code: FindingLedgerUnreadable, Severity: SeverityProblem,
 					Summary: fmt.Sprintf("status mirrors a ledger of %d records but %s does not exist", ls.Records, ll.Dir),
 					Hint:    "Check that --state-dir is the manager's state directory on node " + d.act.Spec.NodeName + " (the manager's --state-dir flag)."})
@@ -630,7 +631,7 @@ func (d *diagnosis) judgeLive(pd *ProcessDiagnosis, p LocalProcess, view *NodeVi
 	}
 	orphan := Finding{Code: FindingOrphanedProcess, Severity: SeverityProblem, Module: p.Record.Module,
 		Hint:     fmt.Sprintf("Its identity (pid, pgid, start time %d, boot) was checked against /proc just now. Stop the group, then remove its record so the next sweep does not look for it.", p.Record.StartTime),
-		Commands: []string{fmt.Sprintf("kill -- -%d", p.Record.PGID), "rm -f " + p.File}}
+		Commands: []string{fmt.Sprintf("kill -- -%d", p.Record.PGID), "rm -f " + shellQuote(p.File)}}
 	if claim == nil {
 		if p.Members == nil && d.opts.OrphanGrace > 0 && p.Age < d.opts.OrphanGrace {
 			pd.Verdict = VerdictUnconfirmed
@@ -731,6 +732,22 @@ func (d *diagnosis) summarize() {
 		return cmp.Compare(severityRank(a.Severity), severityRank(b.Severity))
 	})
 	d.r.Healthy = d.r.Problems() == 0 && readyNow && d.r.ActiveCount == d.r.ModuleCount && len(d.r.Modules) == 0
+}
+
+// shellQuote quotes a path for a POSIX shell unless it is made only of
+// characters that need none: a printed command is pasted into a shell.
+func shellQuote(s string) string {
+	safe := s != ""
+	for _, r := range s {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("/._-+,:@=", r)) {
+			safe = false
+			break
+		}
+	}
+	if safe {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
 func severityRank(s Severity) int {

@@ -1,6 +1,7 @@
 package doctor
 
 import (
+	"os/exec"
 	"strings"
 	"testing"
 )
@@ -62,4 +63,22 @@ func FuzzParseStat(f *testing.F) {
 			t.Fatalf("command name %q: got %+v, %v", comm, st, err)
 		}
 	})
+}
+
+func TestShellQuote(t *testing.T) {
+	tests := []struct{ in, want string }{
+		{"/var/lib/iteron/state/procs/123-456.json", "/var/lib/iteron/state/procs/123-456.json"},
+		{"/state/procs/a b.json", "'/state/procs/a b.json'"},
+		{"/state/procs/$(reboot).json", "'/state/procs/$(reboot).json'"},
+		{"/state/it's.json", `'/state/it'\''s.json'`},
+		{"", "''"},
+	}
+	for _, tt := range tests {
+		if got := shellQuote(tt.in); got != tt.want {
+			t.Errorf("shellQuote(%q) = %s, want %s", tt.in, got, tt.want)
+		}
+		if out, err := exec.Command("/bin/sh", "-c", "printf %s "+shellQuote(tt.in)).Output(); err != nil || string(out) != tt.in {
+			t.Errorf("the shell read %s back as %q (%v), want %q", shellQuote(tt.in), out, err, tt.in)
+		}
+	}
 }

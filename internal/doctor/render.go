@@ -62,6 +62,8 @@ func WriteText(w io.Writer, r *Report) error {
 	if l := r.Ledger; l != nil {
 		p.f("Ledger (%s) %s: ", l.Source, l.Path)
 		switch {
+		case l.Missing && l.Error == "":
+			p.f("does not exist (no transaction has run yet)")
 		case l.Rule != "":
 			p.f("DOES NOT VERIFY: rule %s at sequence %d", l.Rule, l.Sequence)
 			if l.File != "" {

@@ -266,6 +266,9 @@ type LedgerDiagnosis struct {
 	Records int64 `json:"records"`
 	// HeadSHA256 is the last record's hash.
 	HeadSHA256 string `json:"headSHA256,omitempty"`
+	// Missing is true when --state-dir holds no ledger for the activation
+	// (no transaction has run yet, or the wrong state dir).
+	Missing bool `json:"missing,omitempty"`
 	// Verified reports the ledger verified (status: at the manager's last
 	// open; file: just now, with the status head as an anchor).
 	Verified bool `json:"verified"`
