@@ -357,18 +357,25 @@ func (d *diagnosis) notApplied(f Finding) Finding {
 // swapFailed: the old generation serves; the change to the target failed.
 func (d *diagnosis) swapFailed(md ModuleDiagnosis) Finding {
 	f := Finding{Code: FindingSwapFailed, Severity: SeverityProblem, Module: md.Module}
-	target := "the new target"
-	if md.Target != nil {
-		target = fmt.Sprintf("%s (%s, attempt %d)", md.Target.Name, md.Target.ImplementationID, md.Target.Attempt)
-		if md.Target.Step != "" {
-			target += " at step " + md.Target.Step
+	target, where := "the new target", ""
+	if t := md.Target; t != nil {
+		target = fmt.Sprintf("%s (%s, attempt %d)", t.Name, t.ImplementationID, t.Attempt)
+		// The Generation's step after a rollback is rolled_back; where it
+		// failed is the phase of its transaction's blocked record.
+		if b := md.LastBlock; b != nil && (t.TransactionID == "" || t.TransactionID == b.TransactionID) {
+			where = " at " + b.Phase
+			if b.Ending != "" {
+				where += " (" + strings.ReplaceAll(b.Ending, "_", " ") + ")"
+			}
+		} else if t.Step != "" && t.Step != string(iteronv1.StepRolledBack) {
+			where = " at step " + t.Step
 		}
 	}
 	active := md.ImplementationID
 	if md.Active != nil {
 		active = fmt.Sprintf("%s (%s)", md.Active.Name, md.Active.ImplementationID)
 	}
-	f.Summary = fmt.Sprintf("module %s still serves %s: the change to %s failed: %s: %s", md.Module, active, target, md.Reason, md.Message)
+	f.Summary = fmt.Sprintf("module %s still serves %s: the change to %s failed%s: %s: %s", md.Module, active, target, where, md.Reason, md.Message)
 	switch md.Reason {
 	case iteronv1.CodeAuthorityChanged:
 		f.Hint = "The admitted capabilities differ from the running generation's, which a hot swap refuses. Set spec.swap.strategy to Cold (no state moves), or restore the capability ceiling."
@@ -469,8 +476,13 @@ func generationLess(a, b *iteronv1.Generation) bool {
 }
 
 func summarizeGeneration(g *iteronv1.Generation) *GenerationSummary {
+	txn := ""
+	if g.Status.Ledger != nil {
+		txn = g.Status.Ledger.TransactionID
+	}
 	return &GenerationSummary{
-		Name: g.Name, Lineage: g.Spec.Generation, Attempt: g.Spec.Attempt,
+		TransactionID: txn,
+		Name:          g.Name, Lineage: g.Spec.Generation, Attempt: g.Spec.Attempt,
 		ImplementationID: g.Spec.Implementation.ID, Version: g.Spec.Implementation.Version,
 		Phase: string(g.Status.Phase), Step: string(g.Status.Step), Pid: g.Status.Pid,
 		Reason: g.Status.Reason, Message: g.Status.Message,

@@ -86,7 +86,7 @@ func TestDiagnoseFindings(t *testing.T) {
 			want: []string{"problem swap_failed prompt_system"},
 			check: func(t *testing.T, r *Report) {
 				f := finding(t, r, FindingSwapFailed, "prompt_system")
-				if !strings.Contains(f.Summary, "still serves stack-prompt-system-g1-1 (prompt_system-impl)") || !strings.Contains(f.Summary, "stack-prompt-system-g2-1 (faulty, attempt 1) at step migrate") {
+				if !strings.Contains(f.Summary, "still serves stack-prompt-system-g1-1 (prompt_system-impl)") || !strings.Contains(f.Summary, "the change to stack-prompt-system-g2-1 (faulty, attempt 1) failed at migrate (rolled back): provider_failed: migrate: the provider exited (status 2)") {
 					t.Fatalf("summary %q", f.Summary)
 				}
 				if want := []string{"kubectl annotate implementationactivations.iteron.dev stack -n team iteron.dev/retry=2026-11-29T12:00:00Z --overwrite"}; !slices.Equal(f.Commands, want) {

@@ -190,6 +190,8 @@ type GenerationSummary struct {
 	StderrDroppedBytes int64 `json:"stderrDroppedBytes,omitempty"`
 	// Renewals counts fresh processes of this generation.
 	Renewals int32 `json:"renewals,omitempty"`
+	// TransactionID is the generation's last ledger transaction.
+	TransactionID string `json:"transactionID,omitempty"`
 }
 
 // LedgerBlock is the last blocked record of a module's transactions.

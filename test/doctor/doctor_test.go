@@ -127,6 +127,9 @@ func TestDoctorExplainsAFailedSwapWithItsLedgerBlockAndStderr(t *testing.T) {
 		t.Fatalf("last block from status: %+v", b)
 	}
 	f := finding(t, r, doctor.FindingSwapFailed, "prompt_system")
+	if want := fmt.Sprintf("still serves %s (counter): the change to %s (faulty, attempt 1) failed at migrate (rolled back): provider_failed: ", oldName, failedName); !strings.Contains(f.Summary, want) {
+		t.Fatalf("summary %q does not say %q", f.Summary, want)
+	}
 	prefix := fmt.Sprintf("kubectl annotate implementationactivations.iteron.dev %s -n default iteron.dev/retry=", act.Name)
 	if len(f.Commands) != 1 || !strings.HasPrefix(f.Commands[0], prefix) || !strings.HasSuffix(f.Commands[0], " --overwrite") {
 		t.Fatalf("commands %q", f.Commands)
