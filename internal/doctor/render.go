@@ -97,8 +97,11 @@ func WriteText(w io.Writer, r *Report) error {
 		fmt.Fprintf(tw, "  PGID\tPID\tMODULE\tIMPLEMENTATION\tAGE\tVERDICT\tCLAIMED BY\n")
 		for _, pr := range r.Processes {
 			age := "-"
-			if pr.Alive && pr.AgeSeconds > 0 {
+			switch {
+			case pr.Alive && pr.AgeSeconds > 0:
 				age = (time.Duration(pr.AgeSeconds) * time.Second).String()
+			case pr.Alive:
+				age = "<1s"
 			}
 			fmt.Fprintf(tw, "  %d\t%d\t%s\t%s\t%s\t%s\t%s\n", pr.Pgid, pr.Pid, clean(pr.Module), clean(pr.ImplementationID), age, pr.Verdict, orDash(pr.ClaimedBy))
 		}
