@@ -72,6 +72,7 @@ func newRootCmd() *cobra.Command {
 		newLedgerCmd(),
 		newConformanceCmd(),
 		newInvokeCmd(),
+		newDoctorCmd(),
 	)
 	return root
 }

@@ -1,0 +1,66 @@
+package doctor
+
+import (
+	"bytes"
+	"encoding/json"
+	"strings"
+	"testing"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	iteronv1 "iteron.dev/operator/api/v1alpha1"
+)
+
+func TestWriteTextEscapesWhatProvidersWrote(t *testing.T) {
+	a := activation("prompt_system")
+	ms := module(a, "prompt_system")
+	ms.Phase, ms.GenerationName, ms.Reason, ms.Message = iteronv1.PhaseFailed, "", iteronv1.CodeProviderFailed, "exited\x1b]0;owned\x07 (status 2)"
+	setCondition(a, iteronv1.ConditionReady, metav1.ConditionFalse, iteronv1.ReasonProviderFailed, "module prompt_system: exited\x1b[2J")
+	g := generation(a, "prompt_system", 1, 1, "prompt_system-impl", iteronv1.PhaseFailed, iteronv1.StepShadowLoad)
+	g.Status.StderrTail = "panic: boom\n\x1b[31mred\x1b[0m\n\xff\xfe bytes\n"
+	r := Diagnose(input(a, g), nil, Options{Now: now})
+
+	var text bytes.Buffer
+	if err := WriteText(&text, r); err != nil {
+		t.Fatal(err)
+	}
+	out := text.String()
+	for _, c := range []string{"\x1b", "\x07", "\xff"} {
+		if strings.Contains(out, c) {
+			t.Fatalf("the text carries the raw byte %q:\n%s", c, out)
+		}
+	}
+	for _, want := range []string{`| \u001b[31mred\u001b[0m`, `| \xff\xfe bytes`, `exited\u001b]0;owned\u0007 (status 2)`, "| panic: boom"} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("the text does not say %q:\n%s", want, out)
+		}
+	}
+
+	var js bytes.Buffer
+	if err := WriteJSON(&js, r); err != nil {
+		t.Fatal(err)
+	}
+	var back Report
+	if err := json.Unmarshal(js.Bytes(), &back); err != nil {
+		t.Fatal(err)
+	}
+	if back.Modules[0].Active != nil || back.Modules[0].Target == nil || back.Modules[0].Target.StderrTail != strings.ReplaceAll(g.Status.StderrTail, "\xff\xfe", "\uFFFD\uFFFD") {
+		t.Fatalf("json round trip lost the stderr tail: %+v", back.Modules[0].Target)
+	}
+}
+
+func TestWriteTextSaysWhenThereIsNoLedgerYet(t *testing.T) {
+	a := activation("prompt_system")
+	a.Status.Ledger = nil
+	r := Diagnose(input(a), ReadLocal(t.TempDir(), a), Options{Now: now})
+	if !r.Healthy || r.Ledger == nil || !r.Ledger.Missing || len(r.Findings) != 0 {
+		t.Fatalf("healthy %t, ledger %+v, findings %q", r.Healthy, r.Ledger, codes(r))
+	}
+	var text bytes.Buffer
+	if err := WriteText(&text, r); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(text.String(), "does not exist (no transaction has run yet)") || !strings.Contains(text.String(), "on node worker-1: healthy") {
+		t.Fatalf("%s", text.String())
+	}
+}
