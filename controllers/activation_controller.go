@@ -36,7 +36,7 @@ import (
 type Coordinator interface {
 	Prepare(hotswap.ActivationKey, *ledger.Anchor) error
 	Apply(hotswap.Desired) error
-	Remove(hotswap.ActivationKey) error
+	Remove(hotswap.ActivationKey) (bool, error)
 	Forget(uid string) error
 	Status(uid string) (hotswap.ActivationStatus, bool)
 }
@@ -120,12 +120,13 @@ func (r *ActivationReconciler) reconcileDelete(ctx context.Context, s *activatio
 	if !controllerutil.ContainsFinalizer(s.act, iteronv1.FinalizerActivation) {
 		return ctrl.Result{}, nil
 	}
-	if err := r.Coordinator.Remove(s.key); err != nil {
+	unknown, err := r.Coordinator.Remove(s.key)
+	if err != nil {
 		return ctrl.Result{}, err
 	}
 	st, _ := r.Coordinator.Status(s.key.UID)
 	s.status, s.haveStatus = st, true
-	if !st.Removed {
+	if !unknown && !st.Removed {
 		r.summarize(s)
 		return ctrl.Result{RequeueAfter: 5 * time.Second}, nil
 	}
@@ -150,7 +151,7 @@ func (r *ActivationReconciler) reconcileDelete(ctx context.Context, s *activatio
 	controllerutil.RemoveFinalizer(s.act, iteronv1.FinalizerActivation)
 	s.deleted = true
 	r.Recorder.Eventf(s.act, nil, corev1.EventTypeNormal, "Retired", "Retire", "every module retired, every process reaped, %d Generation objects deleted", len(gens))
-	return ctrl.Result{}, r.Client.Patch(ctx, s.act, patch)
+	return ctrl.Result{}, client.IgnoreNotFound(r.Client.Patch(ctx, s.act, patch))
 }
 
 // SetupWithManager registers the reconciler; coordinator notifications

@@ -231,7 +231,8 @@ func (d *demo) run(ctx context.Context) error {
 	if !strings.Contains(out, `"count":4`) || !strings.Contains(out, `"2.0.0"`) {
 		return fmt.Errorf("after the swap v2 answered %q; want alpha=4 from version 2.0.0 (the migrated state)", strings.TrimSpace(out))
 	}
-	d.say("v2 answered alpha=4: the state v1 built (2+1) was migrated into v2's layout, and context_assembly kept its process")
+	d.say("v2 answered alpha=4: the state v1 built (2+1) was migrated into v2's layout")
+	d.say("context_assembly, prompt_system's direct consumer, was reloaded too (its epoch covers prompt_system's identity), its state carried over")
 
 	d.step("Generations and status")
 	if _, err := d.sh(ctx, "kubectl get generations", d.kubectl, "get", "generations", "-n", namespace); err != nil {

@@ -168,13 +168,19 @@ func (c *Coordinator) Prepare(key ActivationKey, anchor *ledger.Anchor) error {
 
 // Remove retires every module of the activation in drain order and reaps
 // every process; Status reports Removed when done. Idempotent.
-func (c *Coordinator) Remove(key ActivationKey) error {
-	a, err := c.runtime(key, true)
-	if err != nil {
-		return err
+//
+// An activation the coordinator does not know (a restarted manager, or one
+// already forgotten) has nothing running here: Remove reports it removed
+// and creates nothing (no ledger is opened, and so none is re-created).
+func (c *Coordinator) Remove(key ActivationKey) (removed bool, err error) {
+	c.mu.Lock()
+	a, ok := c.activations[key.UID]
+	c.mu.Unlock()
+	if !ok {
+		return true, nil
 	}
 	a.remove()
-	return nil
+	return false, nil
 }
 
 // Forget drops a removed activation's runtime state (after its finalizer

@@ -293,7 +293,7 @@ func TestRemoveRetiresEverythingInDrainOrder(t *testing.T) {
 	h.apply(SwapPolicy{}, sys, ctx)
 	st := h.settle()
 	pids := []int{st.Modules["prompt_system"].Pid, st.Modules["context_assembly"].Pid}
-	if err := h.c.Remove(h.key); err != nil {
+	if _, err := h.c.Remove(h.key); err != nil {
 		t.Fatal(err)
 	}
 	st = h.settle()

@@ -184,11 +184,11 @@ func TestDoctorSaysAPausedActivationDoesNotApplyItsSpec(t *testing.T) {
 		c := condition(a, iteronv1.ConditionReconciling)
 		return a.Status.ObservedGeneration == a.Generation && c != nil && c.Reason == iteronv1.ReasonPaused
 	})
-	// Pausing is a spec change the manager does not apply, so Ready stays
-	// False (Progressing) while paused: the doctor says why.
+	// Pausing alone changes nothing that runs: the activation stays Ready,
+	// and the doctor says it is paused.
 	code, out, _ := cli(t, "doctor", act.Name, "-n", "default")
 	t.Logf("kubectl iteron doctor %s (paused, nothing else changed) → exit %d\n%s", act.Name, code, out)
-	if code != 1 || !strings.Contains(out, "[problem] not_ready") || !strings.Contains(out, "spec.paused is true: the manager does not apply the current spec") || !strings.Contains(out, "[info] paused") {
+	if code != 0 || !strings.Contains(out, "[info] paused") {
 		t.Fatalf("a paused activation that runs its spec: exit %d\n%s", code, out)
 	}
 
