@@ -58,8 +58,14 @@ func parseStrict(line []byte) (Record, hashSpan, *RuleError) {
 	if !bytes.Equal(canon, line) {
 		return Record{}, hashSpan{}, &RuleError{Rule: RuleInvalidJSON, Detail: nonCanonicalDetail(line, canon)}
 	}
-	at := bytes.Index(line, recordHashField) + len(recordHashField)
-	return r, hashSpan{start: at, end: at + len(r.RecordSHA256)}, nil
+	// The span is the value's bytes in the line, escapes included: the hash
+	// input is the line without them.
+	sc := scanner{b: line, p: bytes.Index(line, recordHashField) + len(recordHashField) - 1}
+	_, start, end, _, ok := sc.str("", false)
+	if !ok {
+		return Record{}, hashSpan{}, &RuleError{Rule: RuleInvalidJSON, Detail: "record_sha256 is not a canonical string"}
+	}
+	return r, hashSpan{start: start, end: end}, nil
 }
 
 // nonCanonicalDetail explains why a strictly valid line is not canonical:
