@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"reflect"
 	"testing"
+
+	"iteron.dev/operator/pkg/strictjson"
 )
 
 // FuzzParseLine checks the fast canonical parser against the strict
@@ -57,6 +59,13 @@ func FuzzParseLine(f *testing.F) {
 		again, span, _, ok := parseCanonical(line, &fast, plain)
 		if !ok || !reflect.DeepEqual(again, fast) || span != fastSpan {
 			t.Fatalf("parse with prev = %+v, %v", again, ok)
+		}
+		// The append path's encoder writes exactly strictjson.Canonical's
+		// bytes, for whatever record a line can hold.
+		quick, qerr := canonicalRecord(&fast)
+		slowBytes, serr := strictjson.Canonical(&fast)
+		if qerr != nil || serr != nil || !bytes.Equal(quick, slowBytes) {
+			t.Fatalf("canonicalRecord = %q, %v; strictjson.Canonical = %q, %v", quick, qerr, slowBytes, serr)
 		}
 		blank := fast
 		blank.RecordSHA256 = ""
