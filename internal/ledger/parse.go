@@ -6,8 +6,6 @@ import (
 	"strings"
 	"unicode/utf8"
 
-	"github.com/go-json-experiment/json/jsontext"
-
 	"iteron.dev/operator/pkg/strictjson"
 )
 
@@ -71,7 +69,7 @@ func parseStrict(line []byte) (Record, hashSpan, *RuleError) {
 // nonCanonicalDetail explains why a strictly valid line is not canonical:
 // the members it lacks, or the first byte where it differs.
 func nonCanonicalDetail(line, canon []byte) string {
-	var members map[string]jsontext.Value
+	var members map[string]any
 	if strictjson.Decode(line, &members, MaxRecordBytes) == nil {
 		var missing []string
 		for _, name := range recordFields {
