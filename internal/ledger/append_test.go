@@ -683,3 +683,28 @@ func TestATransactionBlockedAtVerifyRollsBack(t *testing.T) {
 		t.Fatalf("state = %+v", st)
 	}
 }
+
+func TestStatusReadsRunBesideAppends(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "ledger")
+	l := openNew(t, dir, Options{})
+	done := make(chan struct{})
+	readerDone := make(chan struct{})
+	go func() {
+		defer close(readerDone)
+		for {
+			select {
+			case <-done:
+				return
+			default:
+			}
+			s := l.Summary()
+			if len(s.Recent) > RecentRecords || s.Records > 0 && s.Recent[len(s.Recent)-1].Sequence != s.Records-1 {
+				t.Errorf("inconsistent summary %+v", s)
+				return
+			}
+		}
+	}()
+	writeScenario(t, l)
+	close(done)
+	<-readerDone
+}

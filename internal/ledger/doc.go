@@ -9,6 +9,11 @@
 // grammar adds first activations, relaunches, renewals, cold replaces,
 // retirements, segments and forward recovery of an interrupted transaction.
 //
+// Records are written in exactly the bytes strictjson.Canonical (serde_json)
+// produces; the append path writes them with a direct encoder that is
+// tested against strictjson.Canonical, because Canonical's reflection cost
+// sat between every two fdatasyncs (bench/README.md).
+//
 // Writing: Open (or OpenActivation) locks a ledger directory, replays it,
 // truncates a torn tail and reports it; Begin opens a transaction of one Kind
 // and the Txn's methods append its phase records one at a time, each written

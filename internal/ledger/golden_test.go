@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"testing"
+
+	"iteron.dev/operator/pkg/strictjson"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/golden.jsonl")
@@ -134,3 +136,38 @@ func equalStrings(a, b []string) bool {
 }
 
 func itoa(i int) string { return strconv.Itoa(i) }
+
+// TestTheAppendEncoderWritesStrictjsonCanonicalBytes covers the strings on
+// which encoding/json and serde_json differ: the append encoder must fall
+// back to strictjson.Canonical for them, and refuse what Canonical refuses.
+func TestTheAppendEncoderWritesStrictjsonCanonicalBytes(t *testing.T) {
+	base := decodeLines(t, splitLines(scenarioBytes(t)))[18] // a blocked record
+	cases := []struct{ name, reason string }{
+		{"plain ASCII", "provider_failed: exit 1"},
+		{"html characters", "provider_failed: <a href=\"x\">&amp;</a>"},
+		{"line and paragraph separators", "provider_failed: a\u2028b\u2029c"},
+		{"short control escapes", "provider_failed: \b\f\t"},
+		{"other control characters", "provider_failed: \x01\x1f"},
+		{"DEL and C1 controls", "provider_failed: \x7f\u0085"},
+		{"non-ASCII", "provider_failed: café 😀"},
+		{"backslash and quote", `provider_failed: \"`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			r := base
+			r.Reason = strp(tc.reason)
+			got, err := canonicalRecord(&r)
+			must(t, err)
+			want, err := strictjson.Canonical(&r)
+			must(t, err)
+			if !bytes.Equal(got, want) {
+				t.Fatalf("canonicalRecord = %s\nCanonical       = %s", got, want)
+			}
+		})
+	}
+	r := base
+	r.Reason = strp("provider_failed: \xff")
+	if _, err := canonicalRecord(&r); err == nil {
+		t.Fatal("invalid UTF-8 was encoded")
+	}
+}

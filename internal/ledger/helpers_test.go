@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"iteron.dev/operator/pkg/strictjson"
 )
 
@@ -273,3 +275,7 @@ func asRuleError(t testing.TB, err error) *RuleError {
 }
 
 func strp(s string) *string { return &s }
+
+func mkfifo(path string) error { return unix.Mkfifo(path, 0o600) }
+
+func writeFile(path string, data []byte) error { return os.WriteFile(path, data, 0o600) }

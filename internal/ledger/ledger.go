@@ -86,6 +86,7 @@ type Ledger struct {
 	segFirst map[int]uint64
 
 	v       *validator
+	enc     recordEncoder
 	frozen  error
 	closed  bool
 	pending *Txn
@@ -349,7 +350,7 @@ func (l *Ledger) append(r *Record, reserve int64) error {
 	r.SchemaID = SchemaOperator
 	r.Sequence = l.v.next
 	r.PreviousSHA256 = l.v.head
-	line, digest, err := encodeRecord(r)
+	line, digest, err := l.enc.encode(r)
 	if err != nil {
 		return err
 	}
@@ -376,7 +377,7 @@ func (l *Ledger) append(r *Record, reserve int64) error {
 	if err := l.checkUnchanged(); err != nil {
 		return l.freeze(err)
 	}
-	line = append(line, '\n')
+	line = append(line, '\n') // the encoder's buffer, reused
 	if err := writeAll(l.segFD, line); err != nil {
 		return l.freeze(&IOError{Op: "write", Path: l.segPath(), Err: err})
 	}

@@ -6,8 +6,6 @@ import (
 	"strings"
 	"unicode/utf8"
 
-	"github.com/go-json-experiment/json/jsontext"
-
 	"iteron.dev/operator/pkg/strictjson"
 )
 
@@ -58,14 +56,20 @@ func parseStrict(line []byte) (Record, hashSpan, *RuleError) {
 	if !bytes.Equal(canon, line) {
 		return Record{}, hashSpan{}, &RuleError{Rule: RuleInvalidJSON, Detail: nonCanonicalDetail(line, canon)}
 	}
-	at := bytes.Index(line, recordHashField) + len(recordHashField)
-	return r, hashSpan{start: at, end: at + len(r.RecordSHA256)}, nil
+	// The span is the value's bytes in the line, escapes included: the hash
+	// input is the line without them.
+	sc := scanner{b: line, p: bytes.Index(line, recordHashField) + len(recordHashField) - 1}
+	_, start, end, _, ok := sc.str("", false)
+	if !ok {
+		return Record{}, hashSpan{}, &RuleError{Rule: RuleInvalidJSON, Detail: "record_sha256 is not a canonical string"}
+	}
+	return r, hashSpan{start: start, end: end}, nil
 }
 
 // nonCanonicalDetail explains why a strictly valid line is not canonical:
 // the members it lacks, or the first byte where it differs.
 func nonCanonicalDetail(line, canon []byte) string {
-	var members map[string]jsontext.Value
+	var members map[string]any
 	if strictjson.Decode(line, &members, MaxRecordBytes) == nil {
 		var missing []string
 		for _, name := range recordFields {

@@ -2,7 +2,6 @@ package ledger
 
 import (
 	"fmt"
-	"strings"
 	"time"
 )
 
@@ -12,8 +11,9 @@ type TxnSpec struct {
 	// Kind is the transaction kind; it fixes the phase grammar.
 	Kind Kind
 	// ID is the transaction's ID (NewTransactionID). Its lineage must be
-	// New.Generation (Old.Generation for a retirement) and it carries /r<n>
-	// exactly for a renewal or a relaunch.
+	// New.Generation (Old.Generation for a retirement); it carries /r<n> for
+	// a renewal or a relaunch, never for a first activation, hot swap or cold
+	// replace, and for a retirement when the bare ID is taken.
 	ID TransactionID
 	// CandidateSHA256 is the activation's candidate digest.
 	CandidateSHA256 string
@@ -124,19 +124,20 @@ func containsKind(ks []Kind, k Kind) bool {
 }
 
 // reserveFor bounds the bytes a transaction with this identity can write:
-// maxTxnRecords records with every optional field at its largest.
+// maxTxnRecords records with every optional field at its largest (both state
+// digests, the longest block kind, a reason whose every byte needs an
+// escape, 20-digit numbers).
 func reserveFor(r *Record) int64 {
 	probe := *r
 	probe.OldStateSHA256, probe.NewStateSHA256 = ZeroSHA256, ZeroSHA256
+	probe.Sequence, probe.ElapsedMs, probe.PreviousSHA256, probe.RecordSHA256 = ^uint64(0), ^uint64(0), ZeroSHA256, ZeroSHA256
 	kind := BlockValidation
-	reason := strings.Repeat(`"`, MaxReasonBytes) // escapes to two bytes each
-	probe.BlockKind, probe.Reason = &kind, &reason
-	probe.Sequence, probe.ElapsedMs, probe.PreviousSHA256 = ^uint64(0), ^uint64(0), ZeroSHA256
-	line, _, err := encodeRecord(&probe)
-	if err != nil {
-		return maxTxnRecords * (MaxRecordBytes + 1)
-	}
-	return maxTxnRecords * int64(len(line)+1)
+	probe.BlockKind = &kind
+	line := appendRecordJSON(nil, &probe)
+	// A reason escapes to at most two bytes per byte (FormatReason leaves no
+	// control character), plus its quotes, replacing "null".
+	longest := len(line) + 2*MaxReasonBytes + 2 - len("null")
+	return maxTxnRecords * int64(longest+1)
 }
 
 // record builds the next record of the transaction (chain fields are filled
