@@ -161,7 +161,17 @@ func TestApplyInvokeSwapVerifyDelete(t *testing.T) {
 
 	// Re-applying the unchanged activation server-side changes nothing: no
 	// new Generation, no process restarted.
-	before := c.generationPids(t, a)
+	// Generation status is mirrored asynchronously: wait until every
+	// active module's Generation shows its pid.
+	var before map[string]int64
+	for start := time.Now(); ; time.Sleep(100 * time.Millisecond) {
+		if before = c.generationPids(t, a); len(before) == len(a.Status.Modules) {
+			break
+		}
+		if time.Since(start) > time.Minute {
+			t.Fatalf("Generation status never showed every pid: %v", before)
+		}
+	}
 	var gensBefore iteronv1.GenerationList
 	_ = c.client.List(context.Background(), &gensBefore, client.InNamespace(ns))
 	c.kubectlRun(t, "apply", "--server-side", "-f", manifest)
