@@ -3,6 +3,7 @@ package controllers
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -44,18 +45,66 @@ func (r *GenerationReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 	if owner == nil {
 		return ctrl.Result{}, nil
 	}
+	live := gen.Status.Phase == iteronv1.PhaseActive || gen.Status.Phase == iteronv1.PhasePreparing || gen.Status.Phase == iteronv1.PhaseDraining
 	st, ok := r.Coordinator.Status(string(owner.UID))
 	if !ok {
-		return ctrl.Result{}, nil
-	}
-	gs, ok := st.Generations[gen.Name]
-	if !ok {
+		if live {
+			// A restarted manager has not replayed this activation's ledger
+			// yet: look again once it has.
+			return ctrl.Result{RequeueAfter: 5 * time.Second}, nil
+		}
 		return ctrl.Result{}, nil
 	}
 	base := gen.DeepCopy()
+	gs, ok := st.Generations[gen.Name]
+	if !ok {
+		if !live {
+			return ctrl.Result{}, nil
+		}
+		// The status says live, but no process of this manager runs it: a
+		// generation its predecessor left mid-transaction. Once the ledger
+		// names another generation for the module, this one is over.
+		ms, known := st.Modules[gen.Spec.Module]
+		superseded := !known && !st.Busy ||
+			known && ms.Active != "" && ms.Active != gen.Name ||
+			known && ms.Committed != nil && ms.Committed.Name != gen.Name
+		if !superseded {
+			return ctrl.Result{RequeueAfter: 5 * time.Second}, nil
+		}
+		successor := ms.Active
+		if successor == "" && ms.Committed != nil {
+			successor = ms.Committed.Name
+		}
+		markSuperseded(&gen, successor)
+		return ctrl.Result{}, client.IgnoreNotFound(r.Client.Status().Patch(ctx, &gen, client.MergeFrom(base)))
+	}
 	mirrorGeneration(&gen, gs)
 	err := r.Client.Status().Patch(ctx, &gen, client.MergeFrom(base))
 	return ctrl.Result{}, client.IgnoreNotFound(err)
+}
+
+// markSuperseded ends the status of a generation that a previous manager
+// left live and the ledger has since replaced.
+func markSuperseded(gen *iteronv1.Generation, successor string) {
+	s := &gen.Status
+	s.ObservedGeneration = gen.Generation
+	s.Phase, s.Pid = iteronv1.PhaseInactive, 0
+	s.Message = "its process ended with the manager that ran it; the ledger's last committed generation of the module is " + successor
+	if successor == "" {
+		s.Message = "its process ended with the manager that ran it; the module no longer runs"
+	}
+	now := metav1.Now()
+	if s.DrainedAt == nil {
+		s.DrainedAt = &now
+	}
+	for _, c := range []metav1.Condition{
+		{Type: iteronv1.ConditionReady, Status: metav1.ConditionFalse, Reason: iteronv1.ReasonSucceeded, Message: s.Message},
+		{Type: iteronv1.ConditionReconciling, Status: metav1.ConditionFalse, Reason: iteronv1.ReasonSucceeded, Message: "Inactive"},
+		{Type: iteronv1.ConditionStalled, Status: metav1.ConditionFalse, Reason: iteronv1.ReasonSucceeded, Message: "not stalled"},
+	} {
+		c.ObservedGeneration = gen.Generation
+		meta.SetStatusCondition(&s.Conditions, c)
+	}
 }
 
 func timeOrNil(t metav1.Time) *metav1.Time {

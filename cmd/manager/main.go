@@ -11,6 +11,9 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -135,9 +138,10 @@ func run(args []string, stderr io.Writer) int {
 }
 
 // faultKillAfterEnv names the fault-injection point of the crash tests:
-// "<module>:<phase>" makes the manager SIGKILL itself right after that
-// phase's ledger record is durable, as a node crash would. Unset in
-// production; the manager logs loudly when it is set.
+// "<module>:<phase>[:<n>]" makes the manager SIGKILL itself right after the
+// n-th (default first) durable ledger record of that phase for that module,
+// as a node crash would. Unset in production; the manager logs loudly when
+// it is set.
 const faultKillAfterEnv = "ITERON_FAULT_KILL_AFTER"
 
 // faultInjection returns the coordinator's AfterPhase hook for spec, or nil.
@@ -145,9 +149,24 @@ func faultInjection(spec string) func(hotswap.ActivationKey, string, string) {
 	if spec == "" {
 		return nil
 	}
-	ctrl.Log.WithName("setup").Info("FAULT INJECTION ENABLED: the manager kills itself after a phase", "env", faultKillAfterEnv, "point", spec)
+	point, nth := spec, 1
+	if i := strings.LastIndex(spec, ":"); i > 0 && strings.Count(spec, ":") == 2 {
+		if n, err := strconv.Atoi(spec[i+1:]); err == nil && n > 0 {
+			point, nth = spec[:i], n
+		}
+	}
+	ctrl.Log.WithName("setup").Info("FAULT INJECTION ENABLED: the manager kills itself after a phase", "env", faultKillAfterEnv, "point", point, "occurrence", nth)
+	var mu sync.Mutex
+	seen := 0
 	return func(_ hotswap.ActivationKey, module, phase string) {
-		if module+":"+phase == spec {
+		if module+":"+phase != point {
+			return
+		}
+		mu.Lock()
+		seen++
+		fire := seen == nth
+		mu.Unlock()
+		if fire {
 			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 			select {} // never return: the record after this one must not be written
 		}
