@@ -65,6 +65,7 @@ func BenchmarkCallRoundTrip(b *testing.B) {
 		p := launch()
 		defer func() { p.Close() }()
 		ctx := context.Background()
+		b.ReportAllocs()
 		b.ResetTimer()
 		for i := 0; i < b.N; i++ {
 			if p.Budget().StdinBytes < 64<<10 {
@@ -92,6 +93,7 @@ func BenchmarkCallRoundTrip(b *testing.B) {
 		h.counterActivation("default", "bench")
 		req := &gatewayv1.InvokeRequest{Namespace: "default", Activation: "bench", Module: module, InputJson: input}
 		ctx := context.Background()
+		b.ReportAllocs()
 		b.ResetTimer()
 		for i := 0; i < b.N; i++ {
 			if _, err := h.client.Invoke(ctx, req); err != nil {

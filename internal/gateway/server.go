@@ -438,18 +438,19 @@ func (s *Server) begin(ctx context.Context, req callRequest, streaming bool) (*i
 	inv.namespace, inv.activation, inv.module, inv.dispatcher, inv.streaming = req.namespace, req.activation, req.module, d, streaming
 	inv.id, inv.key, inv.runID, inv.fingerprint = id, key, runID, fp
 
+	// A module that cannot serve is reported at once (not recorded: the
+	// call never ran), unless it is being activated: then the call waits.
+	if d.Route() == nil {
+		if err := s.moduleUnavailable(req.namespace, req.activation, req.module); err != nil {
+			return nil, false, err
+		}
+	}
 	known, existing, full := s.table.admit(inv)
 	if full != nil {
 		return nil, false, fail(string(ledger.ReasonQueueFull), fmt.Sprintf("the gateway remembers %d invocations that have not ended; retry later", full.n))
 	}
 	if existing {
 		return s.repeat(known, fp, id, req.namespace)
-	}
-	if d.Route() == nil {
-		if err := s.moduleUnavailable(req.namespace, req.activation, req.module); err != nil {
-			s.table.abandon(inv)
-			return nil, false, err
-		}
 	}
 
 	deadline := time.Now().Add(budget)
