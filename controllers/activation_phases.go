@@ -360,7 +360,13 @@ func (r *ActivationReconciler) reconcileHistory(ctx context.Context, s *activati
 	}
 	byModule := map[string][]iteronv1.Generation{}
 	for _, g := range gens {
-		done := g.Status.Phase == iteronv1.PhaseInactive || g.Status.Phase == iteronv1.PhaseFailed
+		// The coordinator knows a generation is over before its object's
+		// status says so (the mirror is asynchronous).
+		phase := g.Status.Phase
+		if gs, ok := s.status.Generations[g.Name]; ok {
+			phase = gs.Phase
+		}
+		done := phase == iteronv1.PhaseInactive || phase == iteronv1.PhaseFailed
 		if done && !keep[g.Name] {
 			byModule[g.Spec.Module] = append(byModule[g.Spec.Module], g)
 		}
