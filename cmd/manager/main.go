@@ -231,7 +231,7 @@ func newManager(cfg *rest.Config, opts *options, w wiring) (ctrl.Manager, error)
 	if err := mgr.Add(w.notifier); err != nil {
 		return nil, err
 	}
-	for _, c := range hotswap.Collectors() {
+	for _, c := range append(hotswap.Collectors(), gateway.Collectors()...) {
 		if err := metrics.Registry.Register(c); err != nil {
 			return nil, fmt.Errorf("register metrics: %w", err)
 		}

@@ -284,6 +284,7 @@ func (s *Server) Invoke(ctx context.Context, req *gatewayv1.InvokeRequest) (*gat
 		pinned: req.PinnedGeneration,
 	}, false)
 	if err != nil {
+		countCall(req.GetNamespace(), req.GetActivation(), req.GetModule(), err)
 		return nil, err
 	}
 	select {
@@ -312,6 +313,7 @@ func (s *Server) Watch(req *gatewayv1.WatchRequest, stream grpc.ServerStreamingS
 		pinned: req.PinnedGeneration,
 	}, true)
 	if err != nil {
+		countCall(req.GetNamespace(), req.GetActivation(), req.GetModule(), err)
 		return err
 	}
 	if replayed {
@@ -580,7 +582,9 @@ func (s *Server) finish(inv *invocation, res hotswap.Result, err error) {
 	}
 	inv.finished = s.cfg.Now()
 	inv.size = int64(invocationOverhead + len(res.Terminal.Body) + len(inv.message))
+	outcome := inv.err
 	inv.mu.Unlock()
+	countCall(inv.namespace, inv.activation, inv.module, outcome)
 	close(inv.done)
 	inv.signal()
 	s.table.markEnded(inv)
