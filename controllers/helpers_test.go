@@ -7,15 +7,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 	"time"
 
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
@@ -23,16 +19,13 @@ import (
 	"iteron.dev/operator/examples/providers/providertest"
 	"iteron.dev/operator/internal/hotswap"
 	"iteron.dev/operator/internal/ledger"
+	"iteron.dev/operator/test/operatortest"
 )
 
-// source lays out an example provider and returns it as an activation source.
+// source lays out an example provider as an activation source.
 func source(t *testing.T, example, module, id string, argv ...string) iteronv1.ActivationSource {
 	t.Helper()
-	s := providertest.Example(t, example, module, id, argv...)
-	return iteronv1.ActivationSource{
-		Module: module, ImplementationID: id, CatalogPath: s.CatalogPath, ArtifactRoot: s.ArtifactRoot,
-		ManifestSHA256: s.ManifestSHA256, ArtifactSHA256: s.ArtifactSHA256,
-	}
+	return operatortest.Source(t, example, module, id, argv...)
 }
 
 // sourceWithCapabilities is source for a counter v2 that requests caps.
@@ -72,84 +65,30 @@ func newActivation(t *testing.T, prefix string, edit func(*iteronv1.Implementati
 }
 
 func deleteAndWait(t *testing.T, act *iteronv1.ImplementationActivation) {
-	ctx := context.Background()
-	if err := env.Client.Delete(ctx, act); err != nil && !apierrors.IsNotFound(err) {
-		t.Errorf("delete %s: %v", act.Name, err)
-		return
-	}
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		err := env.Client.Get(ctx, client.ObjectKeyFromObject(act), &iteronv1.ImplementationActivation{})
-		if apierrors.IsNotFound(err) {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Errorf("activation %s was not released by its finalizer: %v", act.Name, err)
-			return
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	operatortest.DeleteAndWait(t, env.Client, act)
 }
 
 // waitFor polls an activation until cond holds.
 func waitFor(t *testing.T, act *iteronv1.ImplementationActivation, what string, cond func(*iteronv1.ImplementationActivation) bool) *iteronv1.ImplementationActivation {
 	t.Helper()
-	deadline := time.Now().Add(90 * time.Second)
-	var got iteronv1.ImplementationActivation
-	for {
-		if err := env.Client.Get(context.Background(), client.ObjectKeyFromObject(act), &got); err != nil {
-			t.Fatal(err)
-		}
-		if cond(&got) {
-			return &got
-		}
-		if time.Now().After(deadline) {
-			b, _ := json.MarshalIndent(got.Status, "", "  ")
-			t.Fatalf("%s never became %s; status:\n%s", act.Name, what, b)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	return operatortest.WaitFor(t, env.Client, act, what, cond)
 }
 
 func condition(a *iteronv1.ImplementationActivation, typ string) *metav1.Condition {
-	return meta.FindStatusCondition(a.Status.Conditions, typ)
+	return operatortest.Condition(a, typ)
 }
 
-// ready: Ready=True, Reconciling=False, for the current spec.
-func ready(a *iteronv1.ImplementationActivation) bool {
-	r, rec := condition(a, iteronv1.ConditionReady), condition(a, iteronv1.ConditionReconciling)
-	return a.Status.ObservedGeneration == a.Generation && r != nil && r.Status == metav1.ConditionTrue && r.ObservedGeneration == a.Generation &&
-		rec != nil && rec.Status == metav1.ConditionFalse
-}
+func ready(a *iteronv1.ImplementationActivation) bool { return operatortest.Ready(a) }
 
-// stalled: Stalled=True for the current spec.
-func stalled(a *iteronv1.ImplementationActivation) bool {
-	s := condition(a, iteronv1.ConditionStalled)
-	return a.Status.ObservedGeneration == a.Generation && s != nil && s.Status == metav1.ConditionTrue && s.ObservedGeneration == a.Generation
-}
+func stalled(a *iteronv1.ImplementationActivation) bool { return operatortest.Stalled(a) }
 
 func updateSpec(t *testing.T, act *iteronv1.ImplementationActivation, edit func(*iteronv1.ImplementationActivation)) {
 	t.Helper()
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		var cur iteronv1.ImplementationActivation
-		if err := env.Client.Get(context.Background(), client.ObjectKeyFromObject(act), &cur); err != nil {
-			return err
-		}
-		edit(&cur)
-		return env.Client.Update(context.Background(), &cur)
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	operatortest.UpdateSpec(t, env.Client, act, edit)
 }
 
 func moduleStatus(a *iteronv1.ImplementationActivation, module string) iteronv1.ModuleStatus {
-	for _, m := range a.Status.Modules {
-		if m.Module == module {
-			return m
-		}
-	}
-	return iteronv1.ModuleStatus{}
+	return operatortest.ModuleStatus(a, module)
 }
 
 func runtimeOf(t *testing.T, a *iteronv1.ImplementationActivation) hotswap.ActivationStatus {
@@ -197,18 +136,7 @@ func generations(t *testing.T, a *iteronv1.ImplementationActivation) map[string]
 // waitGeneration polls a Generation until cond holds.
 func waitGeneration(t *testing.T, ns, name, what string, cond func(*iteronv1.Generation) bool) *iteronv1.Generation {
 	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	var g iteronv1.Generation
-	for {
-		err := env.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, &g)
-		if err == nil && cond(&g) {
-			return &g
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("Generation %s never became %s (%v): %+v", name, what, err, g.Status)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	return operatortest.WaitGeneration(t, env.Client, ns, name, what, cond)
 }
 
 // ledgerDir is the activation's ledger directory.
@@ -270,5 +198,3 @@ func pids(t *testing.T, a *iteronv1.ImplementationActivation) map[string]int {
 	}
 	return out
 }
-
-var _ = slices.Equal[[]string]

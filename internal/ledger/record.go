@@ -202,7 +202,7 @@ func validStrings(r *Record) bool {
 func appendRecordJSON(b []byte, r *Record) []byte {
 	str := func(name, v string) {
 		b = append(b, name...)
-		b = appendJSONString(b, v)
+		b = strictjson.AppendString(b, v)
 	}
 	num := func(name string, v uint64) {
 		b = append(b, name...)
@@ -213,7 +213,7 @@ func appendRecordJSON(b []byte, r *Record) []byte {
 		if v == nil {
 			b = append(b, "null"...)
 		} else {
-			b = appendJSONString(b, *v)
+			b = strictjson.AppendString(b, *v)
 		}
 	}
 	str(`{"schema_id":`, string(r.SchemaID))
@@ -240,41 +240,6 @@ func appendRecordJSON(b []byte, r *Record) []byte {
 	num(`,"elapsed_ms":`, r.ElapsedMs)
 	num(`,"deadline_ms":`, r.DeadlineMs)
 	return append(b, '}')
-}
-
-// appendJSONString appends s quoted as serde_json does: '"' and '\\'
-// escaped, control characters as \b \t \n \f \r or \u00xx, everything
-// else literal.
-func appendJSONString(b []byte, s string) []byte {
-	const hexDigits = "0123456789abcdef"
-	b = append(b, '"')
-	start := 0
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if c >= 0x20 && c != '"' && c != '\\' {
-			continue
-		}
-		b = append(b, s[start:i]...)
-		switch c {
-		case '"', '\\':
-			b = append(b, '\\', c)
-		case '\b':
-			b = append(b, '\\', 'b')
-		case '\t':
-			b = append(b, '\\', 't')
-		case '\n':
-			b = append(b, '\\', 'n')
-		case '\f':
-			b = append(b, '\\', 'f')
-		case '\r':
-			b = append(b, '\\', 'r')
-		default:
-			b = append(b, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xf])
-		}
-		start = i + 1
-	}
-	b = append(b, s[start:]...)
-	return append(b, '"')
 }
 
 // recordHashField is the member that the record hash blanks out. In a

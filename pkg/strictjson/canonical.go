@@ -94,7 +94,7 @@ func appendCanonical(out []byte, dec *jsontext.Decoder, sortKeys bool) ([]byte, 
 			if err != nil {
 				return out, err
 			}
-			members = append(members, member{appendString(nil, name), value})
+			members = append(members, member{AppendString(nil, name), value})
 		}
 		if _, err := dec.ReadToken(); err != nil {
 			return out, err
@@ -141,7 +141,7 @@ func appendCanonical(out []byte, dec *jsontext.Decoder, sortKeys bool) ([]byte, 
 		}
 		switch tok.Kind() {
 		case '"':
-			return appendString(out, tok.String()), nil
+			return AppendString(out, tok.String()), nil
 		case '0':
 			return appendNumber(out, tok.String())
 		case 't':
@@ -154,10 +154,11 @@ func appendCanonical(out []byte, dec *jsontext.Decoder, sortKeys bool) ([]byte, 
 	}
 }
 
-// appendString writes s as serde_json does: only '"', '\\' and the control
-// characters below U+0020 are escaped; \b \t \n \f \r have short forms, the
-// rest are \u00xx in lowercase hex.
-func appendString(out []byte, s string) []byte {
+// AppendString appends s as serde_json quotes it: only '"', '\\' and the
+// control characters below U+0020 are escaped; \b \t \n \f \r have short
+// forms, the rest are \u00xx in lowercase hex. s must be valid UTF-8 (the
+// caller checks; Canonical and CanonicalValue refuse anything else).
+func AppendString(out []byte, s string) []byte {
 	const hexDigits = "0123456789abcdef"
 	out = append(out, '"')
 	start := 0

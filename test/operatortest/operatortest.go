@@ -1,0 +1,272 @@
+// Package operatortest runs the real controllers in-process against the
+// real API server (test/kubeapi) with real providers, as the manager's
+// service account with the generated RBAC and the Generation admission
+// policy installed, and holds the helpers the suites share to drive and
+// watch activations. Test packages only.
+package operatortest
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/zap/zapcore"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/fields"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/retry"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	iteronv1 "iteron.dev/operator/api/v1alpha1"
+	"iteron.dev/operator/controllers"
+	"iteron.dev/operator/examples/providers/providertest"
+	"iteron.dev/operator/internal/activation"
+	"iteron.dev/operator/internal/hotswap"
+	"iteron.dev/operator/internal/procexec"
+	"iteron.dev/operator/test/kubeapi"
+)
+
+// ManagerUser is the manager's service account, as the API server names it.
+const ManagerUser = "system:serviceaccount:iteron-system:iteron-manager"
+
+// Options configure an in-process manager.
+type Options struct {
+	// Node is the manager's --node-name.
+	Node string
+	// StateDir is its --state-dir (the executor's records go to procs/).
+	StateDir string
+	// AllowedRoots are its --allowed-roots.
+	AllowedRoots []string
+}
+
+// Manager is the controllers running in-process.
+type Manager struct {
+	// Coordinator is the node-local coordinator the controllers drive.
+	Coordinator *hotswap.Coordinator
+	done        chan struct{}
+}
+
+// StartManager installs config/rbac and config/admission as shipped and
+// runs both controllers as the manager's service account until ctx ends;
+// Stop then shuts the coordinator down.
+func StartManager(ctx context.Context, env *kubeapi.Environment, o Options) (*Manager, error) {
+	level := zapcore.ErrorLevel
+	if os.Getenv("ITERON_TEST_VERBOSE") != "" {
+		level = zapcore.DebugLevel
+	}
+	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(level)))
+	for _, f := range []string{"config/rbac/role.yaml", "config/rbac/role_binding.yaml", "config/admission/generation_writers.yaml"} {
+		if err := ApplyFile(env.Client, filepath.Join(env.RepoRoot, f)); err != nil {
+			return nil, err
+		}
+	}
+	cfg := rest.CopyConfig(env.Config)
+	cfg.Impersonate = rest.ImpersonationConfig{UserName: ManagerUser, Groups: []string{"system:serviceaccounts", "system:serviceaccounts:iteron-system", "system:authenticated"}}
+	ex, err := procexec.NewExecutor(procexec.DefaultConfig(filepath.Join(o.StateDir, "procs")))
+	if err != nil {
+		return nil, err
+	}
+	verifier, err := activation.NewVerifier(activation.Config{AllowedRoots: o.AllowedRoots, Ceiling: []string{"read_only", "reversible_local"}})
+	if err != nil {
+		return nil, err
+	}
+	notifier := controllers.NewNotifier()
+	coordinator, err := hotswap.New(hotswap.Config{StateDir: o.StateDir, Launch: hotswap.NewExecutorLauncher(ex), Notify: notifier.Notify, Log: ctrl.Log.WithName("coordinator")})
+	if err != nil {
+		return nil, err
+	}
+	onNode := cache.ByObject{Field: fields.OneTermEqualSelector("spec.nodeName", o.Node)}
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		Scheme: env.Scheme, Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
+		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{&iteronv1.ImplementationActivation{}: onNode, &iteronv1.Generation{}: onNode}},
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := mgr.Add(notifier); err != nil {
+		return nil, err
+	}
+	act := &controllers.ActivationReconciler{
+		Client: mgr.GetClient(), NodeName: o.Node, Coordinator: coordinator, Resolve: controllers.NewResolver(verifier),
+		Recorder: mgr.GetEventRecorder("iteron-manager"), Notifications: notifier.Activations(),
+		Cleanup: func(_ context.Context, uid string) error { return hotswap.RemoveActivationState(o.StateDir, uid, time.Now()) },
+	}
+	if err := act.SetupWithManager(mgr); err != nil {
+		return nil, err
+	}
+	gen := &controllers.GenerationReconciler{Client: mgr.GetClient(), Coordinator: coordinator, Notifications: notifier.Generations()}
+	if err := gen.SetupWithManager(mgr); err != nil {
+		return nil, err
+	}
+	m := &Manager{Coordinator: coordinator, done: make(chan struct{})}
+	go func() {
+		defer close(m.done)
+		if err := mgr.Start(ctx); err != nil {
+			fmt.Fprintln(os.Stderr, "manager:", err)
+		}
+	}()
+	return m, nil
+}
+
+// Stop waits for the manager (its ctx must be done) and stops every
+// provider.
+func (m *Manager) Stop() {
+	<-m.done
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_ = m.Coordinator.Shutdown(ctx)
+}
+
+// ApplyFile creates every object of a multi-document YAML file (an object
+// that exists is left as it is).
+func ApplyFile(c client.Client, path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	dec := utilyaml.NewYAMLOrJSONDecoder(f, 4096)
+	for {
+		var u unstructured.Unstructured
+		if err := dec.Decode(&u.Object); err != nil {
+			if strings.Contains(err.Error(), "EOF") {
+				return nil
+			}
+			return fmt.Errorf("%s: %w", path, err)
+		}
+		if len(u.Object) == 0 {
+			continue
+		}
+		if err := c.Create(context.Background(), &u); err != nil && !apierrors.IsAlreadyExists(err) {
+			return fmt.Errorf("%s: create %s %s: %w", path, u.GetKind(), u.GetName(), err)
+		}
+	}
+}
+
+// Source lays out an example provider and returns it as an activation
+// source.
+func Source(t testing.TB, example, module, id string, argv ...string) iteronv1.ActivationSource {
+	t.Helper()
+	s := providertest.Example(t, example, module, id, argv...)
+	return iteronv1.ActivationSource{
+		Module: module, ImplementationID: id, CatalogPath: s.CatalogPath, ArtifactRoot: s.ArtifactRoot,
+		ManifestSHA256: s.ManifestSHA256, ArtifactSHA256: s.ArtifactSHA256,
+	}
+}
+
+// DeleteAndWait deletes an activation and waits until its finalizer let it
+// go.
+func DeleteAndWait(t testing.TB, c client.Client, act *iteronv1.ImplementationActivation) {
+	t.Helper()
+	ctx := context.Background()
+	if err := c.Delete(ctx, act); err != nil && !apierrors.IsNotFound(err) {
+		t.Errorf("delete %s: %v", act.Name, err)
+		return
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		err := c.Get(ctx, client.ObjectKeyFromObject(act), &iteronv1.ImplementationActivation{})
+		if apierrors.IsNotFound(err) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("activation %s was not released by its finalizer: %v", act.Name, err)
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// WaitFor polls an activation until cond holds.
+func WaitFor(t testing.TB, c client.Client, act *iteronv1.ImplementationActivation, what string, cond func(*iteronv1.ImplementationActivation) bool) *iteronv1.ImplementationActivation {
+	t.Helper()
+	deadline := time.Now().Add(90 * time.Second)
+	var got iteronv1.ImplementationActivation
+	for {
+		if err := c.Get(context.Background(), client.ObjectKeyFromObject(act), &got); err != nil {
+			t.Fatal(err)
+		}
+		if cond(&got) {
+			return &got
+		}
+		if time.Now().After(deadline) {
+			b, _ := json.MarshalIndent(got.Status, "", "  ")
+			t.Fatalf("%s never became %s; status:\n%s", act.Name, what, b)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// WaitGeneration polls a Generation until cond holds.
+func WaitGeneration(t testing.TB, c client.Client, ns, name, what string, cond func(*iteronv1.Generation) bool) *iteronv1.Generation {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	var g iteronv1.Generation
+	for {
+		err := c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, &g)
+		if err == nil && cond(&g) {
+			return &g
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Generation %s never became %s (%v): %+v", name, what, err, g.Status)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// UpdateSpec edits an activation, retrying on conflicts.
+func UpdateSpec(t testing.TB, c client.Client, act *iteronv1.ImplementationActivation, edit func(*iteronv1.ImplementationActivation)) {
+	t.Helper()
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		var cur iteronv1.ImplementationActivation
+		if err := c.Get(context.Background(), client.ObjectKeyFromObject(act), &cur); err != nil {
+			return err
+		}
+		edit(&cur)
+		return c.Update(context.Background(), &cur)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Condition returns a condition of an activation, or nil.
+func Condition(a *iteronv1.ImplementationActivation, typ string) *metav1.Condition {
+	return meta.FindStatusCondition(a.Status.Conditions, typ)
+}
+
+// Ready: Ready=True, Reconciling=False, for the current spec.
+func Ready(a *iteronv1.ImplementationActivation) bool {
+	r, rec := Condition(a, iteronv1.ConditionReady), Condition(a, iteronv1.ConditionReconciling)
+	return a.Status.ObservedGeneration == a.Generation && r != nil && r.Status == metav1.ConditionTrue && r.ObservedGeneration == a.Generation &&
+		rec != nil && rec.Status == metav1.ConditionFalse
+}
+
+// Stalled: Stalled=True for the current spec.
+func Stalled(a *iteronv1.ImplementationActivation) bool {
+	s := Condition(a, iteronv1.ConditionStalled)
+	return a.Status.ObservedGeneration == a.Generation && s != nil && s.Status == metav1.ConditionTrue && s.ObservedGeneration == a.Generation
+}
+
+// ModuleStatus is a module's entry in status.modules (zero when absent).
+func ModuleStatus(a *iteronv1.ImplementationActivation, module string) iteronv1.ModuleStatus {
+	for _, m := range a.Status.Modules {
+		if m.Module == module {
+			return m
+		}
+	}
+	return iteronv1.ModuleStatus{}
+}
