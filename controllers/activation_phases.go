@@ -447,6 +447,7 @@ func (r *ActivationReconciler) summarize(s *activationScope) {
 			act.Status.Plan = planStatus(s)
 		}
 	}
+	r.recordTransitions(s)
 	active := int32(0)
 	for _, ms := range act.Status.Modules {
 		if ms.Phase == iteronv1.PhaseActive {
@@ -460,6 +461,24 @@ func (r *ActivationReconciler) summarize(s *activationScope) {
 	}
 	if s.haveStatus && (st.Busy || st.AppliedSpecGeneration < act.Generation && !act.Spec.Paused) {
 		s.requeueAfter = 10 * time.Second
+	}
+}
+
+// recordTransitions emits an event for each module whose active generation
+// or failure changed since the status this reconcile started from.
+func (r *ActivationReconciler) recordTransitions(s *activationScope) {
+	before := map[string]iteronv1.ModuleStatus{}
+	for _, ms := range s.base.Status.Modules {
+		before[ms.Module] = ms
+	}
+	for _, ms := range s.act.Status.Modules {
+		old := before[ms.Module]
+		if ms.Phase == iteronv1.PhaseActive && (old.Phase != iteronv1.PhaseActive || old.GenerationName != ms.GenerationName) {
+			r.Recorder.Eventf(s.act, nil, corev1.EventTypeNormal, "ModuleActive", "Activate", "module %s serves %s (generation %d, %s)", ms.Module, ms.GenerationName, ms.Generation, ms.ImplementationID)
+		}
+		if ms.Reason != "" && ms.Reason != old.Reason && ms.Reason != iteronv1.CodeDependencyUnsatisfied {
+			r.Recorder.Eventf(s.act, nil, corev1.EventTypeWarning, reasonOf(ms.Reason), "Transact", "module %s: %s", ms.Module, truncate(ms.Message, 512))
+		}
 	}
 }
 

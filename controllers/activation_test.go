@@ -109,6 +109,7 @@ func TestHotSwapV1ToV2MigratesStateAndReapsTheOldGeneration(t *testing.T) {
 	if len(txs) != 2 || !slices.Equal(txs[1], want) {
 		t.Fatalf("ledger transactions %v; want a first activation then %v", txs, want)
 	}
+	waitEvent(t, got, "ModuleActive", cur.GenerationName)
 	if p := got.Status.Plan; !slices.Equal(p.Reloaded, []string{"prompt_system"}) || len(p.Unchanged) != 0 {
 		t.Fatalf("plan of the v2 spec: %+v; want prompt_system Reloaded", p)
 	}

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	eventsv1 "k8s.io/api/events/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -197,4 +198,26 @@ func pids(t *testing.T, a *iteronv1.ImplementationActivation) map[string]int {
 		out[m] = ms.Pid
 	}
 	return out
+}
+
+// waitEvent waits for an event about the activation with reason whose note
+// mentions text.
+func waitEvent(t *testing.T, a *iteronv1.ImplementationActivation, reason, text string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var list eventsv1.EventList
+		if err := env.Client.List(context.Background(), &list, client.InNamespace(a.Namespace)); err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range list.Items {
+			if e.Regarding.Name == a.Name && e.Reason == reason && strings.Contains(e.Note, text) {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no %s event mentioning %q for %s", reason, text, a.Name)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }

@@ -149,7 +149,7 @@ func (c *cluster) setupLocal(root string) error {
 	if c.env, err = kubeapi.Start(); err != nil {
 		return err
 	}
-	fmt.Printf("e2e runs against the local control plane: kube-apiserver %s\n", c.env.ServerVersion)
+	fmt.Printf("e2e tests run against kube-apiserver %s (the local control plane, the manager binary as a process)\n", c.env.ServerVersion)
 	c.client = c.env.Client
 	if err := kubeapi.EnsureNode(context.Background(), c.client, c.node); err != nil {
 		return err
