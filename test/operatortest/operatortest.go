@@ -102,7 +102,9 @@ func StartManager(ctx context.Context, env *kubeapi.Environment, o Options) (*Ma
 	act := &controllers.ActivationReconciler{
 		Client: mgr.GetClient(), NodeName: o.Node, Coordinator: coordinator, Resolve: controllers.NewResolver(verifier),
 		Recorder: mgr.GetEventRecorder("iteron-manager"), Notifications: notifier.Activations(),
-		Cleanup: func(_ context.Context, uid string) error { return hotswap.RemoveActivationState(o.StateDir, uid, time.Now()) },
+		Cleanup: func(_ context.Context, uid string) error {
+			return hotswap.RemoveActivationState(o.StateDir, uid, time.Now())
+		},
 	}
 	if err := act.SetupWithManager(mgr); err != nil {
 		return nil, err
