@@ -15,10 +15,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -155,12 +157,21 @@ func (d *demo) run(ctx context.Context) error {
 	}
 
 	d.step("Lay out the example providers (counter v1 and v2, digests computed from the bytes written)")
-	out, err := d.sh(ctx, "go run ./hack/catalog -out "+d.providers+" -modules prompt_system,context_assembly", "go", "run", "./hack/catalog", "-out", d.providers, "-modules", "prompt_system,context_assembly")
+	fmt.Fprintf(d.out, "   $ go run ./hack/catalog -out %s -modules prompt_system,context_assembly\n", d.providers)
+	cat := exec.CommandContext(ctx, "go", "run", "./hack/catalog", "-out", d.providers, "-modules", "prompt_system,context_assembly")
+	cat.Dir = d.root
+	cat.Stderr = os.Stderr
+	out, err := cat.Output()
 	if err != nil {
+		return fmt.Errorf("hack/catalog: %w", err)
+	}
+	if err := d.parseSources(string(out)); err != nil {
 		return err
 	}
-	if err := d.parseSources(out); err != nil {
-		return err
+	d.say("%-20s %-30s %-8s %s", "MODULE", "IMPLEMENTATION", "VERSION", "ARTIFACT")
+	for _, key := range slices.Sorted(maps.Keys(d.sources)) {
+		s := d.sources[key]
+		d.say("%-20s %-30s %-8s %s…", s.Module, s.ImplementationID, s.Version, s.ArtifactSHA256[:19])
 	}
 
 	d.step("Start etcd and kube-apiserver on 127.0.0.1, install the CRDs, register this node (" + d.node + ")")
@@ -224,12 +235,12 @@ func (d *demo) run(ctx context.Context) error {
 	if err := d.waitReady(ctx, "prompt_system", "counter-v2"); err != nil {
 		return err
 	}
-	out, err = d.invoke(ctx, `{"key":"alpha","add":1}`)
+	answer, err := d.invoke(ctx, `{"key":"alpha","add":1}`)
 	if err != nil {
 		return err
 	}
-	if !strings.Contains(out, `"count":4`) || !strings.Contains(out, `"2.0.0"`) {
-		return fmt.Errorf("after the swap v2 answered %q; want alpha=4 from version 2.0.0 (the migrated state)", strings.TrimSpace(out))
+	if !strings.Contains(answer, `"count":4`) || !strings.Contains(answer, `"2.0.0"`) {
+		return fmt.Errorf("after the swap v2 answered %q; want alpha=4 from version 2.0.0 (the migrated state)", strings.TrimSpace(answer))
 	}
 	d.say("v2 answered alpha=4: the state v1 built (2+1) was migrated into v2's layout")
 	d.say("context_assembly, prompt_system's direct consumer, was reloaded too (its epoch covers prompt_system's identity), its state carried over")
