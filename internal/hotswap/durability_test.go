@@ -163,7 +163,7 @@ func TestAProviderThatCrashesOnEveryRunFailsAfterTheCrashBudget(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	if crashes < CrashBudget {
-		t.Fatalf("Failed after %d crashing calls, want %d", crashes, CrashBudget)
+		t.Fatalf("Failed after %d crashing calls, want %d; ledger:\n%s", crashes, CrashBudget, strings.Join(h.ledgerPhases(), "\n"))
 	}
 	relaunches := 0
 	for _, p := range h.ledgerPhases() {
@@ -172,7 +172,9 @@ func TestAProviderThatCrashesOnEveryRunFailsAfterTheCrashBudget(t *testing.T) {
 		}
 	}
 	if relaunches != CrashBudget {
-		t.Fatalf("%d transactions (1 activation + relaunches), want %d", relaunches, CrashBudget)
+		// Every transaction — the activation and each relaunch — ended in a
+		// crash (a relaunch that fails counts as one).
+		t.Fatalf("%d transactions (1 activation + relaunches), want %d; ledger:\n%s", relaunches, CrashBudget, strings.Join(h.ledgerPhases(), "\n"))
 	}
 }
 
