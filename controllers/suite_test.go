@@ -1,11 +1,7 @@
 package controllers_test
 
 import (
-	"context"
-	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"testing"
 
 	"iteron.dev/operator/internal/hotswap"
@@ -27,59 +23,7 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	os.Exit(testMain(m))
-}
-
-func testMain(m *testing.M) int {
-	base, err := os.MkdirTemp("", "iteron-controllers-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	defer os.RemoveAll(base)
-	// Provider artifacts (t.TempDir, the providers built for the tests) go
-	// under the allowed root; the state dir lies outside it, as the
-	// manager's flags require.
-	providersDir, stateDir = filepath.Join(base, "providers"), filepath.Join(base, "state")
-	for _, d := range []string{providersDir, stateDir} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
-		}
-	}
-	os.Setenv("TMPDIR", providersDir)
-
-	if env, err = kubeapi.Start(); err != nil {
-		fmt.Fprintln(os.Stderr, "start the local control plane:", err)
-		return 1
-	}
-	defer env.Stop()
-	fmt.Printf("controller tests run against kube-apiserver %s\n", env.ServerVersion)
-
-	cliBin = filepath.Join(base, "kubectl-iteron")
-	if out, err := exec.Command("go", "build", "-o", cliBin, "../cmd/kubectl-iteron").CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "build kubectl-iteron: %v\n%s", err, out)
-		return 1
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	stop, err := startManager(ctx)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "start the manager:", err)
-		return 1
-	}
-	code := m.Run()
-	cancel()
-	stop()
-	return code
-}
-
-// startManager runs the controllers in-process (test/operatortest).
-func startManager(ctx context.Context) (func(), error) {
-	m, err := operatortest.StartManager(ctx, env, operatortest.Options{Node: testNode, StateDir: stateDir, AllowedRoots: []string{providersDir}})
-	if err != nil {
-		return nil, err
-	}
-	coordinator = m.Coordinator
-	return m.Stop, nil
+	os.Exit(operatortest.Run(m, "controller", testNode, func(s *operatortest.Suite) {
+		env, coordinator, stateDir, providersDir, cliBin = s.Env, s.Manager.Coordinator, s.StateDir, s.ProvidersDir, s.CLI
+	}))
 }

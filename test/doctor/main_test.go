@@ -1,11 +1,7 @@
 package doctor_test
 
 import (
-	"context"
-	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"testing"
 
 	"iteron.dev/operator/test/kubeapi"
@@ -30,64 +26,7 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	os.Exit(testMain(m))
-}
-
-func testMain(m *testing.M) int {
-	base, err := os.MkdirTemp("", "iteron-doctor-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	defer os.RemoveAll(base)
-	// Provider artifacts (t.TempDir, the providers built for the tests) go
-	// under the allowed root; the state dir lies outside it, as the
-	// manager's flags require.
-	providersDir, stateDir = filepath.Join(base, "providers"), filepath.Join(base, "state")
-	for _, d := range []string{providersDir, stateDir} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
-		}
-	}
-	os.Setenv("TMPDIR", providersDir)
-
-	if env, err = kubeapi.Start(); err != nil {
-		fmt.Fprintln(os.Stderr, "start the local control plane:", err)
-		return 1
-	}
-	defer env.Stop()
-	fmt.Printf("doctor tests run against kube-apiserver %s\n", env.ServerVersion)
-
-	if kubeconfig, err = env.Kubeconfig(base); err != nil {
-		fmt.Fprintln(os.Stderr, "write a kubeconfig:", err)
-		return 1
-	}
-	cliBin = filepath.Join(base, "kubectl-iteron")
-	if out, err := exec.Command("go", "build", "-o", cliBin, "../../cmd/kubectl-iteron").CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "build kubectl-iteron: %v\n%s", err, out)
-		return 1
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	stop, err := startManager(ctx)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "start the manager:", err)
-		return 1
-	}
-	code := m.Run()
-	cancel()
-	stop()
-	return code
-}
-
-// startManager runs the controllers in-process (test/operatortest), with
-// the executor's process records under <stateDir>/procs as cmd/manager lays
-// them out.
-func startManager(ctx context.Context) (func(), error) {
-	m, err := operatortest.StartManager(ctx, env, operatortest.Options{Node: testNode, StateDir: stateDir, AllowedRoots: []string{providersDir}})
-	if err != nil {
-		return nil, err
-	}
-	return m.Stop, nil
+	os.Exit(operatortest.Run(m, "doctor", testNode, func(s *operatortest.Suite) {
+		env, stateDir, providersDir, cliBin, kubeconfig = s.Env, s.StateDir, s.ProvidersDir, s.CLI, s.Kubeconfig
+	}))
 }

@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -271,4 +272,73 @@ func ModuleStatus(a *iteronv1.ImplementationActivation, module string) iteronv1.
 		}
 	}
 	return iteronv1.ModuleStatus{}
+}
+
+// Suite is a test package's world: the local control plane, a providers
+// dir (TMPDIR, so everything the tests build lands under the manager's
+// allowed root), a state dir outside it (as the manager's flags require),
+// the kubectl-iteron binary, an administrator kubeconfig, and the manager
+// running in-process.
+type Suite struct {
+	// Env is the local control plane.
+	Env *kubeapi.Environment
+	// Base holds everything below; removed at the end.
+	Base string
+	// ProvidersDir is the allowed root and TMPDIR.
+	ProvidersDir string
+	// StateDir is the manager's state dir.
+	StateDir string
+	// CLI is the built kubectl-iteron.
+	CLI string
+	// Kubeconfig reaches the API server as an administrator.
+	Kubeconfig string
+	// Manager runs the controllers.
+	Manager *Manager
+}
+
+// Run sets a Suite up for a test package (name appears in the log line
+// that records the API server's version), hands it to ready, runs the
+// tests, tears everything down and returns the exit code for os.Exit.
+func Run(m *testing.M, name, node string, ready func(*Suite)) int {
+	s := &Suite{}
+	var err error
+	if s.Base, err = os.MkdirTemp("", "iteron-"+name+"-"); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(s.Base)
+	s.ProvidersDir, s.StateDir = filepath.Join(s.Base, "providers"), filepath.Join(s.Base, "state")
+	for _, d := range []string{s.ProvidersDir, s.StateDir} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+	}
+	os.Setenv("TMPDIR", s.ProvidersDir)
+	if s.Env, err = kubeapi.Start(); err != nil {
+		fmt.Fprintln(os.Stderr, "start the local control plane:", err)
+		return 1
+	}
+	defer s.Env.Stop()
+	fmt.Printf("%s tests run against kube-apiserver %s\n", name, s.Env.ServerVersion)
+	if s.Kubeconfig, err = s.Env.Kubeconfig(s.Base); err != nil {
+		fmt.Fprintln(os.Stderr, "write a kubeconfig:", err)
+		return 1
+	}
+	s.CLI = filepath.Join(s.Base, "kubectl-iteron")
+	if out, err := exec.Command("go", "build", "-o", s.CLI, filepath.Join(s.Env.RepoRoot, "cmd", "kubectl-iteron")).CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "build kubectl-iteron: %v\n%s", err, out)
+		return 1
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if s.Manager, err = StartManager(ctx, s.Env, Options{Node: node, StateDir: s.StateDir, AllowedRoots: []string{s.ProvidersDir}}); err != nil {
+		fmt.Fprintln(os.Stderr, "start the manager:", err)
+		return 1
+	}
+	ready(s)
+	code := m.Run()
+	cancel()
+	s.Manager.Stop()
+	return code
 }
