@@ -77,7 +77,7 @@ func TestHandshakeNamesTheNodeTheInstanceAndTheModulesTheCallerMaySee(t *testing
 		t.Fatalf("caller %+v", c)
 	}
 	_, err = h.client.Handshake(ctx, &gatewayv1.HandshakeRequest{ProtocolVersion: "iteron-gateway/9"})
-	wantFailure(t, err, codes.FailedPrecondition, "unsupported_version", "iteron-gateway/9", ProtocolVersion)
+	expectFailure(t, err, codes.FailedPrecondition, "unsupported_version", "iteron-gateway/9", ProtocolVersion)
 }
 
 func TestWatchStreamsEveryObservationInOrder(t *testing.T) {
@@ -213,7 +213,7 @@ func TestCancellingAQueuedCallWithdrawsItAndItNeverRuns(t *testing.T) {
 	if err != nil || st.State != gatewayv1.InvocationState_INVOCATION_STATE_FAILED || st.Reason != ReasonCancelled || !strings.Contains(st.Message, "changed my mind") {
 		t.Fatalf("cancel of a queued call: %v %v; want FAILED, reason cancelled, naming the reason", st, err)
 	}
-	wantFailure(t, <-queued, codes.Canceled, ReasonCancelled)
+	expectFailure(t, <-queued, codes.Canceled, ReasonCancelled)
 	if err := <-slow; err != nil {
 		t.Fatalf("the running call: %v", err)
 	}
@@ -247,7 +247,7 @@ func TestCancellingARunningCallAsksTheProviderAndTheWatchEndsCancelled(t *testin
 		t.Fatalf("cancel of a running call: %v; want CANCELLATION_REQUESTED (or already FAILED)", st)
 	}
 	_, err = stream.Recv()
-	wantFailure(t, err, codes.Canceled, ReasonCancelled)
+	expectFailure(t, err, codes.Canceled, ReasonCancelled)
 	if waited := time.Since(start); waited > 10*time.Second {
 		t.Fatalf("the cancelled run ended after %v; its sleep was 20 s", waited)
 	}
@@ -329,7 +329,7 @@ func TestARepeatedInvocationIDReturnsTheFirstOutcomeAndNeverRunsTwice(t *testing
 	// The same ID for a different call is refused, not answered with the
 	// first call's outcome.
 	_, err = h.invoke(nil, &gatewayv1.InvokeRequest{Namespace: "default", Activation: "stack", Module: module, InvocationId: "once-1", InputJson: `{"key":"k","add":6}`})
-	wantFailure(t, err, codes.AlreadyExists, ReasonInvocationConflict, `"once-1"`)
+	expectFailure(t, err, codes.AlreadyExists, ReasonInvocationConflict, `"once-1"`)
 	// IDs are per namespace: another namespace's once-1 is its own call.
 	other, err := h.invoke(nil, &gatewayv1.InvokeRequest{Namespace: "other", Activation: "stack", Module: module, InvocationId: "once-1", InputJson: `{"key":"k","add":5}`})
 	if err != nil || other.Replayed || decodeCounter(t, other.ObservationJson).Count != 5 {
@@ -384,7 +384,7 @@ func TestAPinnedCallFailsWithStaleGenerationAfterACutover(t *testing.T) {
 	next := h.deploy(a, counterImpl(t, module, "counter-b"), hotswap.SwapPolicy{})
 	h.settle(a, next)
 	_, err = h.invoke(nil, &gatewayv1.InvokeRequest{Namespace: "default", Activation: "stack", Module: module, InvocationId: "pinned-old", InputJson: `{"key":"p","add":2}`, PinnedGeneration: &one})
-	f := wantFailure(t, err, codes.FailedPrecondition, "stale_generation", "generation 2", "pins 1")
+	f := expectFailure(t, err, codes.FailedPrecondition, "stale_generation", "generation 2", "pins 1")
 	if f.Generation != 2 {
 		t.Fatalf("failure detail %+v; want the serving generation 2", f)
 	}
@@ -467,7 +467,7 @@ func TestDeadlines(t *testing.T) {
 		})
 		start := time.Now()
 		_, err := h.invoke(nil, &gatewayv1.InvokeRequest{Namespace: "default", Activation: "stack", Module: module, InvocationId: "late", InputJson: `{"key":"d","add":100}`, DeadlineMs: 300})
-		wantFailure(t, err, codes.DeadlineExceeded, "deadline_exceeded", "queue")
+		expectFailure(t, err, codes.DeadlineExceeded, "deadline_exceeded", "queue")
 		if el := time.Since(start); el < 250*time.Millisecond || el > 1100*time.Millisecond {
 			t.Fatalf("failed after %v; want about the 300 ms deadline", el)
 		}
@@ -536,7 +536,7 @@ func TestRequestsAreValidatedBeforeAnythingRuns(t *testing.T) {
 			r := &gatewayv1.InvokeRequest{Namespace: ok.Namespace, Activation: ok.Activation, Module: ok.Module, InputJson: ok.InputJson}
 			tc.edit(r)
 			_, err := h.invoke(nil, r)
-			wantFailure(t, err, tc.code, tc.reason, tc.frag)
+			expectFailure(t, err, tc.code, tc.reason, tc.frag)
 		})
 	}
 	entries, _, _, _ := h.server.table.stats()
@@ -550,9 +550,9 @@ func TestACallWithoutPeerCredentialsIsUnauthenticated(t *testing.T) {
 	// A context that did not come through the unix socket transport.
 	ctx := metadata.NewIncomingContext(context.Background(), metadata.MD{})
 	_, err := h.server.Invoke(ctx, &gatewayv1.InvokeRequest{Namespace: "default", Activation: "stack", Module: module})
-	wantFailure(t, err, codes.Unauthenticated, ReasonUnauthenticated, "peer credentials")
+	expectFailure(t, err, codes.Unauthenticated, ReasonUnauthenticated, "peer credentials")
 	_, err = h.server.Handshake(ctx, &gatewayv1.HandshakeRequest{})
-	wantFailure(t, err, codes.Unauthenticated, ReasonUnauthenticated)
+	expectFailure(t, err, codes.Unauthenticated, ReasonUnauthenticated)
 }
 
 func TestAFullQueueRefusesWithResourceExhaustedAndTheIDStaysUsable(t *testing.T) {
@@ -576,7 +576,7 @@ func TestAFullQueueRefusesWithResourceExhaustedAndTheIDStaysUsable(t *testing.T)
 	}
 	req := &gatewayv1.InvokeRequest{Namespace: "default", Activation: "stack", Module: module, InvocationId: "refused", InputJson: `{"key":"f","add":1}`}
 	_, err := h.invoke(nil, req)
-	wantFailure(t, err, codes.ResourceExhausted, "queue_full")
+	expectFailure(t, err, codes.ResourceExhausted, "queue_full")
 	for range 2 {
 		if err := <-errs; err != nil {
 			t.Fatal(err)
@@ -603,7 +603,7 @@ func TestAModuleThatCannotServeIsReportedAtOnce(t *testing.T) {
 	})
 	start := time.Now()
 	_, err := h.invoke(nil, &gatewayv1.InvokeRequest{Namespace: "default", Activation: "broken", Module: module, InputJson: `{"key":"b","add":1}`, DeadlineMs: 20000})
-	wantFailure(t, err, codes.Unavailable, "activation_failed", "no active generation")
+	expectFailure(t, err, codes.Unavailable, "activation_failed", "no active generation")
 	if el := time.Since(start); el > 2*time.Second {
 		t.Fatalf("answered after %v: the call waited instead of failing at once", el)
 	}
@@ -630,7 +630,7 @@ func TestStaleOutputIsDroppedAndTheCallFails(t *testing.T) {
 		t.Fatalf("dropped %d, queued %d; want the stale observation dropped", srv.DroppedObservations(), len(inv.events))
 	}
 	srv.finish(inv, hotswap.Result{Lineage: 1, Name: "g1", Terminal: hotswap.Observation{Terminal: true, Body: []byte(`{"count":1}`)}}, nil)
-	f := wantFailure(t, inv.err, codes.FailedPrecondition, "stale_generation", "dropped")
+	f := expectFailure(t, inv.err, codes.FailedPrecondition, "stale_generation", "dropped")
 	if f.Generation != 2 || inv.result.Terminal.Body != nil {
 		t.Fatalf("detail %+v, result %+v; want the serving generation and no output", f, inv.result)
 	}

@@ -334,7 +334,7 @@ func (h *harness) count(a *activationRef, module, key string, add int) (counterR
 
 // wantFailure checks that err is a gateway status with code and reason, and
 // that its message starts with "<reason>: " and contains every fragment.
-func wantFailure(tb testing.TB, err error, code codes.Code, reason string, fragments ...string) *gatewayv1.Failure {
+func expectFailure(tb testing.TB, err error, code codes.Code, reason string, fragments ...string) *gatewayv1.Failure {
 	tb.Helper()
 	if err == nil {
 		tb.Fatalf("no error; want %s (%s)", code, reason)

@@ -169,31 +169,16 @@ func (r *txnRun) ledgerFailure(err error) {
 	r.a.log("ledger append failed", "error", err.Error())
 }
 
-func stepOf(p ledger.Phase) iteronv1.GenerationStep {
-	switch p {
-	case ledger.PhaseVerify:
-		return iteronv1.StepVerify
-	case ledger.PhaseShadowLoad:
-		return iteronv1.StepShadowLoad
-	case ledger.PhaseQuiesce:
-		return iteronv1.StepQuiesce
-	case ledger.PhaseSnapshot:
-		return iteronv1.StepSnapshot
-	case ledger.PhaseMigrate:
-		return iteronv1.StepMigrate
-	case ledger.PhaseRestore:
-		return iteronv1.StepRestore
-	case ledger.PhaseReadiness:
-		return iteronv1.StepReadiness
-	case ledger.PhaseAtomicSwitch:
-		return iteronv1.StepAtomicSwitch
-	case ledger.PhaseDrain:
-		return iteronv1.StepDrain
-	case ledger.PhaseCommitted:
-		return iteronv1.StepCommitted
-	}
-	return ""
+// phaseSteps names the Generation step of each ledger phase.
+var phaseSteps = map[ledger.Phase]iteronv1.GenerationStep{
+	ledger.PhaseVerify: iteronv1.StepVerify, ledger.PhaseShadowLoad: iteronv1.StepShadowLoad,
+	ledger.PhaseQuiesce: iteronv1.StepQuiesce, ledger.PhaseSnapshot: iteronv1.StepSnapshot,
+	ledger.PhaseMigrate: iteronv1.StepMigrate, ledger.PhaseRestore: iteronv1.StepRestore,
+	ledger.PhaseReadiness: iteronv1.StepReadiness, ledger.PhaseAtomicSwitch: iteronv1.StepAtomicSwitch,
+	ledger.PhaseDrain: iteronv1.StepDrain, ledger.PhaseCommitted: iteronv1.StepCommitted,
 }
+
+func stepOf(p ledger.Phase) iteronv1.GenerationStep { return phaseSteps[p] }
 
 // newGeneration registers a generation for a target and marks it Preparing.
 func (a *activationRuntime) newGeneration(m *moduleRuntime, t ModuleTarget) *generationRuntime {
