@@ -462,8 +462,13 @@ func (s *Server) begin(ctx context.Context, req callRequest, streaming bool) (*i
 	}
 	call := hotswap.Call{
 		ID: inv.runID, Input: input, Deadline: deadline, PinnedLineage: pinned,
-		Observe: func(o hotswap.Observation) { s.observe(inv, o) },
 		OnStart: func(r hotswap.Route) { s.started(inv, r) },
+	}
+	if streaming {
+		// Only a Watch needs the run's observations (an Invoke gets the
+		// terminal one as the result, and the dispatcher drops the output
+		// of a generation it no longer routes to).
+		call.Observe = func(o hotswap.Observation) { s.observe(inv, o) }
 	}
 	s.calls.Add(1)
 	go func() {

@@ -26,7 +26,8 @@ type Observation struct {
 type Backend interface {
 	// Run starts a run and blocks until its terminal observation or error,
 	// passing every observation (the terminal one included) to observe in
-	// order. ctx ends the wait only; cancelling a run is Cancel's job.
+	// order when observe is not nil. ctx ends the wait only; cancelling a run
+	// is Cancel's job.
 	Run(ctx context.Context, runID string, input []byte, deadline time.Duration, observe func(Observation)) (Observation, error)
 	// Cancel asks the provider to cancel a run and waits (bounded by the
 	// cancellation deadline) for it to end.
@@ -308,14 +309,19 @@ func (d *Dispatcher) run(p *pendingCall, route Route, deadline time.Duration) {
 	if p.call.OnStart != nil {
 		p.call.OnStart(route)
 	}
-	observe := p.call.Observe
-	if observe == nil {
-		observe = func(Observation) {}
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), deadline+time.Second)
-	terminal, err := route.Backend.Run(ctx, p.call.ID, p.call.Input, deadline, observe)
+	terminal, err := route.Backend.Run(ctx, p.call.ID, p.call.Input, deadline, p.call.Observe)
 	cancel()
 	p.result = Result{Lineage: route.Lineage, Name: route.Name, Terminal: terminal, QueuedFor: started.Sub(p.enqueued)}
+	d.mu.Lock()
+	current := d.route
+	d.mu.Unlock()
+	if err == nil && (current == nil || current.Lineage != route.Lineage) {
+		// The route only switches between runs, so this cannot happen; if
+		// it ever did, output of a generation no longer routed is dropped.
+		p.result = Result{}
+		err = &CallError{Code: CodeStaleGeneration, Message: fmt.Sprintf("generation %d answered after module %s had switched away from it; its output was dropped", route.Lineage, d.module)}
+	}
 	if err != nil {
 		var ce *CallError
 		if !errors.As(err, &ce) {

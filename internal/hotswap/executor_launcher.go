@@ -68,8 +68,12 @@ func (pp *processProvider) Run(ctx context.Context, runID string, input []byte, 
 	if err != nil {
 		return Observation{}, err
 	}
-	for o := range run.Observations() {
-		observe(observationOf(o))
+	if observe != nil {
+		// Only a caller that watches the run pays for its observation
+		// channel (a run's limit can be thousands of slots).
+		for o := range run.Observations() {
+			observe(observationOf(o))
+		}
 	}
 	terminal, err := run.Result()
 	if err != nil {

@@ -34,7 +34,12 @@ func Canonical(v any) ([]byte, error) {
 // serde_json::Value: object keys sorted byte-wise, compact. The input is
 // parsed strictly (duplicate names, invalid UTF-8 and trailing data are
 // errors) and numbers that overflow float64 are refused, as serde_json does.
+// Input that already is canonical is returned as it is (not copied), after
+// one checking pass.
 func CanonicalValue(raw []byte) ([]byte, error) {
+	if isCanonical(raw) {
+		return raw, nil
+	}
 	return reencode(raw, true)
 }
 
