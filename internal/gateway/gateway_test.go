@@ -659,4 +659,4 @@ func (nopBackend) Run(context.Context, string, []byte, time.Duration, func(hotsw
 	return hotswap.Observation{}, errors.New("not used")
 }
 func (nopBackend) Cancel(context.Context, string, string) error { return nil }
-func (nopBackend) Fits(time.Duration) bool                      { return true }
+func (nopBackend) Fits(time.Duration, int) bool                 { return true }

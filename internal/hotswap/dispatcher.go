@@ -32,9 +32,11 @@ type Backend interface {
 	// Cancel asks the provider to cancel a run and waits (bounded by the
 	// cancellation deadline) for it to end.
 	Cancel(ctx context.Context, runID, reason string) error
-	// Fits reports whether a run with this deadline can complete before the
-	// process must be renewed; a call that does not fit waits for the renewal.
-	Fits(deadline time.Duration) bool
+	// Fits reports whether a run with this deadline and requestBytes of run
+	// ID and input can complete before the process must be renewed (its
+	// lifetime or its stdin would run out); a call that does not fit waits
+	// for the renewal.
+	Fits(deadline time.Duration, requestBytes int) bool
 }
 
 // Route is what the dispatcher sends calls to: one generation's backend.
@@ -285,7 +287,7 @@ func (d *Dispatcher) dispatchOne() bool {
 		close(p.done)
 		return true
 	}
-	if !route.Backend.Fits(remaining) {
+	if !route.Backend.Fits(remaining, len(p.call.ID)+len(p.call.Input)) {
 		// The process is about to be renewed: ask for the renewal now and
 		// wait for the switch (Switch and Resume poke the loop).
 		onNoFit := d.onNoFit

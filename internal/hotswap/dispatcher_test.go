@@ -74,7 +74,7 @@ func (b *scriptedBackend) Cancel(ctx context.Context, runID, reason string) erro
 	return nil
 }
 
-func (b *scriptedBackend) Fits(time.Duration) bool { return b.fits.Load() }
+func (b *scriptedBackend) Fits(time.Duration, int) bool { return b.fits.Load() }
 
 // startedDispatcher returns a running dispatcher with a queue bound of 8.
 func startedDispatcher(t *testing.T, b Backend, lineage int64) *Dispatcher {

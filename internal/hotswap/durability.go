@@ -29,6 +29,9 @@ const (
 	// operation of the old process).
 	renewalStdinReserve    = 2 << 20
 	renewalStateOpsReserve = 4
+	// startRequestOverhead bounds a start request's bytes besides its run
+	// ID and input (contract references, candidate digest, deadline).
+	startRequestOverhead = 4 << 10
 	// renewalRetryDelay spaces renewal attempts that failed before the switch.
 	renewalRetryDelay = 5 * time.Second
 	// checkpointIdleWait bounds how long a checkpoint waits for the run slot

@@ -56,10 +56,13 @@ func (pp *processProvider) Budget() Budget {
 	return Budget{Lifetime: b.Lifetime, StdinBytes: b.StdinBytes, StateOperations: b.StateOperations}
 }
 
-func (pp *processProvider) Fits(deadline time.Duration) bool {
+func (pp *processProvider) Fits(deadline time.Duration, requestBytes int) bool {
 	b := pp.p.Budget()
 	d := min(deadline, pp.p.Plan().RuntimeDeadline())
-	return b.Fits(d, time.Duration(pp.margin.Load()))
+	// The start request must leave the stdin a renewal needs (its snapshot
+	// and cancel requests); otherwise the process would refuse the run.
+	stdinLeft := b.StdinBytes - int64(requestBytes) - startRequestOverhead
+	return b.Fits(d, time.Duration(pp.margin.Load())) && stdinLeft >= renewalStdinReserve
 }
 
 func (pp *processProvider) Run(ctx context.Context, runID string, input []byte, deadline time.Duration, observe func(Observation)) (Observation, error) {
