@@ -186,6 +186,19 @@ func (h *harness) count(module, key string, add int) map[string]any {
 
 // ledgerPhases replays the activation's ledger from disk and returns each
 // record as module:phase:outcome.
+// transactionsOf counts the module's transactions in the ledger (each opens
+// with verify): the first activation, then every relaunch or renewal.
+func (h *harness) transactionsOf(module string) int {
+	h.t.Helper()
+	n := 0
+	for _, p := range h.ledgerPhases() {
+		if p == module+":verify:applied" {
+			n++
+		}
+	}
+	return n
+}
+
 func (h *harness) ledgerPhases() []string {
 	h.t.Helper()
 	dir, err := ledger.ActivationDir(h.stateDir, h.key.UID)

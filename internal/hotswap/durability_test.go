@@ -165,12 +165,7 @@ func TestAProviderThatCrashesOnEveryRunFailsAfterTheCrashBudget(t *testing.T) {
 	if crashes < CrashBudget {
 		t.Fatalf("Failed after %d crashing calls, want %d; ledger:\n%s", crashes, CrashBudget, strings.Join(h.ledgerPhases(), "\n"))
 	}
-	relaunches := 0
-	for _, p := range h.ledgerPhases() {
-		if p == "prompt_system:verify:applied" {
-			relaunches++
-		}
-	}
+	relaunches := h.transactionsOf("prompt_system")
 	if relaunches != CrashBudget {
 		// Every transaction — the activation and each relaunch — ended in a
 		// crash (a relaunch that fails counts as one).

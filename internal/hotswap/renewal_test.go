@@ -51,13 +51,7 @@ func TestRenewalKeepsServingAcrossTheProcessLifetimeBound(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	renewals := 0
-	for _, p := range h.ledgerPhases() {
-		if p == "prompt_system:verify:applied" {
-			renewals++
-		}
-	}
-	renewals-- // the first activation
+	renewals := h.transactionsOf("prompt_system") - 1 // less the first activation
 	st, _ := h.c.Status(h.key.UID)
 	t.Logf("60 s: %d calls, %d failed, %d renewals in the ledger (status says %d), %d processes", calls, failures, renewals, st.Generations[g.GenerationName].Renewals, len(pids))
 	if failures != 0 {
@@ -107,12 +101,7 @@ func TestRenewalKeepsServingWhenAProcessUsesUpItsStdin(t *testing.T) {
 			}
 		}
 	}
-	renewals := -1 // the first activation
-	for _, p := range h.ledgerPhases() {
-		if p == "prompt_system:verify:applied" {
-			renewals++
-		}
-	}
+	renewals := h.transactionsOf("prompt_system") - 1 // less the first activation
 	st, _ := h.c.Status(h.key.UID)
 	t.Logf("%d calls, 0 failed, %d renewals in the ledger (status says %d), %d processes seen", calls, renewals, st.Generations[g.GenerationName].Renewals, len(pids))
 	if renewals < 2 || int(st.Generations[g.GenerationName].Renewals) != renewals {
