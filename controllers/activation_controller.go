@@ -66,7 +66,7 @@ type ActivationReconciler struct {
 }
 
 // Reconcile runs the activation's phases and patches its status once.
-func (r *ActivationReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, retErr error) {
+func (r *ActivationReconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.Result, retErr error) {
 	var act iteronv1.ImplementationActivation
 	if err := r.Client.Get(ctx, req.NamespacedName, &act); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
@@ -79,8 +79,12 @@ func (r *ActivationReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 	}
 	s := &activationScope{act: &act, base: act.DeepCopy(), key: keyOf(&act)}
 	defer func() {
-		if err := r.patchStatus(ctx, s); err != nil && retErr == nil {
+		conflict, err := r.patchStatus(ctx, s)
+		switch {
+		case err != nil && retErr == nil:
 			retErr = err
+		case conflict && retErr == nil && (res.RequeueAfter == 0 || res.RequeueAfter > conflictRequeue):
+			res = ctrl.Result{RequeueAfter: conflictRequeue}
 		}
 	}()
 

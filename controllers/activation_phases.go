@@ -37,6 +37,8 @@ type activationScope struct {
 	stalled map[string]hotswap.Failure
 	// retryHandled is the retry annotation value acted on.
 	retryHandled string
+	// plan is the RuntimePlan of the spec against what ran before Apply.
+	plan *iteronv1.PlanStatus
 
 	requeueAfter time.Duration
 	deleted      bool
@@ -76,6 +78,9 @@ func (r *ActivationReconciler) reconcileGenerations(ctx context.Context, s *acti
 	}
 	retry := s.act.Annotations[iteronv1.AnnotationRetry]
 	retryRequested := retry != "" && retry != s.act.Status.LastHandledRetryAt
+	if !retryRequested {
+		retry = ""
+	}
 	s.targets = map[string]hotswap.ModuleTarget{}
 	s.stalled = map[string]hotswap.Failure{}
 	type decision struct {
@@ -91,7 +96,7 @@ func (r *ActivationReconciler) reconcileGenerations(ctx context.Context, s *acti
 			s.targets[rm.Module] = hotswap.ModuleTarget{Module: rm.Module, Keep: true}
 			continue
 		}
-		target, create, stalled := r.desiredGeneration(ctx, s, rm, gens, retryRequested)
+		target, create, stalled := r.desiredGeneration(ctx, s, rm, gens, retry)
 		if stalled != nil {
 			s.stalled[rm.Module] = *stalled
 		}
@@ -121,7 +126,7 @@ func (r *ActivationReconciler) reconcileGenerations(ctx context.Context, s *acti
 		}
 		s.targets[d.rm.Module] = *d.target
 	}
-	if retryRequested {
+	if retry != "" {
 		s.retryHandled = retry
 	}
 	return nil
@@ -133,7 +138,7 @@ func (r *ActivationReconciler) reconcileGenerations(ctx context.Context, s *acti
 // either a retry was requested or the spec changed since (a failed attempt's
 // number is never reused). A failed target of the same spec without a retry
 // keeps the active generation and reports the failure.
-func (r *ActivationReconciler) desiredGeneration(ctx context.Context, s *activationScope, rm ResolvedModule, gens []iteronv1.Generation, retryRequested bool) (target *hotswap.ModuleTarget, create *iteronv1.Generation, stalled *hotswap.Failure) {
+func (r *ActivationReconciler) desiredGeneration(ctx context.Context, s *activationScope, rm ResolvedModule, gens []iteronv1.Generation, retry string) (target *hotswap.ModuleTarget, create *iteronv1.Generation, stalled *hotswap.Failure) {
 	mk := func(name string, lineage int64, attempt int32) *hotswap.ModuleTarget {
 		return &hotswap.ModuleTarget{Module: rm.Module, Plan: *rm.Plan, Epoch: rm.Epoch, GenerationName: name, Lineage: lineage, Attempt: attempt, DependsOn: rm.DependsOn}
 	}
@@ -179,13 +184,18 @@ func (r *ActivationReconciler) desiredGeneration(ctx context.Context, s *activat
 		switch {
 		case failure == nil:
 			return mk(match.Name, lineage, match.Spec.Attempt), nil, nil
-		case !retryRequested && sameSpec && !failure.Retryable:
-			// Not retried for the same target: keep what serves.
+		case (retry == "" || match.Annotations[iteronv1.AnnotationRetryOf] == retry) && sameSpec && !failure.Retryable:
+			// Not retried for the same target: keep what serves. A retry
+			// this attempt already answered (its status echo lost to a
+			// conflicting write) is not answered twice.
 			return &hotswap.ModuleTarget{Module: rm.Module, Keep: true}, nil, failure
 		}
 	}
 	attempt := maxAttempt + 1
 	g := newGeneration(s.act, rm, lineage, attempt, active)
+	if retry != "" {
+		g.Annotations[iteronv1.AnnotationRetryOf] = retry
+	}
 	return mk(g.Name, lineage, attempt), g, nil
 }
 
@@ -420,6 +430,10 @@ func (r *ActivationReconciler) reconcileApply(ctx context.Context, s *activation
 			d.DrainOrder = append(d.DrainOrder, m)
 		}
 	}
+	// The plan compares the spec with what ran before this Apply: a
+	// transaction that finishes quickly must not make a reload look like
+	// "unchanged".
+	s.plan = planStatus(s)
 	if err := r.Coordinator.Apply(d); err != nil {
 		return err
 	}
@@ -443,8 +457,8 @@ func (r *ActivationReconciler) summarize(s *activationScope) {
 		// The plan is the RuntimePlan of the spec when it was first acted
 		// on; it stays until the spec changes (transactions finishing do
 		// not turn it into "unchanged").
-		if act.Status.Plan == nil || s.base.Status.ObservedGeneration != act.Generation {
-			act.Status.Plan = planStatus(s)
+		if s.plan != nil && (act.Status.Plan == nil || s.base.Status.ObservedGeneration != act.Generation) {
+			act.Status.Plan = s.plan
 		}
 	}
 	r.recordTransitions(s)
@@ -574,11 +588,11 @@ func truncate(s string, n int) string {
 	return s[:cut] + "…"
 }
 
-// patchStatus writes status once per reconcile, with observedGeneration.
-func (r *ActivationReconciler) patchStatus(ctx context.Context, s *activationScope) error {
+// patchStatus writes status once per reconcile, with observedGeneration. It
+// reports conflict when the object changed since this reconcile read it.
+func (r *ActivationReconciler) patchStatus(ctx context.Context, s *activationScope) (conflict bool, err error) {
 	if s.deleted {
-		return nil
+		return false, nil
 	}
-	err := r.Client.Status().Patch(ctx, s.act, client.MergeFrom(s.base))
-	return client.IgnoreNotFound(err)
+	return patchStatusFrom(ctx, r.Client, s.act, s.base)
 }

@@ -76,11 +76,20 @@ func (r *GenerationReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 			successor = ms.Committed.Name
 		}
 		markSuperseded(&gen, successor)
-		return ctrl.Result{}, client.IgnoreNotFound(r.Client.Status().Patch(ctx, &gen, client.MergeFrom(base)))
+		return r.patchStatus(ctx, &gen, base)
 	}
 	mirrorGeneration(&gen, gs)
-	err := r.Client.Status().Patch(ctx, &gen, client.MergeFrom(base))
-	return ctrl.Result{}, client.IgnoreNotFound(err)
+	return r.patchStatus(ctx, &gen, base)
+}
+
+// patchStatus writes the mirrored status; a Generation that changed since
+// it was read is read and mirrored again.
+func (r *GenerationReconciler) patchStatus(ctx context.Context, gen, base *iteronv1.Generation) (ctrl.Result, error) {
+	conflict, err := patchStatusFrom(ctx, r.Client, gen, base)
+	if conflict {
+		return ctrl.Result{RequeueAfter: conflictRequeue}, nil
+	}
+	return ctrl.Result{}, err
 }
 
 // markSuperseded ends the status of a generation that a previous manager

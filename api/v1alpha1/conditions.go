@@ -117,6 +117,10 @@ const (
 	// metadata.generation of the activation spec it was created for: a
 	// failed attempt is retried for a new spec, never for the same one.
 	AnnotationActivationGeneration = "iteron.dev/activation-generation"
+	// AnnotationRetryOf records on a Generation the iteron.dev/retry value
+	// whose request created it: a request is answered once, even when the
+	// status that echoes it could not be written.
+	AnnotationRetryOf = "iteron.dev/retry-of"
 	// FinalizerActivation holds an activation until every module is retired,
 	// every process reaped and every Generation deleted.
 	FinalizerActivation = "iteron.dev/retire"
