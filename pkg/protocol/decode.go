@@ -679,16 +679,25 @@ func (d *decoder) members(ptr string, names []string, seen uint64, read func(i i
 			}
 			return seen, d.wrap(err)
 		}
-		tok, err := d.d.ReadToken()
+		// The name is read raw and matched against the known names without
+		// an allocation; only a name with an escape or an unknown name is
+		// decoded into a string.
+		raw, err := d.d.ReadValue()
 		if err != nil {
 			return seen, d.wrap(err)
 		}
-		name := tok.String()
-		p := ptr + "/" + escapePointer(name)
-		i := indexOf(names, name)
+		i := indexOfQuoted(names, raw)
 		if i < 0 {
-			return seen, errorf(ErrMalformed, p, "unknown member %q", name)
+			u, err := jsontext.AppendUnquote(nil, raw)
+			if err != nil {
+				return seen, d.wrap(err)
+			}
+			name := string(u)
+			if i = indexOf(names, name); i < 0 {
+				return seen, errorf(ErrMalformed, ptr+"/"+escapePointer(name), "unknown member %q", name)
+			}
 		}
+		p := ptr + "/" + escapePointer(names[i])
 		seen |= 1 << i
 		if err := read(i, p); err != nil {
 			return seen, d.wrap(err)
@@ -712,6 +721,20 @@ func onlyMembers(ptr string, names []string, seen, allowed uint64, what string) 
 		}
 	}
 	return nil
+}
+
+// indexOfQuoted finds a name given as a JSON string without escapes.
+func indexOfQuoted(names []string, quoted []byte) int {
+	if len(quoted) < 2 {
+		return -1
+	}
+	unquoted := quoted[1 : len(quoted)-1]
+	for i, n := range names {
+		if n == string(unquoted) {
+			return i
+		}
+	}
+	return -1
 }
 
 func indexOf(names []string, name string) int {

@@ -156,7 +156,8 @@ func TestAMultiLineInputIsCompactedIntoOneFrame(t *testing.T) {
 func TestDecodingIsStrict(t *testing.T) {
 	okObs := `{"protocol":"iteron-implementation/2","implementation_id":"i","module":"m","run_id":"r","sequence":1,"schema":{"id":"c","version":1},"terminal":false,"observation":{}}`
 	okResp := `{"protocol":"iteron-implementation/2","request_id":"host-1","implementation_id":"i","module":"m","payload":{"result":"started","run_id":"r"}}`
-	for _, frame := range []string{okObs, okResp} {
+	escapedName := strings.Replace(okResp, `"run_id"`, `"run\u005fid"`, 1)
+	for _, frame := range []string{okObs, okResp, escapedName} {
 		if _, err := DecodeFrame([]byte(frame)); err != nil {
 			t.Fatalf("the valid frame %s: %v", frame, err)
 		}
@@ -170,6 +171,8 @@ func TestDecodingIsStrict(t *testing.T) {
 		{"a duplicate member deep in an observation", strings.Replace(okObs, `"observation":{}`, `"observation":{"a":[{"b":1,"b":2}]}`, 1), ErrMalformed, "/observation/a/0/b"},
 		{"a duplicate member in a payload", strings.Replace(okResp, `"run_id":"r"`, `"run_id":"r","run_id":"r"`, 1), ErrMalformed, "/payload/run_id"},
 		{"an unknown member at the top", strings.Replace(okResp, `"module":"m"`, `"module":"m","extra":1`, 1), ErrMalformed, "/extra"},
+		{"an unknown member spelled with an escape", strings.Replace(okResp, `"module":"m"`, `"module":"m","e\u0078tra":1`, 1), ErrMalformed, "/extra"},
+		{"a duplicate member spelled with an escape", strings.Replace(okResp, `"module":"m"`, `"module":"m","modul\u0065":"m"`, 1), ErrMalformed, "/module"},
 		{"an unknown member in a payload", strings.Replace(okResp, `"run_id":"r"`, `"run_id":"r","why":"x"`, 1), ErrMalformed, "/payload/why"},
 		{"an unknown member in a contract", strings.Replace(okObs, `"version":1}`, `"version":1,"x":0}`, 1), ErrMalformed, "/schema/x"},
 		{"a missing member", strings.Replace(okObs, `"terminal":false,`, ``, 1), ErrMalformed, ""},

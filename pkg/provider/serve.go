@@ -30,8 +30,9 @@ func Serve(ctx context.Context, in io.Reader, out io.Writer, p Provider) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	// Requests are read and handled by one goroutine at a time, with no
-	// hand-off between reading and answering; a start hands reading over to
-	// a new goroutine and runs the run itself, at once. Serve only waits for
+	// hand-off between reading and answering; a start runs the run itself,
+	// at once, and hands reading over to a new goroutine once "started" is
+	// written (the host sends nothing before that). Serve only waits for
 	// the reading to end, a fatal run error or ctx. (After a fatal error or
 	// ctx, the reader ends when in does: a provider process exits.)
 	loop := make(chan error, 1)
@@ -66,9 +67,9 @@ func (s *server) readLoop(ctx context.Context, lr *protocol.LineReader, loop cha
 			loop <- ctx.Err()
 			return
 		}
+		s.nextReader = func() { go s.readLoop(ctx, lr, loop) }
 		stop, run, err := s.handle(ctx, line)
 		if run != nil {
-			go s.readLoop(ctx, lr, loop)
 			run()
 			return
 		}
@@ -94,6 +95,13 @@ type server struct {
 	wmu      sync.Mutex
 	wbuf     []byte
 	holdNext bool
+	// afterFlush, for a start, starts the next reader once "started" is
+	// written: the host sends nothing before it has read "started", and
+	// the run's first frame is not delayed by starting a goroutine.
+	afterFlush func()
+	// nextReader starts a reader that continues where the current one
+	// stopped (set before each request is handled).
+	nextReader func()
 
 	loaded            bool
 	module, impl      string
@@ -281,6 +289,12 @@ func (s *server) write(encode func([]byte) ([]byte, error)) error {
 }
 
 func (s *server) flushLocked() error {
+	if f := s.afterFlush; f != nil {
+		// Whether or not the write succeeds: a reader that finds in
+		// closed ends Serve.
+		s.afterFlush = nil
+		defer f()
+	}
 	if len(s.wbuf) == 0 {
 		return nil
 	}
@@ -404,9 +418,12 @@ func (s *server) startRun(ctx context.Context, env protocol.Envelope, req *proto
 	}
 	s.run = run
 	s.wmu.Lock()
-	s.holdNext = true
+	s.holdNext, s.afterFlush = true, s.nextReader
 	s.wmu.Unlock()
 	if err := s.respond(env, &protocol.Started{RunID: req.RunID}); err != nil {
+		s.wmu.Lock()
+		s.holdNext, s.afterFlush = false, nil // the caller goes on reading
+		s.wmu.Unlock()
 		s.release()
 		cancel()
 		close(run.done)
