@@ -447,6 +447,9 @@ func (s *server) startRun(ctx context.Context, env protocol.Envelope, req *proto
 		cancelled, terminal := run.ended && !run.terminal, run.terminal
 		run.ended = true
 		run.mu.Unlock()
+		// A held "started" is written before Serve can return below: the
+		// host then sees the run start and the provider end, in that order.
+		s.release()
 		switch {
 		case cancelled, terminal:
 			// Over for the host: what Start returns afterwards changes
