@@ -59,6 +59,13 @@ func (r *GenerationReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 	gs, ok := st.Generations[gen.Name]
 	if !ok {
 		if !live {
+			if unstarted(&gen) {
+				// Created, but the coordinator has not taken it up yet. The
+				// notifications that report it usually requeue it, but one
+				// that arrives before this cache has the object is lost:
+				// look again for a while rather than rely on it.
+				return ctrl.Result{RequeueAfter: unstartedRecheck}, nil
+			}
 			return ctrl.Result{}, nil
 		}
 		// The status says live, but no process of this manager runs it: a
@@ -90,6 +97,19 @@ func (r *GenerationReconciler) patchStatus(ctx context.Context, gen, base *itero
 		return ctrl.Result{RequeueAfter: conflictRequeue}, nil
 	}
 	return ctrl.Result{}, err
+}
+
+// unstartedRecheck is how often a Generation the coordinator has not taken
+// up is looked at again, for unstartedWindow after its creation.
+const (
+	unstartedRecheck = 2 * time.Second
+	unstartedWindow  = 2 * time.Minute
+)
+
+// unstarted reports a recent Generation whose status was never written.
+func unstarted(gen *iteronv1.Generation) bool {
+	return gen.Status.ObservedGeneration == 0 && gen.Status.Phase == "" &&
+		time.Since(gen.CreationTimestamp.Time) < unstartedWindow
 }
 
 // markSuperseded ends the status of a generation that a previous manager

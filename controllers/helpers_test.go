@@ -137,7 +137,32 @@ func generations(t *testing.T, a *iteronv1.ImplementationActivation) map[string]
 // waitGeneration polls a Generation until cond holds.
 func waitGeneration(t *testing.T, ns, name, what string, cond func(*iteronv1.Generation) bool) *iteronv1.Generation {
 	t.Helper()
-	return operatortest.WaitGeneration(t, env.Client, ns, name, what, cond)
+	return operatortest.WaitGeneration(t, env.Client, ns, name, what, cond, func() string {
+		var g iteronv1.Generation
+		if err := env.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, &g); err != nil {
+			return err.Error()
+		}
+		owner := metav1.GetControllerOf(&g)
+		if owner == nil {
+			return "the Generation has no controller owner"
+		}
+		st, ok := coordinator.Status(string(owner.UID))
+		if !ok {
+			return fmt.Sprintf("the coordinator does not know activation %s", owner.UID)
+		}
+		gs, ok := st.Generations[name]
+		var list iteronv1.GenerationList
+		_ = env.Client.List(context.Background(), &list, client.InNamespace(ns))
+		var siblings []string
+		for _, o := range list.Items {
+			if c := metav1.GetControllerOf(&o); c != nil && c.UID == owner.UID {
+				siblings = append(siblings, fmt.Sprintf("%s (%s, activation generation %s, created %s)", o.Name, o.Status.Phase,
+					o.Annotations[iteronv1.AnnotationActivationGeneration], o.CreationTimestamp.Format(time.RFC3339)))
+			}
+		}
+		return fmt.Sprintf("coordinator: knows %s: %v, status %+v; module %+v; failures %+v; Generations of the activation: %v",
+			name, ok, gs, st.Modules[g.Spec.Module], st.Failures, siblings)
+	})
 }
 
 // ledgerDir is the activation's ledger directory.

@@ -213,8 +213,9 @@ func WaitFor(t testing.TB, c client.Client, act *iteronv1.ImplementationActivati
 	}
 }
 
-// WaitGeneration polls a Generation until cond holds.
-func WaitGeneration(t testing.TB, c client.Client, ns, name, what string, cond func(*iteronv1.Generation) bool) *iteronv1.Generation {
+// WaitGeneration polls a Generation until cond holds. On a timeout it also
+// prints what each explain function returns (the manager's own view).
+func WaitGeneration(t testing.TB, c client.Client, ns, name, what string, cond func(*iteronv1.Generation) bool, explain ...func() string) *iteronv1.Generation {
 	t.Helper()
 	deadline := time.Now().Add(60 * time.Second)
 	var g iteronv1.Generation
@@ -224,7 +225,11 @@ func WaitGeneration(t testing.TB, c client.Client, ns, name, what string, cond f
 			return &g
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("Generation %s never became %s (%v): %+v", name, what, err, g.Status)
+			var more []string
+			for _, e := range explain {
+				more = append(more, e())
+			}
+			t.Fatalf("Generation %s never became %s (%v): %+v\n%s", name, what, err, g.Status, strings.Join(more, "\n"))
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
