@@ -9,6 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/source"
@@ -208,9 +209,13 @@ func tailBytes(s string, n int) string {
 
 // SetupWithManager registers the reconciler.
 func (r *GenerationReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	// Several workers: mirroring one Generation never waits for another
+	// (a slow status write of one activation's Generation does not hold up
+	// the rest). Each reconcile only reads the coordinator and patches.
 	b := ctrl.NewControllerManagedBy(mgr).
 		For(&iteronv1.Generation{}).
-		Named("generation")
+		Named("generation").
+		WithOptions(controller.Options{MaxConcurrentReconciles: 4})
 	if r.Notifications != nil {
 		b = b.WatchesRawSource(source.Channel(r.Notifications, &handler.EnqueueRequestForObject{}))
 	}
