@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -40,15 +41,16 @@ func sourceWithCapabilities(t *testing.T, module, id string, caps ...string) ite
 	}
 }
 
-var nameSeq int
+// nameSeq numbers activations; parallel subtests take numbers too.
+var nameSeq atomic.Int64
 
 // newActivation creates an activation on the test node and, at the end of
 // the test, deletes it and waits until its finalizer let it go.
 func newActivation(t *testing.T, prefix string, edit func(*iteronv1.ImplementationActivationSpec), sources ...iteronv1.ActivationSource) *iteronv1.ImplementationActivation {
 	t.Helper()
-	nameSeq++
+	seq := nameSeq.Add(1)
 	act := &iteronv1.ImplementationActivation{
-		ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s-%d", prefix, nameSeq), Namespace: "default"},
+		ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s-%d", prefix, seq), Namespace: "default"},
 		Spec: iteronv1.ImplementationActivationSpec{
 			NodeName: testNode, CandidateSHA256: providertest.CandidateSHA256, Sources: sources,
 			Swap: iteronv1.SwapPolicy{DeadlineSeconds: 30},

@@ -235,9 +235,9 @@ func TestDoctorSaysAPausedActivationDoesNotApplyItsSpec(t *testing.T) {
 // it: the API server keeps it, being deleted, until the finalizer goes.
 func strandedActivation(t *testing.T, prefix, node string, beforeDelete func()) *iteronv1.ImplementationActivation {
 	t.Helper()
-	nameSeq++
+	seq := nameSeq.Add(1)
 	act := &iteronv1.ImplementationActivation{
-		ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s-%d", prefix, nameSeq), Namespace: "default", Finalizers: []string{iteronv1.FinalizerActivation}},
+		ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s-%d", prefix, seq), Namespace: "default", Finalizers: []string{iteronv1.FinalizerActivation}},
 		Spec: iteronv1.ImplementationActivationSpec{NodeName: node, CandidateSHA256: providertest.CandidateSHA256,
 			Sources: []iteronv1.ActivationSource{source(t, artifacts.CounterV2, "prompt_system", "counter")}},
 	}
