@@ -196,18 +196,21 @@ func earliest(a, b time.Time) time.Time {
 
 // renewalMargin is the lifetime a renewal needs: the swap deadline plus the
 // quiesce timeout.
-func renewalMargin(d *Desired) time.Duration {
+func renewalMargin(d *Desired, runtimeDeadline time.Duration) time.Duration {
 	if d == nil {
 		return 0
 	}
-	return d.Swap.Deadline + d.Swap.QuiesceTimeout
+	// A process lives at most its runtime deadline. A margin as long as
+	// that would make every process due for renewal as soon as it starts
+	// (a renewal storm): half the lifetime is the most a renewal is given.
+	return min(d.Swap.Deadline+d.Swap.QuiesceTimeout, runtimeDeadline/2)
 }
 
 // renewalDue reports whether the active process must be renewed now, and
 // otherwise when it will be. Caller holds a.mu.
 func (a *activationRuntime) renewalDue(m *moduleRuntime, g *generationRuntime, d *Desired) (bool, time.Time) {
 	b := g.proc.Budget()
-	margin := renewalMargin(d)
+	margin := renewalMargin(d, g.target.Plan.RuntimeDeadline())
 	if m.dur.renewNow || b.Lifetime <= margin || b.StdinBytes < renewalStdinReserve || b.StateOperations < renewalStateOpsReserve {
 		return true, time.Time{}
 	}
@@ -226,7 +229,7 @@ func (a *activationRuntime) activate(m *moduleRuntime, g *generationRuntime, d *
 	m.dur.renewNow = false
 	m.dur.committed = nil
 	if g.proc != nil {
-		g.proc.SetRenewalMargin(renewalMargin(d))
+		g.proc.SetRenewalMargin(renewalMargin(d, g.target.Plan.RuntimeDeadline()))
 		if g.watched != g.proc {
 			g.watched = g.proc
 			a.watchProcess(m, g, g.proc)

@@ -27,9 +27,12 @@ func NewExecutorLauncher(exec *procexec.Executor) Launcher {
 // processProvider is a procexec.Process as a Provider.
 type processProvider struct {
 	p *procexec.Process
-	// margin is the renewal margin (swap deadline + quiesce timeout): a run
-	// is dispatched only if it fits the remaining lifetime less this.
+	// margin is the renewal margin (swap deadline + quiesce timeout, at
+	// most half the lifetime): a run is dispatched only if it fits the
+	// remaining lifetime less this.
 	margin atomic.Int64
+	// runs counts the runs started on this process.
+	runs atomic.Int64
 }
 
 // SetRenewalMargin sets the margin a run must leave before the process's
@@ -58,15 +61,30 @@ func (pp *processProvider) Budget() Budget {
 
 func (pp *processProvider) Fits(deadline time.Duration, requestBytes int) bool {
 	b := pp.p.Budget()
-	d := min(deadline, pp.p.Plan().RuntimeDeadline())
+	margin := time.Duration(pp.margin.Load())
 	// The start request must leave the stdin a renewal needs (its snapshot
 	// and cancel requests); otherwise the process would refuse the run.
 	stdinLeft := b.StdinBytes - int64(requestBytes) - startRequestOverhead
-	return b.Fits(d, time.Duration(pp.margin.Load())) && stdinLeft >= renewalStdinReserve
+	if stdinLeft < renewalStdinReserve {
+		return false
+	}
+	// A run is given at most what a freshly renewed process could give it:
+	// its lifetime less the margin and a tenth for the renewal itself. A
+	// longer deadline would never fit any process and renew forever.
+	runtime := pp.p.Plan().RuntimeDeadline()
+	d := min(deadline, runtime-margin-runtime/10)
+	if b.Fits(d, margin) {
+		return true
+	}
+	// A process that has not run anything yet is as fresh as a renewal
+	// would make it: it takes the call, with the time it has left (Run
+	// clamps the deadline), so each renewal serves at least one call.
+	return pp.runs.Load() == 0 && b.Lifetime > margin
 }
 
 func (pp *processProvider) Run(ctx context.Context, runID string, input []byte, deadline time.Duration, observe func(Observation)) (Observation, error) {
-	deadline = min(deadline, pp.p.Plan().RuntimeDeadline())
+	pp.runs.Add(1)
+	deadline = max(min(deadline, pp.p.Plan().RuntimeDeadline(), pp.p.Budget().Lifetime-time.Duration(pp.margin.Load())), time.Millisecond)
 	run, err := pp.p.Start(ctx, runID, jsontext.Value(input), deadline)
 	if err != nil {
 		return Observation{}, err
