@@ -24,9 +24,10 @@ help: ## Show this help.
 ##@ Development
 
 .PHONY: generate
-generate: manifests generate-proto ## Generate deepcopy code, CRDs, RBAC, the API reference and the gateway's gRPC code.
+generate: manifests generate-proto ## Generate deepcopy code, CRDs, RBAC, the API and reason references and the gateway's gRPC code.
 	$(CONTROLLER_GEN) object:headerFile=hack/boilerplate.go.txt paths=./api/...
 	$(GO) run ./hack/apiref -crds config/crd/bases -out docs/reference/api.md
+	$(GO) run ./hack/reasonsdoc -out docs/reference/reasons.md
 
 .PHONY: generate-proto
 generate-proto: ## Generate api/gateway/v1 from gateway.proto (Debian's protoc, installed when missing; pinned protoc-gen-go/-go-grpc).

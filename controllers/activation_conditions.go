@@ -9,20 +9,8 @@ import (
 
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
 	"iteron.dev/operator/internal/hotswap"
+	"iteron.dev/operator/internal/reasons"
 )
-
-// verificationCodes are the reasons that mean a source failed verification.
-var verificationCodes = map[string]bool{
-	iteronv1.CodeVerificationFailed: true, iteronv1.CodeUnsupportedVersion: true, iteronv1.CodeSchemaMismatch: true,
-}
-
-// stallingCodes are module reasons that need a change to clear (kstatus
-// reads them as Failed through Stalled=True).
-var stallingCodes = map[string]bool{
-	iteronv1.CodeDependencyCycle: true, iteronv1.CodeAuthorityChanged: true, iteronv1.CodeVerificationFailed: true,
-	iteronv1.CodeUnsupportedVersion: true, iteronv1.CodeSchemaMismatch: true, iteronv1.CodeLedgerCorrupt: true,
-	iteronv1.CodeRollbackFailed: true,
-}
 
 // problem is the first thing standing between an activation and Ready.
 type problem struct {
@@ -31,7 +19,7 @@ type problem struct {
 }
 
 func reasonOf(code string) string {
-	if r := iteronv1.ReasonForCode(code); r != "" {
+	if r := reasons.ConditionReason(code); r != "" {
 		return r
 	}
 	return iteronv1.ReasonProgressing
@@ -60,7 +48,7 @@ func conditionsFor(s *activationScope) []metav1.Condition {
 			verifyProblem = &problem{s.res.DocumentCode, s.res.DocumentError.Error(), true}
 		default:
 			for _, rm := range s.res.Modules {
-				if verificationCodes[rm.Code] {
+				if reasons.Verification(rm.Code) {
 					verifyProblem = &problem{rm.Code, rm.Message, true}
 					break
 				}
@@ -84,7 +72,7 @@ func conditionsFor(s *activationScope) []metav1.Condition {
 		note(*verifyProblem)
 	}
 	if st.LedgerError != "" {
-		note(problem{iteronv1.CodeLedgerCorrupt, "the ledger is unusable; the manager does not act on this activation until an operator resolves it: " + st.LedgerError, true})
+		note(problem{reasons.LedgerCorrupt, "the ledger is unusable; the manager does not act on this activation until an operator resolves it: " + st.LedgerError, true})
 	}
 	for _, m := range sortedKeys(s.stalled) {
 		f := s.stalled[m]
@@ -98,7 +86,7 @@ func conditionsFor(s *activationScope) []metav1.Condition {
 	for _, ms := range act.Status.Modules {
 		if ms.Reason != "" {
 			degraded = true
-			note(problem{ms.Reason, fmt.Sprintf("module %s: %s", ms.Module, ms.Message), stallingCodes[ms.Reason]})
+			note(problem{ms.Reason, fmt.Sprintf("module %s: %s", ms.Module, ms.Message), reasons.Stalls(ms.Reason)})
 		}
 		if ms.Phase != iteronv1.PhaseActive && notReady == "" {
 			notReady = ms.Module
@@ -137,7 +125,7 @@ func conditionsFor(s *activationScope) []metav1.Condition {
 		if first != nil {
 			msg = first.message
 		}
-		code := iteronv1.CodeActivationFailed
+		code := reasons.ActivationFailed
 		if first != nil {
 			code = first.code
 		}

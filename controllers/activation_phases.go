@@ -19,6 +19,7 @@ import (
 	"iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/hotswap"
 	"iteron.dev/operator/internal/ledger"
+	"iteron.dev/operator/internal/reasons"
 )
 
 // activationScope carries one reconcile's state between phases.
@@ -217,7 +218,7 @@ func (r *ActivationReconciler) committedTarget(ctx context.Context, s *activatio
 		}
 	}
 	failure := func(msg string) (*hotswap.ModuleTarget, *iteronv1.Generation, *hotswap.Failure) {
-		return &hotswap.ModuleTarget{Module: rm.Module, Keep: true}, nil, &hotswap.Failure{Module: rm.Module, GenerationName: c.Name, Code: iteronv1.CodeVerificationFailed, Message: msg}
+		return &hotswap.ModuleTarget{Module: rm.Module, Keep: true}, nil, &hotswap.Failure{Module: rm.Module, GenerationName: c.Name, Code: reasons.VerificationFailed, Message: msg}
 	}
 	if gen == nil || gen.Spec.Implementation.CatalogPath == "" {
 		return failure(fmt.Sprintf("the last committed generation %s cannot be relaunched: its Generation object (with its catalog path) is gone", c.Name))
@@ -490,7 +491,7 @@ func (r *ActivationReconciler) recordTransitions(s *activationScope) {
 		if ms.Phase == iteronv1.PhaseActive && (old.Phase != iteronv1.PhaseActive || old.GenerationName != ms.GenerationName) {
 			r.Recorder.Eventf(s.act, nil, corev1.EventTypeNormal, "ModuleActive", "Activate", "module %s serves %s (generation %d, %s)", ms.Module, ms.GenerationName, ms.Generation, ms.ImplementationID)
 		}
-		if ms.Reason != "" && ms.Reason != old.Reason && ms.Reason != iteronv1.CodeDependencyUnsatisfied {
+		if ms.Reason != "" && ms.Reason != old.Reason && ms.Reason != reasons.DependencyUnsatisfied {
 			r.Recorder.Eventf(s.act, nil, corev1.EventTypeWarning, reasonOf(ms.Reason), "Transact", "module %s: %s", ms.Module, truncate(ms.Message, 512))
 		}
 	}

@@ -14,6 +14,7 @@ import (
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
 	"iteron.dev/operator/examples/providers/artifacts"
 	"iteron.dev/operator/internal/hotswap"
+	"iteron.dev/operator/internal/reasons"
 	"iteron.dev/operator/pkg/strictjson"
 )
 
@@ -133,7 +134,7 @@ func TestAFailedSwapIsNotRetriedUntilTheRetryAnnotationChanges(t *testing.T) {
 	updateSpec(t, act, func(a *iteronv1.ImplementationActivation) { a.Spec.Sources[0] = bad })
 	got = waitFor(t, act, "Stalled", stalled)
 	ms := moduleStatus(got, "prompt_system")
-	if ms.GenerationName != oldName || ms.Phase != iteronv1.PhaseActive || ms.Reason != iteronv1.CodeProviderFailed {
+	if ms.GenerationName != oldName || ms.Phase != iteronv1.PhaseActive || ms.Reason != reasons.ProviderFailed {
 		t.Fatalf("module after the failed swap: %+v; want the old generation Active with reason provider_failed", ms)
 	}
 	if r := condition(got, iteronv1.ConditionReconciling); r.Status != metav1.ConditionFalse {
@@ -149,7 +150,7 @@ func TestAFailedSwapIsNotRetriedUntilTheRetryAnnotationChanges(t *testing.T) {
 		}
 	}
 	failed := waitGeneration(t, got.Namespace, failedName, "Failed", func(g *iteronv1.Generation) bool {
-		return g.Status.Phase == iteronv1.PhaseFailed && g.Status.Reason == iteronv1.CodeProviderFailed
+		return g.Status.Phase == iteronv1.PhaseFailed && g.Status.Reason == reasons.ProviderFailed
 	})
 	if failed.Spec.Attempt != 1 {
 		t.Fatalf("failed attempt %d", failed.Spec.Attempt)
@@ -249,7 +250,7 @@ func TestAnAuthorityChangeIsRefusedHotAndDoneColdWithStrategyCold(t *testing.T) 
 		a.Spec.CapabilityCeiling = []iteronv1.Capability{iteronv1.CapabilityReadOnly}
 	})
 	got = waitFor(t, act, "Stalled", stalled)
-	if ms := moduleStatus(got, "prompt_system"); ms.Reason != iteronv1.CodeAuthorityChanged || ms.GenerationName != oldName {
+	if ms := moduleStatus(got, "prompt_system"); ms.Reason != reasons.AuthorityChanged || ms.GenerationName != oldName {
 		t.Fatalf("module after a narrowed ceiling: %+v; want authority_changed, the old generation serving", ms)
 	}
 	if s := condition(got, iteronv1.ConditionStalled); s.Reason != iteronv1.ReasonAuthorityChanged {

@@ -11,6 +11,7 @@ import (
 
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
 	"iteron.dev/operator/examples/providers/artifacts"
+	"iteron.dev/operator/internal/reasons"
 )
 
 // TestTheFaultMatrixThroughTheAPI makes the new provider of a swap fail at
@@ -46,15 +47,15 @@ func TestTheFaultMatrixThroughTheAPI(t *testing.T) {
 				updateSpec(t, act, func(a *iteronv1.ImplementationActivation) { a.Spec.Sources[0] = bad })
 				got = waitFor(t, act, "Stalled", stalled)
 
-				want := iteronv1.CodeProviderFailed
+				want := reasons.ProviderFailed
 				switch {
 				case fault == "hang":
-					want = iteronv1.CodeDeadlineExceeded
+					want = reasons.DeadlineExceeded
 				case ph.op == "load":
-					want = iteronv1.CodeActivationFailed
+					want = reasons.ActivationFailed
 				}
-				if s := condition(got, iteronv1.ConditionStalled); s.Reason != iteronv1.ReasonForCode(want) {
-					t.Fatalf("Stalled reason %s; want %s", s.Reason, iteronv1.ReasonForCode(want))
+				if s := condition(got, iteronv1.ConditionStalled); s.Reason != reasons.ConditionReason(want) {
+					t.Fatalf("Stalled reason %s; want %s", s.Reason, reasons.ConditionReason(want))
 				}
 				if r := condition(got, iteronv1.ConditionReconciling); r.Status != metav1.ConditionFalse {
 					t.Fatal("Reconciling is True while Stalled")

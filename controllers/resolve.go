@@ -7,6 +7,7 @@ import (
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
 	"iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/graph"
+	"iteron.dev/operator/internal/reasons"
 )
 
 // NewResolver returns the Resolve function of the activation controller:
@@ -17,11 +18,11 @@ func NewResolver(v *activation.Verifier) func(context.Context, *iteronv1.Impleme
 	return func(_ context.Context, spec *iteronv1.ImplementationActivationSpec) Resolution {
 		res, err := v.VerifySpec(spec)
 		if err != nil {
-			return Resolution{DocumentError: err, DocumentCode: codeOrDefault(err, iteronv1.CodeVerificationFailed)}
+			return Resolution{DocumentError: err, DocumentCode: codeOrDefault(err, reasons.VerificationFailed)}
 		}
 		ev, err := graph.Evaluate(graph.FromVerification(v.Graph(), res))
 		if err != nil {
-			return Resolution{DocumentError: err, DocumentCode: iteronv1.CodeVerificationFailed}
+			return Resolution{DocumentError: err, DocumentCode: reasons.VerificationFailed}
 		}
 		plans := map[string]*activation.VerifiedSource{}
 		for _, vs := range res.Verified() {

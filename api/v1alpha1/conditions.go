@@ -26,9 +26,9 @@ const (
 	ConditionVerified = "Verified"
 )
 
-// Condition reasons: the CamelCase twins of the error reasons of the design's
-// table (status `reason` fields carry the snake_case form), plus the reasons of
-// normal progress.
+// Condition reasons: the CamelCase twins of the operator's error reasons
+// (status `reason` fields carry the snake_case form; the table that maps one
+// to the other is internal/reasons), plus the reasons of normal progress.
 const (
 	ReasonUnsupportedVersion    = "UnsupportedVersion"
 	ReasonVerificationFailed    = "VerificationFailed"
@@ -45,6 +45,8 @@ const (
 	ReasonRollbackFailed        = "RollbackFailed"
 	ReasonLedgerCorrupt         = "LedgerCorrupt"
 	ReasonQueueFull             = "QueueFull"
+	ReasonLedgerUnwritable      = "LedgerUnwritable"
+	ReasonRecovering            = "Recovering"
 
 	// ReasonNotImplemented is set while a reconciler has nothing to act with.
 	ReasonNotImplemented = "NotImplemented"
@@ -57,50 +59,6 @@ const (
 	// ReasonRetryRequested: the iteron.dev/retry annotation changed.
 	ReasonRetryRequested = "RetryRequested"
 )
-
-// Error reasons carried in status `reason` fields and in the ledger
-// (DESIGN §8): snake_case, stable, machine-readable.
-const (
-	CodeUnsupportedVersion    = "unsupported_version"
-	CodeVerificationFailed    = "verification_failed"
-	CodeSchemaMismatch        = "schema_mismatch"
-	CodeDependencyUnsatisfied = "dependency_unsatisfied"
-	CodeDependencyCycle       = "dependency_cycle"
-	CodeStaleGeneration       = "stale_generation"
-	CodeAuthorityChanged      = "authority_changed"
-	CodePermissionDenied      = "permission_denied"
-	CodeActivationFailed      = "activation_failed"
-	CodeProviderFailed        = "provider_failed"
-	CodeDeadlineExceeded      = "deadline_exceeded"
-	CodeCleanupFailed         = "cleanup_failed"
-	CodeRollbackFailed        = "rollback_failed"
-	CodeLedgerCorrupt         = "ledger_corrupt"
-	CodeQueueFull             = "queue_full"
-)
-
-// ReasonForCode returns the CamelCase condition reason of an error code, or ""
-// for an unknown code.
-func ReasonForCode(code string) string {
-	return codeReasons[code]
-}
-
-var codeReasons = map[string]string{
-	CodeUnsupportedVersion:    ReasonUnsupportedVersion,
-	CodeVerificationFailed:    ReasonVerificationFailed,
-	CodeSchemaMismatch:        ReasonSchemaMismatch,
-	CodeDependencyUnsatisfied: ReasonDependencyUnsatisfied,
-	CodeDependencyCycle:       ReasonDependencyCycle,
-	CodeStaleGeneration:       ReasonStaleGeneration,
-	CodeAuthorityChanged:      ReasonAuthorityChanged,
-	CodePermissionDenied:      ReasonPermissionDenied,
-	CodeActivationFailed:      ReasonActivationFailed,
-	CodeProviderFailed:        ReasonProviderFailed,
-	CodeDeadlineExceeded:      ReasonDeadlineExceeded,
-	CodeCleanupFailed:         ReasonCleanupFailed,
-	CodeRollbackFailed:        ReasonRollbackFailed,
-	CodeLedgerCorrupt:         ReasonLedgerCorrupt,
-	CodeQueueFull:             ReasonQueueFull,
-}
 
 // Annotations and labels.
 const (

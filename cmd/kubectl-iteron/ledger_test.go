@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"iteron.dev/operator/internal/ledger"
+	"iteron.dev/operator/internal/reasons"
 )
 
 // writeLedger writes a real ledger through the package: a first activation
@@ -47,7 +48,7 @@ func writeLedger(t *testing.T, open bool) (dir string, head ledger.Summary) {
 	s.Kind, s.ID, s.Old, s.New = ledger.KindHotSwap, id(2, 0), g(1, "a"), g(2, "b")
 	tx, err = l.Begin(s)
 	steps(err, tx.Verify(), tx.ShadowLoad(), tx.Quiesce(), tx.Snapshot("sha256:"+strings.Repeat("e", 64)),
-		tx.Block(ledger.PhaseMigrate, ledger.ReasonProviderFailed, "migrate refused the state"), tx.RollBack())
+		tx.Block(ledger.PhaseMigrate, reasons.ProviderFailed, "migrate refused the state"), tx.RollBack())
 	if open {
 		s = base
 		s.Kind, s.ID, s.Old, s.New = ledger.KindRenewal, id(1, 1), g(1, "a"), g(1, "a")

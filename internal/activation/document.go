@@ -7,6 +7,7 @@ import (
 
 	"iteron.dev/operator/api/v1alpha1"
 	"iteron.dev/operator/internal/catalog"
+	"iteron.dev/operator/internal/reasons"
 	"iteron.dev/operator/pkg/strictjson"
 )
 
@@ -174,7 +175,7 @@ func deref(p *string) string {
 }
 
 func missing(field string) *Error {
-	return &Error{Field: field, Code: v1alpha1.CodeSchemaMismatch, Detail: "required field missing", Err: catalog.ErrMissingField}
+	return &Error{Field: field, Code: reasons.SchemaMismatch, Detail: "required field missing", Err: catalog.ErrMissingField}
 }
 
 // DocumentFromSpec converts an ImplementationActivation spec into the

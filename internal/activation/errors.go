@@ -4,8 +4,8 @@ import (
 	"errors"
 	"fmt"
 
-	"iteron.dev/operator/api/v1alpha1"
 	"iteron.dev/operator/internal/catalog"
+	"iteron.dev/operator/internal/reasons"
 )
 
 // Sentinel errors wrapped by *Error. A catalog rejection wraps the catalog
@@ -69,12 +69,12 @@ func (e *Error) Unwrap() error { return e.Err }
 func (e *Error) ReasonCode() string { return e.Code }
 
 func failf(field string, sentinel error, format string, args ...any) *Error {
-	code := v1alpha1.CodeVerificationFailed
+	code := reasons.VerificationFailed
 	switch sentinel {
 	case ErrUnsupportedVersion:
-		code = v1alpha1.CodeUnsupportedVersion
+		code = reasons.UnsupportedVersion
 	case ErrUnknownModule:
-		code = v1alpha1.CodeSchemaMismatch
+		code = reasons.SchemaMismatch
 	}
 	return &Error{Field: field, Code: code, Detail: fmt.Sprintf(format, args...), Err: sentinel}
 }
@@ -87,5 +87,5 @@ func fromCatalog(field, what string, err error) *Error {
 	if errors.As(err, &ce) {
 		return &Error{Field: field, Code: ce.ReasonCode(), Detail: what + ": " + ce.Error(), Err: ce}
 	}
-	return &Error{Field: field, Code: v1alpha1.CodeVerificationFailed, Detail: what + ": " + err.Error(), Err: err}
+	return &Error{Field: field, Code: reasons.VerificationFailed, Detail: what + ": " + err.Error(), Err: err}
 }

@@ -13,6 +13,7 @@ import (
 
 	"iteron.dev/operator/api/v1alpha1"
 	"iteron.dev/operator/internal/catalog"
+	"iteron.dev/operator/internal/reasons"
 	"iteron.dev/operator/pkg/protocol"
 )
 
@@ -216,7 +217,7 @@ func (v *Verifier) verifySource(doc *Document, i int, ceiling []string) (*Verifi
 	s := doc.Sources[i]
 	field := func(key int) string { return doc.sourceField(i, key) }
 	if key, ok := doc.missingMember(i); ok {
-		return nil, &Error{Field: field(key), Code: v1alpha1.CodeSchemaMismatch, Detail: "required field missing", Err: catalog.ErrMissingField}
+		return nil, &Error{Field: field(key), Code: reasons.SchemaMismatch, Detail: "required field missing", Err: catalog.ErrMissingField}
 	}
 
 	// The values as written.
@@ -331,12 +332,12 @@ func (e *fileError) at(field string) *Error {
 }
 
 func pathFailure(pe *pathError) *fileError {
-	return &fileError{code: v1alpha1.CodeVerificationFailed, sentinel: pe.sentinel, detail: pe.detail}
+	return &fileError{code: reasons.VerificationFailed, sentinel: pe.sentinel, detail: pe.detail}
 }
 
 func openFailure(path string, err error) *fileError {
 	sentinel, detail := openErrorDetail(path, err)
-	return &fileError{code: v1alpha1.CodeVerificationFailed, sentinel: sentinel, detail: detail, cause: err}
+	return &fileError{code: reasons.VerificationFailed, sentinel: sentinel, detail: detail, cause: err}
 }
 
 // readCatalog reads and parses the catalog at canonical path p.
@@ -354,17 +355,17 @@ func readCatalog(p string) (*catalog.Catalog, *fileError) {
 	defer f.Close()
 	info, err := f.Stat()
 	if err != nil {
-		return nil, &fileError{code: v1alpha1.CodeVerificationFailed, sentinel: err, detail: "cannot stat " + p + ": " + err.Error()}
+		return nil, &fileError{code: reasons.VerificationFailed, sentinel: err, detail: "cannot stat " + p + ": " + err.Error()}
 	}
 	if !info.Mode().IsRegular() {
-		return nil, &fileError{code: v1alpha1.CodeVerificationFailed, sentinel: ErrNotRegularFile, detail: fmt.Sprintf("%s is not a regular file (%s)", p, info.Mode().Type())}
+		return nil, &fileError{code: reasons.VerificationFailed, sentinel: ErrNotRegularFile, detail: fmt.Sprintf("%s is not a regular file (%s)", p, info.Mode().Type())}
 	}
 	if info.Size() > catalog.MaxCatalogBytes {
-		return nil, &fileError{code: v1alpha1.CodeVerificationFailed, sentinel: ErrTooLarge, detail: fmt.Sprintf("catalog %s is %d bytes, over the 512 KiB bound", p, info.Size())}
+		return nil, &fileError{code: reasons.VerificationFailed, sentinel: ErrTooLarge, detail: fmt.Sprintf("catalog %s is %d bytes, over the 512 KiB bound", p, info.Size())}
 	}
 	data, err := io.ReadAll(io.LimitReader(f, catalog.MaxCatalogBytes+1))
 	if err != nil {
-		return nil, &fileError{code: v1alpha1.CodeVerificationFailed, sentinel: err, detail: "cannot read " + p + ": " + err.Error()}
+		return nil, &fileError{code: reasons.VerificationFailed, sentinel: err, detail: "cannot read " + p + ": " + err.Error()}
 	}
 	cat, err := catalog.ParseCatalog(data)
 	if err != nil {
@@ -385,7 +386,7 @@ func hashExecutable(root, rel string) (string, string, *fileError) {
 		return "", "", pathFailure(pe)
 	}
 	if !info.IsDir() {
-		return "", "", &fileError{code: v1alpha1.CodeVerificationFailed, sentinel: ErrNotDirectory, detail: root + " is not a directory"}
+		return "", "", &fileError{code: reasons.VerificationFailed, sentinel: ErrNotDirectory, detail: root + " is not a directory"}
 	}
 	if pe := checkEvalSymlinks(root); pe != nil {
 		return "", "", pathFailure(pe)
@@ -412,9 +413,9 @@ func hashExecutable(root, rel string) (string, string, *fileError) {
 	if err != nil {
 		var hf *hashFailure
 		if errors.As(err, &hf) {
-			return "", "", &fileError{code: v1alpha1.CodeVerificationFailed, sentinel: hf.sentinel, detail: hf.detail}
+			return "", "", &fileError{code: reasons.VerificationFailed, sentinel: hf.sentinel, detail: hf.detail}
 		}
-		return "", "", &fileError{code: v1alpha1.CodeVerificationFailed, sentinel: err, detail: err.Error()}
+		return "", "", &fileError{code: reasons.VerificationFailed, sentinel: err, detail: err.Error()}
 	}
 	return executable, digest, nil
 }

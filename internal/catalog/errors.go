@@ -9,7 +9,7 @@ import (
 
 	"github.com/go-json-experiment/json/jsontext"
 
-	"iteron.dev/operator/api/v1alpha1"
+	"iteron.dev/operator/internal/reasons"
 	"iteron.dev/operator/pkg/strictjson"
 )
 
@@ -64,14 +64,14 @@ func (e *Error) Unwrap() error { return e.Err }
 func (e *Error) ReasonCode() string { return e.Code }
 
 func invalidf(field string, sentinel error, format string, args ...any) *Error {
-	code := v1alpha1.CodeVerificationFailed
+	code := reasons.VerificationFailed
 	switch sentinel {
 	case ErrMalformed, ErrMissingField:
-		code = v1alpha1.CodeSchemaMismatch
+		code = reasons.SchemaMismatch
 	case ErrUnsupportedVersion:
-		code = v1alpha1.CodeUnsupportedVersion
+		code = reasons.UnsupportedVersion
 	case ErrCycle:
-		code = v1alpha1.CodeDependencyCycle
+		code = reasons.DependencyCycle
 	}
 	return &Error{Field: field, Code: code, Detail: fmt.Sprintf(format, args...), Err: sentinel}
 }
@@ -121,10 +121,10 @@ func DecodeStrict(data []byte, v any, maxBytes int, prefix string) *Error {
 	if err := strictjson.Decode(data, v, maxBytes); err != nil {
 		var se *strictjson.Error
 		if errors.As(err, &se) {
-			return &Error{Field: FieldPath(prefix, se.Pointer), Code: v1alpha1.CodeSchemaMismatch,
+			return &Error{Field: FieldPath(prefix, se.Pointer), Code: reasons.SchemaMismatch,
 				Detail: jsonReason(se), Err: errors.Join(ErrMalformed, err)}
 		}
-		return &Error{Field: prefix, Code: v1alpha1.CodeSchemaMismatch, Detail: err.Error(), Err: errors.Join(ErrMalformed, err)}
+		return &Error{Field: prefix, Code: reasons.SchemaMismatch, Detail: err.Error(), Err: errors.Join(ErrMalformed, err)}
 	}
 	if ptr, off, found := findNull(data); found {
 		return invalidf(FieldPath(prefix, ptr), ErrMalformed, "null is not a valid value (byte %d)", off)

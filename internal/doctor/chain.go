@@ -6,6 +6,7 @@ import (
 
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
 	"iteron.dev/operator/internal/catalog"
+	"iteron.dev/operator/internal/reasons"
 )
 
 // maxChain bounds a chain: an activation has at most 64 modules.
@@ -86,19 +87,19 @@ func rootCause(l ChainLink) string {
 		phase = string(iteronv1.PhaseInactive)
 	}
 	switch l.Reason {
-	case iteronv1.CodeVerificationFailed:
+	case reasons.VerificationFailed:
 		return detail("failed verification")
-	case iteronv1.CodeUnsupportedVersion:
+	case reasons.UnsupportedVersion:
 		return detail("failed verification (unsupported protocol version)")
-	case iteronv1.CodeSchemaMismatch:
+	case reasons.SchemaMismatch:
 		return detail("failed verification (schema mismatch)")
-	case iteronv1.CodeDependencyUnsatisfied:
+	case reasons.DependencyUnsatisfied:
 		return detail("has an unsatisfied dependency")
-	case iteronv1.CodeDependencyCycle:
+	case reasons.DependencyCycle:
 		return detail("is on a dependency cycle")
-	case iteronv1.CodeAuthorityChanged:
+	case reasons.AuthorityChanged:
 		return detail("was not started: its admitted capabilities changed")
-	case iteronv1.CodeLedgerCorrupt:
+	case reasons.LedgerCorrupt:
 		return detail("is stopped: the ledger is corrupt")
 	case "":
 		return fmt.Sprintf("is %s with no reason yet (a transaction may be in progress)", phase)

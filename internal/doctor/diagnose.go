@@ -14,6 +14,7 @@ import (
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
 	"iteron.dev/operator/internal/catalog"
 	"iteron.dev/operator/internal/ledger"
+	"iteron.dev/operator/internal/reasons"
 )
 
 // DefaultOrphanGrace is how long a live, recorded provider group may go
@@ -377,9 +378,9 @@ func (d *diagnosis) swapFailed(md ModuleDiagnosis) Finding {
 	}
 	f.Summary = fmt.Sprintf("module %s still serves %s: the change to %s failed%s: %s: %s", md.Module, active, target, where, md.Reason, md.Message)
 	switch md.Reason {
-	case iteronv1.CodeAuthorityChanged:
+	case reasons.AuthorityChanged:
 		f.Hint = "The admitted capabilities differ from the running generation's, which a hot swap refuses. Set spec.swap.strategy to Cold (no state moves), or restore the capability ceiling."
-	case iteronv1.CodeUnsupportedVersion:
+	case reasons.UnsupportedVersion:
 		f.Hint = "A Hot/Migrate swap between protocol 1 and 2 is refused: set spec.swap.strategy to Cold or spec.swap.stateDisposition to Discard."
 	default:
 		f.Hint = "A failed swap is not retried for the same target. Fix the provider (see its stderr tail and the ledger's blocked record) or change the spec; to try the same target again, request a retry:"
@@ -406,13 +407,13 @@ func (d *diagnosis) notActive(md ModuleDiagnosis) Finding {
 		f.Hint = "The manager has not started it yet; if this lasts, check the manager of node " + d.act.Spec.NodeName + "."
 	}
 	switch md.Reason {
-	case iteronv1.CodeVerificationFailed, iteronv1.CodeSchemaMismatch, iteronv1.CodeUnsupportedVersion:
+	case reasons.VerificationFailed, reasons.SchemaMismatch, reasons.UnsupportedVersion:
 		f.Hint = fmt.Sprintf("The source does not verify against the files on node %s. On the node, `kubectl iteron digest artifact <executable>` and `kubectl iteron digest manifest <catalog>` print the digests to compare with spec.sources[]; `kubectl iteron validate` checks the whole document.", d.act.Spec.NodeName)
-	case iteronv1.CodeAuthorityChanged:
+	case reasons.AuthorityChanged:
 		f.Hint = "The node's capability ceiling changed since the generation was admitted; a relaunch with other authority is refused. Restore the ceiling, or change the spec (a new attempt is verified afresh)."
-	case iteronv1.CodeLedgerCorrupt:
+	case reasons.LedgerCorrupt:
 		f.Hint = "The manager does not act on an activation whose ledger does not verify. Run the doctor on the node with --state-dir to see the broken rule; deleting the activation archives the ledger."
-	case iteronv1.CodeActivationFailed, iteronv1.CodeProviderFailed, iteronv1.CodeDeadlineExceeded, iteronv1.CodeRollbackFailed:
+	case reasons.ActivationFailed, reasons.ProviderFailed, reasons.DeadlineExceeded, reasons.RollbackFailed:
 		f.Hint = "The provider failed; its stderr tail and the ledger's blocked record say where. Fix it and change the spec, or request a retry:"
 		f.Commands = []string{d.retryCommand()}
 	}
@@ -423,14 +424,14 @@ func (d *diagnosis) notActive(md ModuleDiagnosis) Finding {
 // (as opposed to a source that does not verify or a dependency that waits).
 func isTransactionFailure(code string) bool {
 	switch code {
-	case "", iteronv1.CodeVerificationFailed, iteronv1.CodeSchemaMismatch, iteronv1.CodeDependencyUnsatisfied, iteronv1.CodeDependencyCycle:
+	case "", reasons.VerificationFailed, reasons.SchemaMismatch, reasons.DependencyUnsatisfied, reasons.DependencyCycle:
 		return false
 	}
 	return true
 }
 
 func isDependencyCode(code string) bool {
-	return code == iteronv1.CodeDependencyUnsatisfied || code == iteronv1.CodeDependencyCycle
+	return code == reasons.DependencyUnsatisfied || code == reasons.DependencyCycle
 }
 
 func describePhase(ms iteronv1.ModuleStatus) string {

@@ -9,6 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
+	"iteron.dev/operator/internal/reasons"
 )
 
 func TestDiagnoseFindings(t *testing.T) {
@@ -38,10 +39,10 @@ func TestDiagnoseFindings(t *testing.T) {
 					ms := module(a, m.Module)
 					ms.Phase, ms.GenerationName, ms.Generation, ms.ImplementationID = iteronv1.PhaseInactive, "", 0, ""
 				}
-				module(a, "prompt_system").Reason, module(a, "prompt_system").Message = iteronv1.CodeVerificationFailed, verifyMsg
-				module(a, "context_assembly").Reason = iteronv1.CodeDependencyUnsatisfied
+				module(a, "prompt_system").Reason, module(a, "prompt_system").Message = reasons.VerificationFailed, verifyMsg
+				module(a, "context_assembly").Reason = reasons.DependencyUnsatisfied
 				module(a, "context_assembly").Message = "context_assembly needs prompt_system (not admitted: verification_failed: …)"
-				module(a, "provider_routing").Reason = iteronv1.CodeDependencyUnsatisfied
+				module(a, "provider_routing").Reason = reasons.DependencyUnsatisfied
 				setCondition(a, iteronv1.ConditionVerified, metav1.ConditionFalse, iteronv1.ReasonVerificationFailed, verifyMsg)
 				setCondition(a, iteronv1.ConditionReady, metav1.ConditionFalse, iteronv1.ReasonVerificationFailed, verifyMsg)
 				return input(a)
@@ -56,7 +57,7 @@ func TestDiagnoseFindings(t *testing.T) {
 					t.Fatalf("chain:\n got %q\nwant %q", f.Summary, want)
 				}
 				md := r.Modules[2]
-				if md.Module != "provider_routing" || len(md.Chain) != 3 || md.Chain[2].Reason != iteronv1.CodeVerificationFailed {
+				if md.Module != "provider_routing" || len(md.Chain) != 3 || md.Chain[2].Reason != reasons.VerificationFailed {
 					t.Fatalf("chain links: %+v", md.Chain)
 				}
 			},
@@ -69,7 +70,7 @@ func TestDiagnoseFindings(t *testing.T) {
 				a.Status.Conditions = readyConditions(2)
 				a.Spec.Sources[0].ImplementationID = "faulty"
 				ms := module(a, "prompt_system")
-				ms.Reason, ms.Message = iteronv1.CodeProviderFailed, "migrate: the provider exited (status 2)"
+				ms.Reason, ms.Message = reasons.ProviderFailed, "migrate: the provider exited (status 2)"
 				setCondition(a, iteronv1.ConditionStalled, metav1.ConditionTrue, iteronv1.ReasonProviderFailed, "module prompt_system: …")
 				setCondition(a, iteronv1.ConditionReady, metav1.ConditionFalse, iteronv1.ReasonProviderFailed, "module prompt_system: …")
 				a.Status.Ledger.Recent = []iteronv1.LedgerRecordSummary{
@@ -80,7 +81,7 @@ func TestDiagnoseFindings(t *testing.T) {
 				old := generation(a, "prompt_system", 1, 1, "prompt_system-impl", iteronv1.PhaseActive, iteronv1.StepCommitted)
 				old.Status.Pid = 4242
 				bad := generation(a, "prompt_system", 2, 1, "faulty", iteronv1.PhaseFailed, iteronv1.StepMigrate)
-				bad.Status.Reason, bad.Status.Message, bad.Status.StderrTail = iteronv1.CodeProviderFailed, "the provider exited", "faulty: crash at migrate\n"
+				bad.Status.Reason, bad.Status.Message, bad.Status.StderrTail = reasons.ProviderFailed, "the provider exited", "faulty: crash at migrate\n"
 				return input(a, old, bad)
 			},
 			want: []string{"problem swap_failed prompt_system"},
@@ -107,7 +108,7 @@ func TestDiagnoseFindings(t *testing.T) {
 			build: func() *Input {
 				a := activation("prompt_system")
 				ms := module(a, "prompt_system")
-				ms.Phase, ms.Reason, ms.Message = iteronv1.PhaseFailed, iteronv1.CodeProviderFailed, "crashed 5 times in 10 minutes"
+				ms.Phase, ms.Reason, ms.Message = iteronv1.PhaseFailed, reasons.ProviderFailed, "crashed 5 times in 10 minutes"
 				a.Status.Ledger.Recent = []iteronv1.LedgerRecordSummary{
 					{Sequence: 8, TransactionID: "t2", Module: "prompt_system", Phase: "migrate", Outcome: "blocked", Reason: "deadline_exceeded: migrate"},
 					{Sequence: 9, TransactionID: "t2", Module: "prompt_system", Phase: "rolled_back", Outcome: "rolled_back", Reason: "deadline_exceeded: migrate"},
@@ -130,7 +131,7 @@ func TestDiagnoseFindings(t *testing.T) {
 			build: func() *Input {
 				a := activation("prompt_system", "context_assembly")
 				a.Spec.Sources[0].ImplementationID, a.Spec.Sources[1].ImplementationID = "sys-b", "ctx-b"
-				module(a, "prompt_system").Reason, module(a, "prompt_system").Message = iteronv1.CodeDeadlineExceeded, "readiness: deadline of 30s exceeded"
+				module(a, "prompt_system").Reason, module(a, "prompt_system").Message = reasons.DeadlineExceeded, "readiness: deadline of 30s exceeded"
 				setCondition(a, iteronv1.ConditionStalled, metav1.ConditionTrue, iteronv1.ReasonDeadlineExceeded, "…")
 				return input(a)
 			},

@@ -14,6 +14,7 @@ import (
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
 	"iteron.dev/operator/internal/ledger"
 	"iteron.dev/operator/internal/procexec"
+	"iteron.dev/operator/internal/reasons"
 	"iteron.dev/operator/pkg/strictjson"
 )
 
@@ -83,7 +84,7 @@ func (w *ledgerWriter) swap(module string, n, attempt uint64, from, to string, o
 	tx := w.begin(s)
 	w.must(tx.Verify(), tx.ShadowLoad(), tx.Quiesce(), tx.Snapshot("sha256:"+strings.Repeat("e", 64)))
 	if !ok {
-		w.must(tx.Block(ledger.PhaseMigrate, ledger.ReasonProviderFailed, "faulty: crash at migrate"), tx.RollBack())
+		w.must(tx.Block(ledger.PhaseMigrate, reasons.ProviderFailed, "faulty: crash at migrate"), tx.RollBack())
 		return
 	}
 	w.must(tx.Migrate(), tx.Restore("sha256:"+strings.Repeat("f", 64)), tx.Readiness(), tx.AtomicSwitch(), tx.Drain(), tx.Commit())

@@ -9,12 +9,13 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
+	"iteron.dev/operator/internal/reasons"
 )
 
 func TestWriteTextEscapesWhatProvidersWrote(t *testing.T) {
 	a := activation("prompt_system")
 	ms := module(a, "prompt_system")
-	ms.Phase, ms.GenerationName, ms.Reason, ms.Message = iteronv1.PhaseFailed, "", iteronv1.CodeProviderFailed, "exited\x1b]0;owned\x07 (status 2)"
+	ms.Phase, ms.GenerationName, ms.Reason, ms.Message = iteronv1.PhaseFailed, "", reasons.ProviderFailed, "exited\x1b]0;owned\x07 (status 2)"
 	setCondition(a, iteronv1.ConditionReady, metav1.ConditionFalse, iteronv1.ReasonProviderFailed, "module prompt_system: exited\x1b[2J")
 	g := generation(a, "prompt_system", 1, 1, "prompt_system-impl", iteronv1.PhaseFailed, iteronv1.StepShadowLoad)
 	g.Status.StderrTail = "panic: boom\n\x1b[31mred\x1b[0m\n\xff\xfe bytes\n"

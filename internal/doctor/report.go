@@ -1,6 +1,7 @@
 package doctor
 
 import (
+	"iteron.dev/operator/internal/reasons"
 	"time"
 )
 
@@ -62,7 +63,7 @@ const (
 	FindingDeletionPending = "deletion_pending"
 	// FindingLedgerCorrupt: the ledger does not verify (the status says so,
 	// or the file on the node broke a rule).
-	FindingLedgerCorrupt = "ledger_corrupt"
+	FindingLedgerCorrupt = reasons.LedgerCorrupt
 	// FindingLedgerUnreadable: --state-dir was given but the ledger could
 	// not be read (missing, permissions).
 	FindingLedgerUnreadable = "ledger_unreadable"

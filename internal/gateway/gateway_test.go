@@ -18,6 +18,7 @@ import (
 	"iteron.dev/operator/examples/providers/artifacts"
 	"iteron.dev/operator/examples/providers/providertest"
 	"iteron.dev/operator/internal/hotswap"
+	"iteron.dev/operator/internal/reasons"
 )
 
 const module = "prompt_system"
@@ -210,10 +211,10 @@ func TestCancellingAQueuedCallWithdrawsItAndItNeverRuns(t *testing.T) {
 		return st.GetState() == gatewayv1.InvocationState_INVOCATION_STATE_QUEUED
 	})
 	st, err := h.client.CancelInvocation(ctx, &gatewayv1.InvocationControlRequest{Namespace: "default", InvocationId: "queued", Reason: "changed my mind"})
-	if err != nil || st.State != gatewayv1.InvocationState_INVOCATION_STATE_FAILED || st.Reason != ReasonCancelled || !strings.Contains(st.Message, "changed my mind") {
+	if err != nil || st.State != gatewayv1.InvocationState_INVOCATION_STATE_FAILED || st.Reason != reasons.Cancelled || !strings.Contains(st.Message, "changed my mind") {
 		t.Fatalf("cancel of a queued call: %v %v; want FAILED, reason cancelled, naming the reason", st, err)
 	}
-	expectFailure(t, <-queued, codes.Canceled, ReasonCancelled)
+	expectFailure(t, <-queued, codes.Canceled, reasons.Cancelled)
 	if err := <-slow; err != nil {
 		t.Fatalf("the running call: %v", err)
 	}
@@ -247,12 +248,12 @@ func TestCancellingARunningCallAsksTheProviderAndTheWatchEndsCancelled(t *testin
 		t.Fatalf("cancel of a running call: %v; want CANCELLATION_REQUESTED (or already FAILED)", st)
 	}
 	_, err = stream.Recv()
-	expectFailure(t, err, codes.Canceled, ReasonCancelled)
+	expectFailure(t, err, codes.Canceled, reasons.Cancelled)
 	if waited := time.Since(start); waited > 10*time.Second {
 		t.Fatalf("the cancelled run ended after %v; its sleep was 20 s", waited)
 	}
 	st, _ = h.client.GetInvocationStatus(ctx, &gatewayv1.InvocationControlRequest{Namespace: "default", InvocationId: "long"})
-	if st.State != gatewayv1.InvocationState_INVOCATION_STATE_FAILED || st.Reason != ReasonCancelled || st.Generation != 1 {
+	if st.State != gatewayv1.InvocationState_INVOCATION_STATE_FAILED || st.Reason != reasons.Cancelled || st.Generation != 1 {
 		t.Fatalf("status after cancel: %v", st)
 	}
 	// The provider lives on (a cancel is not a fault) and the cancelled run
@@ -329,7 +330,7 @@ func TestARepeatedInvocationIDReturnsTheFirstOutcomeAndNeverRunsTwice(t *testing
 	// The same ID for a different call is refused, not answered with the
 	// first call's outcome.
 	_, err = h.invoke(nil, &gatewayv1.InvokeRequest{Namespace: "default", Activation: "stack", Module: module, InvocationId: "once-1", InputJson: `{"key":"k","add":6}`})
-	expectFailure(t, err, codes.AlreadyExists, ReasonInvocationConflict, `"once-1"`)
+	expectFailure(t, err, codes.AlreadyExists, reasons.InvocationConflict, `"once-1"`)
 	// IDs are per namespace: another namespace's once-1 is its own call.
 	other, err := h.invoke(nil, &gatewayv1.InvokeRequest{Namespace: "other", Activation: "stack", Module: module, InvocationId: "once-1", InputJson: `{"key":"k","add":5}`})
 	if err != nil || other.Replayed || decodeCounter(t, other.ObservationJson).Count != 5 {
@@ -519,17 +520,17 @@ func TestRequestsAreValidatedBeforeAnythingRuns(t *testing.T) {
 		reason string
 		frag   string
 	}{
-		{"a namespace that is not a namespace name", func(r *gatewayv1.InvokeRequest) { r.Namespace = "Default" }, codes.InvalidArgument, ReasonInvalidRequest, `"Default"`},
-		{"an empty activation", func(r *gatewayv1.InvokeRequest) { r.Activation = "" }, codes.InvalidArgument, ReasonInvalidRequest, "activation"},
-		{"a module that is not a module ID", func(r *gatewayv1.InvokeRequest) { r.Module = "Prompt.System" }, codes.InvalidArgument, ReasonInvalidRequest, "module"},
-		{"an invocation id with a space", func(r *gatewayv1.InvokeRequest) { r.InvocationId = "a b" }, codes.InvalidArgument, ReasonInvalidRequest, "invocation_id"},
-		{"a pinned generation of 0", func(r *gatewayv1.InvokeRequest) { r.PinnedGeneration = &zero }, codes.InvalidArgument, ReasonInvalidRequest, "pinned_generation"},
+		{"a namespace that is not a namespace name", func(r *gatewayv1.InvokeRequest) { r.Namespace = "Default" }, codes.InvalidArgument, reasons.InvalidRequest, `"Default"`},
+		{"an empty activation", func(r *gatewayv1.InvokeRequest) { r.Activation = "" }, codes.InvalidArgument, reasons.InvalidRequest, "activation"},
+		{"a module that is not a module ID", func(r *gatewayv1.InvokeRequest) { r.Module = "Prompt.System" }, codes.InvalidArgument, reasons.InvalidRequest, "module"},
+		{"an invocation id with a space", func(r *gatewayv1.InvokeRequest) { r.InvocationId = "a b" }, codes.InvalidArgument, reasons.InvalidRequest, "invocation_id"},
+		{"a pinned generation of 0", func(r *gatewayv1.InvokeRequest) { r.PinnedGeneration = &zero }, codes.InvalidArgument, reasons.InvalidRequest, "pinned_generation"},
 		{"an input with a duplicate key", func(r *gatewayv1.InvokeRequest) { r.InputJson = `{"key":"v","key":"w"}` }, codes.FailedPrecondition, "schema_mismatch", "input_json"},
 		{"an input with trailing data", func(r *gatewayv1.InvokeRequest) { r.InputJson = `{"key":"v"} {}` }, codes.FailedPrecondition, "schema_mismatch", "input_json"},
 		{"an input over 512 KiB", func(r *gatewayv1.InvokeRequest) { r.InputJson = `"` + strings.Repeat("x", 512<<10) + `"` }, codes.FailedPrecondition, "schema_mismatch", "bytes"},
-		{"a deadline over an hour", func(r *gatewayv1.InvokeRequest) { r.DeadlineMs = 3_600_001 }, codes.InvalidArgument, ReasonInvalidRequest, "deadline_ms"},
-		{"an activation that is not on this node", func(r *gatewayv1.InvokeRequest) { r.Activation = "nope" }, codes.NotFound, ReasonNotFound, "default/nope"},
-		{"a module the activation does not have", func(r *gatewayv1.InvokeRequest) { r.Module = "session_fork" }, codes.NotFound, ReasonNotFound, "session_fork"},
+		{"a deadline over an hour", func(r *gatewayv1.InvokeRequest) { r.DeadlineMs = 3_600_001 }, codes.InvalidArgument, reasons.InvalidRequest, "deadline_ms"},
+		{"an activation that is not on this node", func(r *gatewayv1.InvokeRequest) { r.Activation = "nope" }, codes.NotFound, reasons.NotFound, "default/nope"},
+		{"a module the activation does not have", func(r *gatewayv1.InvokeRequest) { r.Module = "session_fork" }, codes.NotFound, reasons.NotFound, "session_fork"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -550,9 +551,9 @@ func TestACallWithoutPeerCredentialsIsUnauthenticated(t *testing.T) {
 	// A context that did not come through the unix socket transport.
 	ctx := metadata.NewIncomingContext(context.Background(), metadata.MD{})
 	_, err := h.server.Invoke(ctx, &gatewayv1.InvokeRequest{Namespace: "default", Activation: "stack", Module: module})
-	expectFailure(t, err, codes.Unauthenticated, ReasonUnauthenticated, "peer credentials")
+	expectFailure(t, err, codes.Unauthenticated, reasons.Unauthenticated, "peer credentials")
 	_, err = h.server.Handshake(ctx, &gatewayv1.HandshakeRequest{})
-	expectFailure(t, err, codes.Unauthenticated, ReasonUnauthenticated)
+	expectFailure(t, err, codes.Unauthenticated, reasons.Unauthenticated)
 }
 
 func TestAFullQueueRefusesWithResourceExhaustedAndTheIDStaysUsable(t *testing.T) {

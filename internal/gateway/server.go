@@ -21,8 +21,8 @@ import (
 	gatewayv1 "iteron.dev/operator/api/gateway/v1"
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
 	"iteron.dev/operator/internal/hotswap"
-	"iteron.dev/operator/internal/ledger"
 	"iteron.dev/operator/internal/procexec"
+	"iteron.dev/operator/internal/reasons"
 	"iteron.dev/operator/pkg/protocol"
 	"iteron.dev/operator/pkg/strictjson"
 )
@@ -214,14 +214,14 @@ func (s *Server) Stop(ctx context.Context) {
 func (s *Server) authorize(ctx context.Context, namespace string) (Peer, error) {
 	p, ok := PeerFromContext(ctx)
 	if !ok {
-		return Peer{}, fail(ReasonUnauthenticated, "the connection carries no peer credentials (the gateway serves a unix socket only)")
+		return Peer{}, fail(reasons.Unauthenticated, "the connection carries no peer credentials (the gateway serves a unix socket only)")
 	}
 	if !IsNamespaceName(namespace) {
-		return p, fail(ReasonInvalidRequest, fmt.Sprintf("namespace %q is not a namespace name", namespace))
+		return p, fail(reasons.InvalidRequest, fmt.Sprintf("namespace %q is not a namespace name", namespace))
 	}
 	if !s.cfg.Allow.Permits(p.UID, p.GID, namespace) {
 		s.cfg.Log.Info("gateway call denied", "uid", p.UID, "gid", p.GID, "pid", p.PID, "namespace", namespace)
-		return p, fail(string(ledger.ReasonPermissionDenied), fmt.Sprintf("uid %d (gid %d) may not call namespace %q", p.UID, p.GID, namespace))
+		return p, fail(reasons.PermissionDenied, fmt.Sprintf("uid %d (gid %d) may not call namespace %q", p.UID, p.GID, namespace))
 	}
 	return p, nil
 }
@@ -230,10 +230,10 @@ func (s *Server) authorize(ctx context.Context, namespace string) (Peer, error) 
 func (s *Server) Handshake(ctx context.Context, req *gatewayv1.HandshakeRequest) (*gatewayv1.HandshakeResponse, error) {
 	p, ok := PeerFromContext(ctx)
 	if !ok {
-		return nil, fail(ReasonUnauthenticated, "the connection carries no peer credentials (the gateway serves a unix socket only)")
+		return nil, fail(reasons.Unauthenticated, "the connection carries no peer credentials (the gateway serves a unix socket only)")
 	}
 	if req.GetProtocolVersion() != "" && req.GetProtocolVersion() != ProtocolVersion {
-		return nil, fail(string(ledger.ReasonUnsupportedVersion), fmt.Sprintf("protocol %q is not spoken here; this gateway speaks %s", req.GetProtocolVersion(), ProtocolVersion))
+		return nil, fail(reasons.UnsupportedVersion, fmt.Sprintf("protocol %q is not spoken here; this gateway speaks %s", req.GetProtocolVersion(), ProtocolVersion))
 	}
 	resp := &gatewayv1.HandshakeResponse{
 		NodeName: s.cfg.NodeName, InstanceId: s.instanceID, ProtocolVersions: []string{ProtocolVersion},
@@ -292,7 +292,7 @@ func (s *Server) Invoke(ctx context.Context, req *gatewayv1.InvokeRequest) (*gat
 	case <-ctx.Done():
 		// The call goes on (bounded by its deadline); a repeat with the same
 		// invocation_id gets its outcome.
-		return nil, fail(string(ledger.ReasonDeadlineExceeded), fmt.Sprintf("the caller stopped waiting for invocation %s: %v", inv.id, ctx.Err()))
+		return nil, fail(reasons.DeadlineExceeded, fmt.Sprintf("the caller stopped waiting for invocation %s: %v", inv.id, ctx.Err()))
 	}
 	if inv.err != nil {
 		return nil, inv.err
@@ -320,7 +320,7 @@ func (s *Server) Watch(req *gatewayv1.WatchRequest, stream grpc.ServerStreamingS
 		select {
 		case <-inv.done:
 		case <-ctx.Done():
-			return fail(string(ledger.ReasonDeadlineExceeded), fmt.Sprintf("the caller stopped waiting for invocation %s: %v", inv.id, ctx.Err()))
+			return fail(reasons.DeadlineExceeded, fmt.Sprintf("the caller stopped waiting for invocation %s: %v", inv.id, ctx.Err()))
 		}
 		if inv.err != nil {
 			return inv.err
@@ -349,7 +349,7 @@ func (s *Server) Watch(req *gatewayv1.WatchRequest, stream grpc.ServerStreamingS
 		case <-inv.notify:
 			continue
 		case <-ctx.Done():
-			return fail(string(ledger.ReasonDeadlineExceeded), fmt.Sprintf("the caller stopped watching invocation %s: %v", inv.id, ctx.Err()))
+			return fail(reasons.DeadlineExceeded, fmt.Sprintf("the caller stopped watching invocation %s: %v", inv.id, ctx.Err()))
 		case <-inv.done:
 		}
 		// Ended: drain what arrived last, then report the outcome.
@@ -380,33 +380,33 @@ func (s *Server) begin(ctx context.Context, req callRequest, streaming bool) (*i
 		return nil, false, err
 	}
 	if err := validName(req.activation); err != nil {
-		return nil, false, fail(ReasonInvalidRequest, "activation: "+err.Error())
+		return nil, false, fail(reasons.InvalidRequest, "activation: "+err.Error())
 	}
 	if err := protocol.ValidModule(req.module); err != nil {
-		return nil, false, fail(ReasonInvalidRequest, fmt.Sprintf("module %q: %v", req.module, err))
+		return nil, false, fail(reasons.InvalidRequest, fmt.Sprintf("module %q: %v", req.module, err))
 	}
 	id := req.invocationID
 	if id != "" {
 		if err := protocol.ValidID(id); err != nil {
-			return nil, false, fail(ReasonInvalidRequest, fmt.Sprintf("invocation_id %q: %v", id, err))
+			return nil, false, fail(reasons.InvalidRequest, fmt.Sprintf("invocation_id %q: %v", id, err))
 		}
 	}
 	if req.pinned != nil && *req.pinned <= 0 {
-		return nil, false, fail(ReasonInvalidRequest, fmt.Sprintf("pinned_generation %d: a lineage number is at least 1", *req.pinned))
+		return nil, false, fail(reasons.InvalidRequest, fmt.Sprintf("pinned_generation %d: a lineage number is at least 1", *req.pinned))
 	}
 	input := []byte(req.input)
 	if len(input) == 0 {
 		input = []byte("{}")
 	}
 	if err := strictjson.Valid(input, protocol.MaxPayloadBytes); err != nil {
-		return nil, false, fail(string(ledger.ReasonSchemaMismatch), "input_json: "+err.Error())
+		return nil, false, fail(reasons.SchemaMismatch, "input_json: "+err.Error())
 	}
 	canonical, err := strictjson.CanonicalValue(input)
 	if err != nil {
-		return nil, false, fail(string(ledger.ReasonSchemaMismatch), "input_json: "+err.Error())
+		return nil, false, fail(reasons.SchemaMismatch, "input_json: "+err.Error())
 	}
 	if req.deadlineMs > uint64(MaxCallDeadline.Milliseconds()) {
-		return nil, false, fail(ReasonInvalidRequest, fmt.Sprintf("deadline_ms %d exceeds %d", req.deadlineMs, MaxCallDeadline.Milliseconds()))
+		return nil, false, fail(reasons.InvalidRequest, fmt.Sprintf("deadline_ms %d exceeds %d", req.deadlineMs, MaxCallDeadline.Milliseconds()))
 	}
 	budget := s.cfg.DefaultDeadline
 	if req.deadlineMs > 0 {
@@ -417,7 +417,7 @@ func (s *Server) begin(ctx context.Context, req callRequest, streaming bool) (*i
 	}
 	budget = min(budget, MaxCallDeadline)
 	if budget <= 0 {
-		return nil, false, fail(string(ledger.ReasonDeadlineExceeded), "the call's deadline passed before it arrived")
+		return nil, false, fail(reasons.DeadlineExceeded, "the call's deadline passed before it arrived")
 	}
 
 	fp := fingerprint(req.activation, req.module, req.pinned, canonical)
@@ -434,7 +434,7 @@ func (s *Server) begin(ctx context.Context, req callRequest, streaming bool) (*i
 
 	d, ok := s.cfg.Coordinator.Dispatcher(req.namespace, req.activation, req.module)
 	if !ok {
-		return nil, false, fail(ReasonNotFound, fmt.Sprintf("no module %s in activation %s/%s on this node", req.module, req.namespace, req.activation))
+		return nil, false, fail(reasons.NotFound, fmt.Sprintf("no module %s in activation %s/%s on this node", req.module, req.namespace, req.activation))
 	}
 	inv := newInvocation()
 	inv.namespace, inv.activation, inv.module, inv.dispatcher, inv.streaming = req.namespace, req.activation, req.module, d, streaming
@@ -449,7 +449,7 @@ func (s *Server) begin(ctx context.Context, req callRequest, streaming bool) (*i
 	}
 	known, existing, full := s.table.admit(inv)
 	if full != nil {
-		return nil, false, fail(string(ledger.ReasonQueueFull), fmt.Sprintf("the gateway remembers %d invocations that have not ended; retry later", full.n))
+		return nil, false, fail(reasons.QueueFull, fmt.Sprintf("the gateway remembers %d invocations that have not ended; retry later", full.n))
 	}
 	if existing {
 		return s.repeat(known, fp, id, req.namespace)
@@ -477,12 +477,12 @@ func (s *Server) begin(ctx context.Context, req callRequest, streaming bool) (*i
 		cancelled := inv.cancelRequested
 		inv.mu.Unlock()
 		if cancelled {
-			s.finish(inv, hotswap.Result{}, &hotswap.CallError{Code: hotswap.CodeCancelled, Message: "cancelled before it was queued"})
+			s.finish(inv, hotswap.Result{}, &hotswap.CallError{Code: reasons.Cancelled, Message: "cancelled before it was queued"})
 			return
 		}
 		res, err := d.Invoke(s.ctx, call)
 		var ce *hotswap.CallError
-		if errors.As(err, &ce) && ce.Code == string(ledger.ReasonQueueFull) {
+		if errors.As(err, &ce) && ce.Code == reasons.QueueFull {
 			// Refused at the door: it never ran, so a retry under the same
 			// invocation_id may run it.
 			s.table.abandon(inv)
@@ -496,7 +496,7 @@ func (s *Server) begin(ctx context.Context, req callRequest, streaming bool) (*i
 // the known invocation, a different one is refused.
 func (s *Server) repeat(known *invocation, fp [32]byte, id, namespace string) (*invocation, bool, error) {
 	if known.fingerprint != fp {
-		return nil, false, fail(ReasonInvocationConflict, fmt.Sprintf("invocation_id %q was used in namespace %s for a different call (activation %s, module %s, or its input); choose a new one", id, namespace, known.activation, known.module))
+		return nil, false, fail(reasons.InvocationConflict, fmt.Sprintf("invocation_id %q was used in namespace %s for a different call (activation %s, module %s, or its input); choose a new one", id, namespace, known.activation, known.module))
 	}
 	return known, true, nil
 }
@@ -578,7 +578,7 @@ func stale(servedBy int64, current *hotswap.Route) bool {
 func (s *Server) finish(inv *invocation, res hotswap.Result, err error) {
 	inv.mu.Lock()
 	if err == nil && inv.droppedStale {
-		err = &hotswap.CallError{Code: string(ledger.ReasonStaleGeneration), Message: fmt.Sprintf("generation %d answered after module %s had switched away from it; its output was dropped", res.Lineage, inv.module)}
+		err = &hotswap.CallError{Code: reasons.StaleGeneration, Message: fmt.Sprintf("generation %d answered after module %s had switched away from it; its output was dropped", res.Lineage, inv.module)}
 		res = hotswap.Result{}
 	}
 	inv.result = res
@@ -598,38 +598,38 @@ func (s *Server) finish(inv *invocation, res hotswap.Result, err error) {
 // outcomeOf maps a dispatcher error to the invocation's reason, message
 // and gRPC status. Caller holds inv.mu.
 func (s *Server) outcomeOf(inv *invocation, err error) (reason, message string, status error) {
-	reason, message = string(ledger.ReasonProviderFailed), err.Error()
+	reason, message = reasons.ProviderFailed, err.Error()
 	var ce *hotswap.CallError
 	if errors.As(err, &ce) {
 		reason, message = ce.Code, ce.Message
 	}
 	generation := inv.generation
 	switch {
-	case reason == hotswap.CodeCancelled:
-		reason = ReasonCancelled
+	case reason == reasons.Cancelled:
+		reason = reasons.Cancelled
 	case errors.Is(err, procexec.ErrRunCancelled) || errors.Is(err, procexec.ErrClosed):
 		if inv.cancelRequested {
-			reason, message = ReasonCancelled, "the run was cancelled at the client's request"
+			reason, message = reasons.Cancelled, "the run was cancelled at the client's request"
 		} else {
-			reason, message = ReasonInterrupted, fmt.Sprintf("the host ended the run on generation %d (a swap's quiesce timeout, a retirement or a shutdown): %v", generation, err)
+			reason, message = reasons.Interrupted, fmt.Sprintf("the host ended the run on generation %d (a swap's quiesce timeout, a retirement or a shutdown): %v", generation, err)
 		}
 	case s.ctx.Err() != nil && !inv.started:
-		reason, message = ReasonInterrupted, "the gateway stopped before the call ran"
-	case reason == string(ledger.ReasonProviderFailed) && ce != nil && ce.Err != nil:
+		reason, message = reasons.Interrupted, "the gateway stopped before the call ran"
+	case reason == reasons.ProviderFailed && ce != nil && ce.Err != nil:
 		// The executor's fault knows better (a run past its deadline is
 		// deadline_exceeded, a malformed input schema_mismatch).
 		var rc interface{ ReasonCode() string }
 		if errors.As(ce.Err, &rc) && rc.ReasonCode() != "" {
 			reason = rc.ReasonCode()
 		}
-	case reason == string(ledger.ReasonStaleGeneration):
+	case reason == reasons.StaleGeneration:
 		if r := inv.dispatcher.Route(); r != nil {
 			generation = r.Lineage
 		}
 	}
-	code := CodeOf(reason)
+	code := reasons.GRPCCode(reason)
 	if inv.started {
-		code = RunCodeOf(reason)
+		code = reasons.RunGRPCCode(reason)
 	}
 	return reason, message, failure(code, reason, message, generation)
 }
@@ -647,10 +647,10 @@ func (s *Server) moduleUnavailable(namespace, activation, module string) error {
 		}
 	}
 	if !found {
-		return fail(ReasonNotFound, fmt.Sprintf("no activation %s/%s on this node", namespace, activation))
+		return fail(reasons.NotFound, fmt.Sprintf("no activation %s/%s on this node", namespace, activation))
 	}
 	if st.LedgerError != "" {
-		return fail(string(ledger.ReasonLedgerCorrupt), fmt.Sprintf("activation %s/%s: %s", namespace, activation, st.LedgerError))
+		return fail(reasons.LedgerCorrupt, fmt.Sprintf("activation %s/%s: %s", namespace, activation, st.LedgerError))
 	}
 	if st.Busy {
 		return nil
@@ -665,9 +665,9 @@ func (s *Server) moduleUnavailable(namespace, activation, module string) error {
 		}
 	}
 	if ms.Phase == iteronv1.PhaseFailed {
-		return fail(string(ledger.ReasonProviderFailed), fmt.Sprintf("module %s has failed", module))
+		return fail(reasons.ProviderFailed, fmt.Sprintf("module %s has failed", module))
 	}
-	return fail(string(ledger.ReasonActivationFailed), fmt.Sprintf("module %s has no active generation", module))
+	return fail(reasons.ActivationFailed, fmt.Sprintf("module %s has no active generation", module))
 }
 
 // GetInvocationStatus implements gatewayv1.GatewayServer.
@@ -735,7 +735,7 @@ func (s *Server) control(ctx context.Context, req *gatewayv1.InvocationControlRe
 		return nil, err
 	}
 	if err := protocol.ValidID(req.GetInvocationId()); err != nil {
-		return nil, fail(ReasonInvalidRequest, fmt.Sprintf("invocation_id %q: %v", req.GetInvocationId(), err))
+		return nil, fail(reasons.InvalidRequest, fmt.Sprintf("invocation_id %q: %v", req.GetInvocationId(), err))
 	}
 	inv, ok := s.table.lookup(req.GetNamespace() + "\x00" + req.GetInvocationId())
 	if !ok {

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"iteron.dev/operator/internal/ledger"
+	"iteron.dev/operator/internal/reasons"
 )
 
 func errorsAs(err error, target any) bool { return errors.As(err, target) }
@@ -40,31 +41,31 @@ func TestEveryReasonMapsToTheCodeOfDesignTable(t *testing.T) {
 		{"ledger_corrupt", codes.Unavailable, codes.Unavailable},
 		{"queue_full", codes.ResourceExhausted, codes.ResourceExhausted},
 		{"cleanup_failed", codes.Unknown, codes.Unknown},
-		{ReasonInvalidRequest, codes.InvalidArgument, codes.InvalidArgument},
-		{ReasonNotFound, codes.NotFound, codes.NotFound},
-		{ReasonCancelled, codes.Canceled, codes.Canceled},
-		{ReasonInterrupted, codes.Aborted, codes.Aborted},
-		{ReasonUnauthenticated, codes.Unauthenticated, codes.Unauthenticated},
-		{ReasonInvocationConflict, codes.AlreadyExists, codes.AlreadyExists},
+		{reasons.InvalidRequest, codes.InvalidArgument, codes.InvalidArgument},
+		{reasons.NotFound, codes.NotFound, codes.NotFound},
+		{reasons.Cancelled, codes.Canceled, codes.Canceled},
+		{reasons.Interrupted, codes.Aborted, codes.Aborted},
+		{reasons.Unauthenticated, codes.Unauthenticated, codes.Unauthenticated},
+		{reasons.InvocationConflict, codes.AlreadyExists, codes.AlreadyExists},
 		{"something_else", codes.Unknown, codes.Unknown},
 	}
 	for _, tc := range cases {
 		t.Run(tc.reason, func(t *testing.T) {
-			if got := CodeOf(tc.reason); got != tc.code {
+			if got := reasons.GRPCCode(tc.reason); got != tc.code {
 				t.Fatalf("CodeOf = %s, want %s", got, tc.code)
 			}
-			if got := RunCodeOf(tc.reason); got != tc.run {
+			if got := reasons.RunGRPCCode(tc.reason); got != tc.run {
 				t.Fatalf("RunCodeOf = %s, want %s", got, tc.run)
 			}
 		})
 	}
 	// Every reason the ledger knows (DESIGN §8) is in the table but
 	// cleanup_failed, which never reaches a caller.
-	for _, r := range []ledger.ReasonCode{ledger.ReasonUnsupportedVersion, ledger.ReasonVerificationFailed, ledger.ReasonSchemaMismatch,
-		ledger.ReasonDependencyUnsatisfied, ledger.ReasonDependencyCycle, ledger.ReasonStaleGeneration, ledger.ReasonAuthorityChanged,
-		ledger.ReasonPermissionDenied, ledger.ReasonActivationFailed, ledger.ReasonProviderFailed, ledger.ReasonDeadlineExceeded,
-		ledger.ReasonRollbackFailed, ledger.ReasonLedgerCorrupt, ledger.ReasonQueueFull} {
-		if CodeOf(string(r)) == codes.Unknown {
+	for _, r := range []ledger.ReasonCode{reasons.UnsupportedVersion, reasons.VerificationFailed, reasons.SchemaMismatch,
+		reasons.DependencyUnsatisfied, reasons.DependencyCycle, reasons.StaleGeneration, reasons.AuthorityChanged,
+		reasons.PermissionDenied, reasons.ActivationFailed, reasons.ProviderFailed, reasons.DeadlineExceeded,
+		reasons.RollbackFailed, reasons.LedgerCorrupt, reasons.QueueFull} {
+		if reasons.GRPCCode(string(r)) == codes.Unknown {
 			t.Errorf("reason %s has no code", r)
 		}
 	}

@@ -13,6 +13,7 @@ import (
 	"iteron.dev/operator/api/v1alpha1"
 	"iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/catalog"
+	"iteron.dev/operator/internal/reasons"
 	"iteron.dev/operator/pkg/strictjson"
 )
 
@@ -336,7 +337,7 @@ func markCycles(vs []*vertex) {
 		for _, m := range scc {
 			path := cyclePath(vs, m, scc)
 			x := vs[m]
-			x.resolved, x.reason = true, v1alpha1.CodeDependencyCycle
+			x.resolved, x.reason = true, reasons.DependencyCycle
 			x.cause = "dependency cycle: " + path
 			x.message = truncate(x.module + " is on a dependency cycle: " + path)
 			x.chain = []string{x.module}
@@ -398,7 +399,7 @@ func resolve(v *vertex, vs []*vertex) {
 		v.chain = []string{v.module}
 		return
 	case v.unmet != "":
-		v.reason = v1alpha1.CodeDependencyUnsatisfied
+		v.reason = reasons.DependencyUnsatisfied
 		v.message = truncate(v.module + " needs " + v.unmet)
 		v.cause = "it needs " + v.unmet
 		v.chain = []string{v.module}
@@ -410,7 +411,7 @@ func resolve(v *vertex, vs []*vertex) {
 		if dep.admitted {
 			continue
 		}
-		v.reason = v1alpha1.CodeDependencyUnsatisfied
+		v.reason = reasons.DependencyUnsatisfied
 		v.chain = append([]string{v.module}, dep.chain...)
 		v.cause = dep.cause
 		v.message = truncate(strings.Join(v.chain, " needs ") + " (" + dep.cause + ")")

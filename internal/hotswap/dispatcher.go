@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"iteron.dev/operator/internal/reasons"
 	"sync"
 	"time"
 )
@@ -95,15 +96,6 @@ type CallError struct {
 func (e *CallError) Error() string { return e.Code + ": " + e.Message }
 func (e *CallError) Unwrap() error { return e.Err }
 
-// Reason codes produced by the dispatcher itself.
-const (
-	CodeQueueFull        = "queue_full"
-	CodeStaleGeneration  = "stale_generation"
-	CodeDeadlineExceeded = "deadline_exceeded"
-	CodeProviderFailed   = "provider_failed"
-	CodeActivationFailed = "activation_failed"
-)
-
 // ErrDispatcherClosed is wrapped by calls failed because the module was retired.
 var ErrDispatcherClosed = errors.New("module retired")
 
@@ -189,21 +181,21 @@ func (d *Dispatcher) QueueLength() int {
 // when its deadline passes while it waits.
 func (d *Dispatcher) Invoke(ctx context.Context, call Call) (Result, error) {
 	if call.Deadline.IsZero() {
-		return Result{}, &CallError{Code: CodeDeadlineExceeded, Message: "a call needs a deadline"}
+		return Result{}, &CallError{Code: reasons.DeadlineExceeded, Message: "a call needs a deadline"}
 	}
 	p := &pendingCall{call: call, enqueued: time.Now(), done: make(chan struct{})}
 	d.mu.Lock()
 	switch {
 	case d.closed:
 		d.mu.Unlock()
-		return Result{}, &CallError{Code: CodeActivationFailed, Message: fmt.Sprintf("module %s is retired", d.module), Err: ErrDispatcherClosed}
+		return Result{}, &CallError{Code: reasons.ActivationFailed, Message: fmt.Sprintf("module %s is retired", d.module), Err: ErrDispatcherClosed}
 	case call.PinnedLineage != 0 && d.route != nil && d.route.Lineage != call.PinnedLineage:
 		cur := d.route.Lineage
 		d.mu.Unlock()
-		return Result{}, &CallError{Code: CodeStaleGeneration, Message: fmt.Sprintf("module %s serves generation %d, the call pins %d", d.module, cur, call.PinnedLineage)}
+		return Result{}, &CallError{Code: reasons.StaleGeneration, Message: fmt.Sprintf("module %s serves generation %d, the call pins %d", d.module, cur, call.PinnedLineage)}
 	case len(d.queue) >= d.queueLimit:
 		d.mu.Unlock()
-		return Result{}, &CallError{Code: CodeQueueFull, Message: fmt.Sprintf("module %s has %d calls waiting", d.module, d.queueLimit)}
+		return Result{}, &CallError{Code: reasons.QueueFull, Message: fmt.Sprintf("module %s has %d calls waiting", d.module, d.queueLimit)}
 	}
 	d.queue = append(d.queue, p)
 	d.mu.Unlock()
@@ -221,9 +213,9 @@ func (d *Dispatcher) Invoke(ctx context.Context, call Call) (Result, error) {
 	// it; wait for its result so the slot is never double-booked.
 	if d.withdraw(p) {
 		if ctx.Err() != nil {
-			return Result{}, &CallError{Code: CodeDeadlineExceeded, Message: "the caller gave up while the call was queued", Err: ctx.Err()}
+			return Result{}, &CallError{Code: reasons.DeadlineExceeded, Message: "the caller gave up while the call was queued", Err: ctx.Err()}
 		}
-		return Result{}, &CallError{Code: CodeDeadlineExceeded, Message: fmt.Sprintf("the deadline passed after %s in module %s's queue", time.Since(p.enqueued).Round(time.Millisecond), d.module)}
+		return Result{}, &CallError{Code: reasons.DeadlineExceeded, Message: fmt.Sprintf("the deadline passed after %s in module %s's queue", time.Since(p.enqueued).Round(time.Millisecond), d.module)}
 	}
 	<-p.done
 	return p.result, p.err
@@ -275,7 +267,7 @@ func (d *Dispatcher) dispatchOne() bool {
 	if p.call.PinnedLineage != 0 && p.call.PinnedLineage != route.Lineage {
 		d.queue = d.queue[1:]
 		d.mu.Unlock()
-		p.err = &CallError{Code: CodeStaleGeneration, Message: fmt.Sprintf("module %s switched to generation %d while the call, pinned to %d, waited", d.module, route.Lineage, p.call.PinnedLineage)}
+		p.err = &CallError{Code: reasons.StaleGeneration, Message: fmt.Sprintf("module %s switched to generation %d while the call, pinned to %d, waited", d.module, route.Lineage, p.call.PinnedLineage)}
 		close(p.done)
 		return true
 	}
@@ -283,7 +275,7 @@ func (d *Dispatcher) dispatchOne() bool {
 	if remaining <= 0 {
 		d.queue = d.queue[1:]
 		d.mu.Unlock()
-		p.err = &CallError{Code: CodeDeadlineExceeded, Message: "the deadline passed in the queue"}
+		p.err = &CallError{Code: reasons.DeadlineExceeded, Message: "the deadline passed in the queue"}
 		close(p.done)
 		return true
 	}
@@ -322,12 +314,12 @@ func (d *Dispatcher) run(p *pendingCall, route Route, deadline time.Duration) {
 		// The route only switches between runs, so this cannot happen; if
 		// it ever did, output of a generation no longer routed is dropped.
 		p.result = Result{}
-		err = &CallError{Code: CodeStaleGeneration, Message: fmt.Sprintf("generation %d answered after module %s had switched away from it; its output was dropped", route.Lineage, d.module)}
+		err = &CallError{Code: reasons.StaleGeneration, Message: fmt.Sprintf("generation %d answered after module %s had switched away from it; its output was dropped", route.Lineage, d.module)}
 	}
 	if err != nil {
 		var ce *CallError
 		if !errors.As(err, &ce) {
-			err = &CallError{Code: CodeProviderFailed, Message: err.Error(), Err: err}
+			err = &CallError{Code: reasons.ProviderFailed, Message: err.Error(), Err: err}
 		}
 		p.err = err
 	}
@@ -479,7 +471,7 @@ func (d *Dispatcher) Close() {
 	idle := d.idle
 	d.mu.Unlock()
 	for _, p := range queue {
-		p.err = &CallError{Code: CodeActivationFailed, Message: fmt.Sprintf("module %s was retired while the call waited", d.module), Err: ErrDispatcherClosed}
+		p.err = &CallError{Code: reasons.ActivationFailed, Message: fmt.Sprintf("module %s was retired while the call waited", d.module), Err: ErrDispatcherClosed}
 		close(p.done)
 	}
 	<-idle

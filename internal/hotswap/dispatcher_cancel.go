@@ -3,15 +3,11 @@ package hotswap
 import (
 	"context"
 	"fmt"
+	"iteron.dev/operator/internal/reasons"
 )
 
-// CodeCancelled is the code of a call that was withdrawn from the queue
-// because its caller cancelled it. It is not one of DESIGN §8's error
-// reasons: nothing failed, the caller changed its mind.
-const CodeCancelled = "cancelled"
-
 // Withdraw removes a queued call: its Invoke returns a CallError with
-// CodeCancelled at once and the call never runs. It reports false when no
+// reasons.Cancelled at once and the call never runs. It reports false when no
 // call with that ID is queued (it is running, finished, or unknown); use
 // CancelRunning for a running one.
 func (d *Dispatcher) Withdraw(callID, reason string) bool {
@@ -28,7 +24,7 @@ func (d *Dispatcher) Withdraw(callID, reason string) bool {
 	if found == nil {
 		return false
 	}
-	found.err = &CallError{Code: CodeCancelled, Message: fmt.Sprintf("withdrawn from module %s's queue before it ran: %s", d.module, reason)}
+	found.err = &CallError{Code: reasons.Cancelled, Message: fmt.Sprintf("withdrawn from module %s's queue before it ran: %s", d.module, reason)}
 	close(found.done)
 	return true
 }

@@ -3,6 +3,7 @@ package hotswap
 import (
 	"context"
 	"errors"
+	"iteron.dev/operator/internal/reasons"
 	"testing"
 	"time"
 )
@@ -30,7 +31,7 @@ func TestWithdrawingAQueuedCallFailsItAsCancelledAndItNeverRuns(t *testing.T) {
 		t.Fatal("Withdraw did not find the queued call")
 	}
 	var ce *CallError
-	if err := <-errc; !errors.As(err, &ce) || ce.Code != CodeCancelled {
+	if err := <-errc; !errors.As(err, &ce) || ce.Code != reasons.Cancelled {
 		t.Fatalf("withdrawn call: %v; want code cancelled", err)
 	}
 	if d.QueueLength() != 1 {
@@ -69,7 +70,7 @@ func TestCancellingTheRunningCallAsksTheBackendAndTheCallEndsWithItsError(t *tes
 		t.Fatalf("CancelRunning = %v, %v; want true, nil", ok, err)
 	}
 	var ce *CallError
-	if err := <-errc; !errors.As(err, &ce) || ce.Code != CodeProviderFailed || ce.Err == nil || ce.Err.Error() != "cancelled" {
+	if err := <-errc; !errors.As(err, &ce) || ce.Code != reasons.ProviderFailed || ce.Err == nil || ce.Err.Error() != "cancelled" {
 		t.Fatalf("cancelled call: %v; want the backend's error", err)
 	}
 	if len(b.cancelled) != 1 || b.cancelled[0] != "long" {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"iteron.dev/operator/internal/reasons"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -163,7 +164,7 @@ func TestAPinnedCallFailsWithStaleGenerationAfterACutover(t *testing.T) {
 	c.PinnedLineage = 1
 	_, err := d.Invoke(context.Background(), c)
 	var ce *CallError
-	if !errors.As(err, &ce) || ce.Code != CodeStaleGeneration {
+	if !errors.As(err, &ce) || ce.Code != reasons.StaleGeneration {
 		t.Fatalf("pinned to the old lineage: %v; want stale_generation", err)
 	}
 }
@@ -184,7 +185,7 @@ func TestAPinnedCallQueuedAcrossACutoverFailsWithStaleGeneration(t *testing.T) {
 	_, _ = d.Switch(Route{Lineage: 2, Name: "g2", Backend: newScripted("g2")})
 	d.Resume()
 	var ce *CallError
-	if err := <-errc; !errors.As(err, &ce) || ce.Code != CodeStaleGeneration {
+	if err := <-errc; !errors.As(err, &ce) || ce.Code != reasons.StaleGeneration {
 		t.Fatalf("queued pinned call: %v; want stale_generation", err)
 	}
 }
@@ -201,7 +202,7 @@ func TestAFullQueueRefusesWithQueueFull(t *testing.T) {
 	}
 	_, err := d.Invoke(context.Background(), call("one-too-many", 5*time.Second))
 	var ce *CallError
-	if !errors.As(err, &ce) || ce.Code != CodeQueueFull {
+	if !errors.As(err, &ce) || ce.Code != reasons.QueueFull {
 		t.Fatalf("9th call: %v; want queue_full", err)
 	}
 	d.Resume()
@@ -213,7 +214,7 @@ func TestADeadlinePassingInTheQueueFailsAndWithdrawsTheCall(t *testing.T) {
 	_, _ = d.Pause(context.Background(), time.Second)
 	_, err := d.Invoke(context.Background(), call("late", 50*time.Millisecond))
 	var ce *CallError
-	if !errors.As(err, &ce) || ce.Code != CodeDeadlineExceeded {
+	if !errors.As(err, &ce) || ce.Code != reasons.DeadlineExceeded {
 		t.Fatalf("call: %v; want deadline_exceeded", err)
 	}
 	if d.QueueLength() != 0 {

@@ -11,6 +11,7 @@ import (
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
 	"iteron.dev/operator/internal/effects"
 	"iteron.dev/operator/internal/ledger"
+	"iteron.dev/operator/internal/reasons"
 )
 
 // Crash and renewal policy (DESIGN §7, §8).
@@ -102,7 +103,7 @@ func (a *activationRuntime) noteCrash(m *moduleRuntime, g *generationRuntime) {
 	d.crashes = append(kept, now)
 	if len(d.crashes) >= CrashBudget {
 		g.phase = iteronv1.PhaseFailed
-		g.reason = string(ledger.ReasonProviderFailed)
+		g.reason = reasons.ProviderFailed
 		g.message = truncateMessage(fmt.Sprintf("%s crashed %d times in %s; not relaunched again (stderr tail in status)", g.name, len(d.crashes), CrashWindow))
 		a.failed[g.name] = Failure{Module: m.name, GenerationName: g.name, Code: g.reason, Message: g.message}
 		d.relaunchAt = time.Time{}
@@ -111,7 +112,7 @@ func (a *activationRuntime) noteCrash(m *moduleRuntime, g *generationRuntime) {
 	}
 	backoff := firstRelaunchBackoff << (len(d.crashes) - 1)
 	d.relaunchAt = now.Add(min(backoff, maxRelaunchBackoff))
-	g.phase, g.reason = iteronv1.PhasePreparing, string(ledger.ReasonProviderFailed)
+	g.phase, g.reason = iteronv1.PhasePreparing, reasons.ProviderFailed
 	g.message = truncateMessage(fmt.Sprintf("the provider process exited (crash %d of %d allowed in %s); relaunching in %s", len(d.crashes), CrashBudget, CrashWindow, min(backoff, maxRelaunchBackoff)))
 	a.log("provider crashed", "module", m.name, "generation", g.name, "relaunchIn", min(backoff, maxRelaunchBackoff))
 }
@@ -282,103 +283,103 @@ func (a *activationRuntime) runRelaunch(d *Desired, m *moduleRuntime, g *generat
 	r, err := a.begin(ledger.KindRelaunch, m, g, nil, renewal, d)
 	if err != nil {
 		a.log("cannot begin a relaunch", "module", m.name, "error", err.Error())
-		return &phaseFailure{ledger.PhaseVerify, ledger.ReasonLedgerCorrupt, err.Error()}
+		return &phaseFailure{ledger.PhaseVerify, reasons.LedgerCorrupt, err.Error()}
 	}
 	defer r.cancel()
 	plan := g.target.Plan
 	if err := r.check(ledger.PhaseVerify); err != nil {
-		pf := fail(ledger.PhaseVerify, err, ledger.ReasonDeadlineExceeded)
+		pf := fail(ledger.PhaseVerify, err, reasons.DeadlineExceeded)
 		r.abortRelaunch(pf)
 		return pf
 	}
 	if authority != "" && plan.AuthoritySHA256() != authority {
-		pf := &phaseFailure{ledger.PhaseVerify, ledger.ReasonAuthorityChanged, fmt.Sprintf("the node's capability ceiling changed: admitted capabilities are now %v (authority %s), the ledger committed %s", plan.AdmittedCapabilities(), plan.AuthoritySHA256(), authority)}
+		pf := &phaseFailure{ledger.PhaseVerify, reasons.AuthorityChanged, fmt.Sprintf("the node's capability ceiling changed: admitted capabilities are now %v (authority %s), the ledger committed %s", plan.AdmittedCapabilities(), plan.AuthoritySHA256(), authority)}
 		r.abortRelaunch(pf)
 		return pf
 	}
 	if err := r.txn.Verify(); err != nil {
 		r.ledgerFailure(err)
-		return &phaseFailure{ledger.PhaseVerify, ledger.ReasonLedgerCorrupt, err.Error()}
+		return &phaseFailure{ledger.PhaseVerify, reasons.LedgerCorrupt, err.Error()}
 	}
 	r.recorded(ledger.PhaseVerify)
 	if err := r.check(ledger.PhaseShadowLoad); err != nil {
-		pf := fail(ledger.PhaseShadowLoad, err, ledger.ReasonDeadlineExceeded)
+		pf := fail(ledger.PhaseShadowLoad, err, reasons.DeadlineExceeded)
 		r.abortRelaunch(pf)
 		return pf
 	}
 	g.scope = effects.NewScope(g.name)
 	if err := r.launch(g); err != nil {
-		pf := fail(ledger.PhaseShadowLoad, err, ledger.ReasonActivationFailed)
+		pf := fail(ledger.PhaseShadowLoad, err, reasons.ActivationFailed)
 		r.abortRelaunch(pf)
 		return pf
 	}
 	if err := r.txn.ShadowLoad(); err != nil {
 		r.ledgerFailure(err)
 		_ = g.scope.Dispose(context.Background())
-		return &phaseFailure{ledger.PhaseShadowLoad, ledger.ReasonLedgerCorrupt, err.Error()}
+		return &phaseFailure{ledger.PhaseShadowLoad, reasons.LedgerCorrupt, err.Error()}
 	}
 	r.recorded(ledger.PhaseShadowLoad)
 	if plan.ProtocolVersion() == 2 {
 		snap, ok, err := a.newestSnapshot(m.name, g)
 		if err != nil {
-			pf := &phaseFailure{ledger.PhaseRestore, ledger.ReasonVerificationFailed, "the newest durable snapshot is unreadable: " + err.Error()}
+			pf := &phaseFailure{ledger.PhaseRestore, reasons.VerificationFailed, "the newest durable snapshot is unreadable: " + err.Error()}
 			r.abortRelaunch(pf)
 			return pf
 		}
 		if ok {
 			st := snap.protocolState()
 			if err := r.check(ledger.PhaseRestore); err != nil {
-				pf := fail(ledger.PhaseRestore, err, ledger.ReasonDeadlineExceeded)
+				pf := fail(ledger.PhaseRestore, err, reasons.DeadlineExceeded)
 				r.abortRelaunch(pf)
 				return pf
 			}
 			if err := g.proc.Restore(r.ctx, st); err != nil {
-				pf := fail(ledger.PhaseRestore, err, ledger.ReasonProviderFailed)
+				pf := fail(ledger.PhaseRestore, err, reasons.ProviderFailed)
 				r.abortRelaunch(pf)
 				return pf
 			}
 			if err := r.txn.Restore(st.StateSHA256); err != nil {
 				r.ledgerFailure(err)
 				_ = g.scope.Dispose(context.Background())
-				return &phaseFailure{ledger.PhaseRestore, ledger.ReasonLedgerCorrupt, err.Error()}
+				return &phaseFailure{ledger.PhaseRestore, reasons.LedgerCorrupt, err.Error()}
 			}
 			a.mu.Lock()
 			g.stateDigest = st.StateSHA256
 			a.mu.Unlock()
 			r.recorded(ledger.PhaseRestore)
 			if err := r.check(ledger.PhaseReadiness); err != nil {
-				pf := fail(ledger.PhaseReadiness, err, ledger.ReasonDeadlineExceeded)
+				pf := fail(ledger.PhaseReadiness, err, reasons.DeadlineExceeded)
 				r.abortRelaunch(pf)
 				return pf
 			}
 			if err := g.proc.Readiness(r.ctx, g.lineage, st.StateSHA256); err != nil {
-				pf := fail(ledger.PhaseReadiness, err, ledger.ReasonProviderFailed)
+				pf := fail(ledger.PhaseReadiness, err, reasons.ProviderFailed)
 				r.abortRelaunch(pf)
 				return pf
 			}
 			if err := r.txn.Readiness(); err != nil {
 				r.ledgerFailure(err)
 				_ = g.scope.Dispose(context.Background())
-				return &phaseFailure{ledger.PhaseReadiness, ledger.ReasonLedgerCorrupt, err.Error()}
+				return &phaseFailure{ledger.PhaseReadiness, reasons.LedgerCorrupt, err.Error()}
 			}
 			r.recorded(ledger.PhaseReadiness)
 		}
 	}
 	if err := r.check(ledger.PhaseAtomicSwitch); err != nil {
-		pf := fail(ledger.PhaseAtomicSwitch, err, ledger.ReasonDeadlineExceeded)
+		pf := fail(ledger.PhaseAtomicSwitch, err, reasons.DeadlineExceeded)
 		r.abortRelaunch(pf)
 		return pf
 	}
 	_, _ = m.dispatcher.Pause(r.ctx, 0)
 	if _, err := m.dispatcher.Switch(a.route(g)); err != nil {
-		pf := fail(ledger.PhaseAtomicSwitch, err, ledger.ReasonActivationFailed)
+		pf := fail(ledger.PhaseAtomicSwitch, err, reasons.ActivationFailed)
 		r.abortRelaunch(pf)
 		return pf
 	}
 	if err := r.txn.AtomicSwitch(); err != nil {
 		r.ledgerFailure(err)
 		_ = g.scope.Dispose(context.Background())
-		return &phaseFailure{ledger.PhaseAtomicSwitch, ledger.ReasonLedgerCorrupt, err.Error()}
+		return &phaseFailure{ledger.PhaseAtomicSwitch, reasons.LedgerCorrupt, err.Error()}
 	}
 	a.mu.Lock()
 	a.activate(m, g, d)
@@ -471,7 +472,7 @@ func (a *activationRuntime) renew(d *Desired, m *moduleRuntime) {
 	}
 	step := func(phase ledger.Phase, do func() error, fallback ledger.ReasonCode, record func() error) bool {
 		if err := r.check(phase); err != nil {
-			failBefore(fail(phase, err, ledger.ReasonDeadlineExceeded))
+			failBefore(fail(phase, err, reasons.DeadlineExceeded))
 			return false
 		}
 		if do != nil {
@@ -491,7 +492,7 @@ func (a *activationRuntime) renew(d *Desired, m *moduleRuntime) {
 	}
 	var st State
 	ok := step(ledger.PhaseVerify, nil, "", r.txn.Verify) &&
-		step(ledger.PhaseShadowLoad, func() error { return r.launch(fresh) }, ledger.ReasonActivationFailed, r.txn.ShadowLoad) &&
+		step(ledger.PhaseShadowLoad, func() error { return r.launch(fresh) }, reasons.ActivationFailed, r.txn.ShadowLoad) &&
 		step(ledger.PhaseQuiesce, func() error {
 			cancelled, err := m.dispatcher.Pause(r.ctx, d.Swap.QuiesceTimeout)
 			if cancelled != nil {
@@ -499,7 +500,7 @@ func (a *activationRuntime) renew(d *Desired, m *moduleRuntime) {
 					StartedAt: cancelled.StartedAt, FinishedAt: a.c.cfg.Now(), Detail: "run cancelled by a renewal's quiesce timeout"})
 			}
 			return err
-		}, ledger.ReasonDeadlineExceeded, r.txn.Quiesce)
+		}, reasons.DeadlineExceeded, r.txn.Quiesce)
 	if ok && v2 {
 		ok = step(ledger.PhaseSnapshot, func() error {
 			var err error
@@ -508,20 +509,20 @@ func (a *activationRuntime) renew(d *Desired, m *moduleRuntime) {
 			}
 			_, err = a.storeSnapshot(g, st, SnapshotCheckpoint)
 			return err
-		}, ledger.ReasonProviderFailed, func() error { return r.txn.Snapshot(st.StateSHA256) }) &&
-			step(ledger.PhaseRestore, func() error { return fresh.proc.Restore(r.ctx, st) }, ledger.ReasonProviderFailed, func() error { return r.txn.Restore(st.StateSHA256) }) &&
-			step(ledger.PhaseReadiness, func() error { return fresh.proc.Readiness(r.ctx, g.lineage, st.StateSHA256) }, ledger.ReasonProviderFailed, r.txn.Readiness)
+		}, reasons.ProviderFailed, func() error { return r.txn.Snapshot(st.StateSHA256) }) &&
+			step(ledger.PhaseRestore, func() error { return fresh.proc.Restore(r.ctx, st) }, reasons.ProviderFailed, func() error { return r.txn.Restore(st.StateSHA256) }) &&
+			step(ledger.PhaseReadiness, func() error { return fresh.proc.Readiness(r.ctx, g.lineage, st.StateSHA256) }, reasons.ProviderFailed, r.txn.Readiness)
 	}
 	if !ok {
 		return
 	}
 	if err := r.check(ledger.PhaseAtomicSwitch); err != nil {
-		failBefore(fail(ledger.PhaseAtomicSwitch, err, ledger.ReasonDeadlineExceeded))
+		failBefore(fail(ledger.PhaseAtomicSwitch, err, reasons.DeadlineExceeded))
 		return
 	}
 	freshRoute := Route{Lineage: g.lineage, Name: g.name, Epoch: g.target.Epoch, Backend: fresh.proc}
 	if _, err := m.dispatcher.Switch(freshRoute); err != nil {
-		failBefore(fail(ledger.PhaseAtomicSwitch, err, ledger.ReasonActivationFailed))
+		failBefore(fail(ledger.PhaseAtomicSwitch, err, reasons.ActivationFailed))
 		return
 	}
 	if err := r.txn.AtomicSwitch(); err != nil {

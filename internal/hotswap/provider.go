@@ -7,6 +7,7 @@ import (
 
 	"iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/ledger"
+	"iteron.dev/operator/internal/reasons"
 	"iteron.dev/operator/pkg/protocol"
 )
 
@@ -79,7 +80,7 @@ func codeOf(err error, fallback ledger.ReasonCode) ledger.ReasonCode {
 		return ledger.ReasonCode(ce.Code)
 	}
 	if errors.Is(err, context.DeadlineExceeded) {
-		return ledger.ReasonDeadlineExceeded
+		return reasons.DeadlineExceeded
 	}
 	return fallback
 }

@@ -10,6 +10,7 @@ import (
 	"iteron.dev/operator/examples/providers/artifacts"
 	"iteron.dev/operator/examples/providers/providertest"
 	"iteron.dev/operator/internal/ledger"
+	"iteron.dev/operator/internal/reasons"
 )
 
 // TestRenewalKeepsServingAcrossTheProcessLifetimeBound runs a provider whose
@@ -64,7 +65,7 @@ func TestRenewalKeepsServingAcrossTheProcessLifetimeBound(t *testing.T) {
 		switch {
 		case r.Phase == ledger.PhaseCommitted:
 			committed++
-		case r.Outcome == ledger.OutcomeBlocked && r.Reason != nil && *r.Reason == string(ledger.ReasonDeadlineExceeded):
+		case r.Outcome == ledger.OutcomeBlocked && r.Reason != nil && *r.Reason == reasons.DeadlineExceeded:
 			overran++
 		case r.Outcome == ledger.OutcomeBlocked:
 			t.Errorf("a renewal was blocked at sequence %d (%s), not by its deadline", r.Sequence, r.Phase)

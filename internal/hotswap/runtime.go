@@ -13,6 +13,7 @@ import (
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
 	"iteron.dev/operator/internal/effects"
 	"iteron.dev/operator/internal/ledger"
+	"iteron.dev/operator/internal/reasons"
 )
 
 // maxKeptGenerations bounds the generations a module remembers (active,
@@ -374,10 +375,10 @@ func (a *activationRuntime) step() (bool, time.Time) {
 			a.setWaiting(m, committedFailure.Code, committedFailure.Message)
 			continue
 		case active == nil && committed != nil && committed.Name != t.GenerationName:
-			a.setWaiting(m, string(ledger.ReasonStaleGeneration), fmt.Sprintf("the ledger's last committed generation of %s is %s: it is relaunched before %s", module, committed.Name, t.GenerationName))
+			a.setWaiting(m, reasons.StaleGeneration, fmt.Sprintf("the ledger's last committed generation of %s is %s: it is relaunched before %s", module, committed.Name, t.GenerationName))
 			continue
 		case active != nil && t.Lineage != active.lineage+1:
-			a.setWaiting(m, string(ledger.ReasonStaleGeneration), fmt.Sprintf("target %s (generation %d) does not follow the active generation %s (%d); waiting for a current target", t.GenerationName, t.Lineage, active.name, active.lineage))
+			a.setWaiting(m, reasons.StaleGeneration, fmt.Sprintf("target %s (generation %d) does not follow the active generation %s (%d); waiting for a current target", t.GenerationName, t.Lineage, active.name, active.lineage))
 			continue
 		}
 		a.setWaiting(m, "", "")
@@ -414,7 +415,7 @@ func (a *activationRuntime) relaunchCommitted(d *Desired, m *moduleRuntime, t Mo
 		return
 	}
 	a.mu.Lock()
-	if pf.code == ledger.ReasonAuthorityChanged {
+	if pf.code == reasons.AuthorityChanged {
 		m.active = nil
 		g.phase = iteronv1.PhaseFailed
 		m.dur.committedFailure = &Failure{Module: m.name, GenerationName: g.name, Code: string(pf.code), Message: g.message}
@@ -442,7 +443,7 @@ func (a *activationRuntime) dependencyGate(t ModuleTarget) (code, message string
 			if ok && m.waitingCode != "" {
 				why = m.waitingCode + ": " + m.waitingMessage
 			}
-			return string(ledger.ReasonDependencyUnsatisfied), fmt.Sprintf("%s waits for %s (%s)", t.Module, dep, why)
+			return reasons.DependencyUnsatisfied, fmt.Sprintf("%s waits for %s (%s)", t.Module, dep, why)
 		}
 	}
 	return "", ""

@@ -9,6 +9,7 @@ import (
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
 	"iteron.dev/operator/internal/effects"
 	"iteron.dev/operator/internal/ledger"
+	"iteron.dev/operator/internal/reasons"
 )
 
 // hotSwap: verify → shadow_load → quiesce → snapshot → migrate → restore →
@@ -59,18 +60,18 @@ func (r *txnRun) swapPhases(d *Desired, old *generationRuntime, kind ledger.Kind
 	// verify: the old is the active one; authority and protocol allow the
 	// chosen strategy.
 	if err := r.check(ledger.PhaseVerify); err != nil {
-		return fail(ledger.PhaseVerify, err, ledger.ReasonDeadlineExceeded), false
+		return fail(ledger.PhaseVerify, err, reasons.DeadlineExceeded), false
 	}
 	r.a.mu.Lock()
 	isActive := r.m.active == old
 	r.a.mu.Unlock()
 	switch {
 	case !isActive:
-		return &phaseFailure{ledger.PhaseVerify, ledger.ReasonStaleGeneration, fmt.Sprintf("%s is no longer the active generation of %s", old.name, r.m.name)}, false
+		return &phaseFailure{ledger.PhaseVerify, reasons.StaleGeneration, fmt.Sprintf("%s is no longer the active generation of %s", old.name, r.m.name)}, false
 	case hot && newPlan.AuthoritySHA256() != oldPlan.AuthoritySHA256():
-		return &phaseFailure{ledger.PhaseVerify, ledger.ReasonAuthorityChanged, fmt.Sprintf("admitted capabilities change from %v to %v: a hot swap keeps the authority; use strategy Cold", oldPlan.AdmittedCapabilities(), newPlan.AdmittedCapabilities())}, false
+		return &phaseFailure{ledger.PhaseVerify, reasons.AuthorityChanged, fmt.Sprintf("admitted capabilities change from %v to %v: a hot swap keeps the authority; use strategy Cold", oldPlan.AdmittedCapabilities(), newPlan.AdmittedCapabilities())}, false
 	case hot && (newPlan.ProtocolVersion() != 2 || oldPlan.ProtocolVersion() != 2):
-		return &phaseFailure{ledger.PhaseVerify, ledger.ReasonUnsupportedVersion, fmt.Sprintf("a hot swap migrates state and needs protocol 2 on both sides (old %d, new %d); use strategy Cold or stateDisposition Discard", oldPlan.ProtocolVersion(), newPlan.ProtocolVersion())}, false
+		return &phaseFailure{ledger.PhaseVerify, reasons.UnsupportedVersion, fmt.Sprintf("a hot swap migrates state and needs protocol 2 on both sides (old %d, new %d); use strategy Cold or stateDisposition Discard", oldPlan.ProtocolVersion(), newPlan.ProtocolVersion())}, false
 	}
 	if err := r.txn.Verify(); err != nil {
 		r.ledgerFailure(err)
@@ -80,10 +81,10 @@ func (r *txnRun) swapPhases(d *Desired, old *generationRuntime, kind ledger.Kind
 
 	// shadow_load
 	if err := r.check(ledger.PhaseShadowLoad); err != nil {
-		return fail(ledger.PhaseShadowLoad, err, ledger.ReasonDeadlineExceeded), false
+		return fail(ledger.PhaseShadowLoad, err, reasons.DeadlineExceeded), false
 	}
 	if err := r.launch(r.gen); err != nil {
-		return fail(ledger.PhaseShadowLoad, err, ledger.ReasonActivationFailed), false
+		return fail(ledger.PhaseShadowLoad, err, reasons.ActivationFailed), false
 	}
 	if err := r.txn.ShadowLoad(); err != nil {
 		r.ledgerFailure(err)
@@ -94,7 +95,7 @@ func (r *txnRun) swapPhases(d *Desired, old *generationRuntime, kind ledger.Kind
 
 	// quiesce: stop dispatching; cancel a run that outlives the timeout.
 	if err := r.check(ledger.PhaseQuiesce); err != nil {
-		return fail(ledger.PhaseQuiesce, err, ledger.ReasonDeadlineExceeded), false
+		return fail(ledger.PhaseQuiesce, err, reasons.DeadlineExceeded), false
 	}
 	cancelled, err := r.m.dispatcher.Pause(r.ctx, d.Swap.QuiesceTimeout)
 	if cancelled != nil {
@@ -105,7 +106,7 @@ func (r *txnRun) swapPhases(d *Desired, old *generationRuntime, kind ledger.Kind
 		})
 	}
 	if err != nil {
-		return fail(ledger.PhaseQuiesce, err, ledger.ReasonDeadlineExceeded), false
+		return fail(ledger.PhaseQuiesce, err, reasons.DeadlineExceeded), false
 	}
 	if err := r.txn.Quiesce(); err != nil {
 		r.ledgerFailure(err)
@@ -118,14 +119,14 @@ func (r *txnRun) swapPhases(d *Desired, old *generationRuntime, kind ledger.Kind
 	if hot {
 		// snapshot (old), made durable as the rollback snapshot.
 		if err := r.check(ledger.PhaseSnapshot); err != nil {
-			return fail(ledger.PhaseSnapshot, err, ledger.ReasonDeadlineExceeded), false
+			return fail(ledger.PhaseSnapshot, err, reasons.DeadlineExceeded), false
 		}
 		st, err := old.proc.Snapshot(r.ctx, old.lineage)
 		if err != nil {
-			return fail(ledger.PhaseSnapshot, err, ledger.ReasonProviderFailed), false
+			return fail(ledger.PhaseSnapshot, err, reasons.ProviderFailed), false
 		}
 		if _, err := r.a.storeSnapshot(old, st, SnapshotRollback); err != nil {
-			return &phaseFailure{ledger.PhaseSnapshot, ledger.ReasonProviderFailed, "the rollback snapshot could not be made durable: " + err.Error()}, false
+			return &phaseFailure{ledger.PhaseSnapshot, reasons.ProviderFailed, "the rollback snapshot could not be made durable: " + err.Error()}, false
 		}
 		if err := r.txn.Snapshot(st.StateSHA256); err != nil {
 			r.ledgerFailure(err)
@@ -139,11 +140,11 @@ func (r *txnRun) swapPhases(d *Desired, old *generationRuntime, kind ledger.Kind
 
 		// migrate (new, to lineage + 1)
 		if err := r.check(ledger.PhaseMigrate); err != nil {
-			return fail(ledger.PhaseMigrate, err, ledger.ReasonDeadlineExceeded), false
+			return fail(ledger.PhaseMigrate, err, reasons.DeadlineExceeded), false
 		}
 		migrated, err := r.gen.proc.Migrate(r.ctx, st)
 		if err != nil {
-			return fail(ledger.PhaseMigrate, err, ledger.ReasonProviderFailed), false
+			return fail(ledger.PhaseMigrate, err, reasons.ProviderFailed), false
 		}
 		if err := r.txn.Migrate(); err != nil {
 			r.ledgerFailure(err)
@@ -154,10 +155,10 @@ func (r *txnRun) swapPhases(d *Desired, old *generationRuntime, kind ledger.Kind
 
 		// restore (new)
 		if err := r.check(ledger.PhaseRestore); err != nil {
-			return fail(ledger.PhaseRestore, err, ledger.ReasonDeadlineExceeded), false
+			return fail(ledger.PhaseRestore, err, reasons.DeadlineExceeded), false
 		}
 		if err := r.gen.proc.Restore(r.ctx, migrated); err != nil {
-			return fail(ledger.PhaseRestore, err, ledger.ReasonProviderFailed), false
+			return fail(ledger.PhaseRestore, err, reasons.ProviderFailed), false
 		}
 		if err := r.txn.Restore(migrated.StateSHA256); err != nil {
 			r.ledgerFailure(err)
@@ -173,13 +174,13 @@ func (r *txnRun) swapPhases(d *Desired, old *generationRuntime, kind ledger.Kind
 		// readiness (new), and the restored state made durable before the
 		// switch: after a durable switch, recovery goes forward with it.
 		if err := r.check(ledger.PhaseReadiness); err != nil {
-			return fail(ledger.PhaseReadiness, err, ledger.ReasonDeadlineExceeded), false
+			return fail(ledger.PhaseReadiness, err, reasons.DeadlineExceeded), false
 		}
 		if err := r.gen.proc.Readiness(r.ctx, r.gen.lineage, migrated.StateSHA256); err != nil {
-			return fail(ledger.PhaseReadiness, err, ledger.ReasonProviderFailed), false
+			return fail(ledger.PhaseReadiness, err, reasons.ProviderFailed), false
 		}
 		if _, err := r.a.storeSnapshot(r.gen, restored, SnapshotRestored); err != nil {
-			return &phaseFailure{ledger.PhaseReadiness, ledger.ReasonProviderFailed, "the restored state could not be made durable: " + err.Error()}, false
+			return &phaseFailure{ledger.PhaseReadiness, reasons.ProviderFailed, "the restored state could not be made durable: " + err.Error()}, false
 		}
 		if err := r.txn.Readiness(); err != nil {
 			r.ledgerFailure(err)
@@ -192,10 +193,10 @@ func (r *txnRun) swapPhases(d *Desired, old *generationRuntime, kind ledger.Kind
 	// atomic_switch: one pointer swap in the dispatcher, durable before any
 	// call reaches the new generation.
 	if err := r.check(ledger.PhaseAtomicSwitch); err != nil {
-		return fail(ledger.PhaseAtomicSwitch, err, ledger.ReasonDeadlineExceeded), false
+		return fail(ledger.PhaseAtomicSwitch, err, reasons.DeadlineExceeded), false
 	}
 	if _, err := r.m.dispatcher.Switch(r.a.route(r.gen)); err != nil {
-		return fail(ledger.PhaseAtomicSwitch, err, ledger.ReasonActivationFailed), false
+		return fail(ledger.PhaseAtomicSwitch, err, reasons.ActivationFailed), false
 	}
 	if err := r.txn.AtomicSwitch(); err != nil {
 		r.ledgerFailure(err)
@@ -259,7 +260,7 @@ func (r *txnRun) swapPhases(d *Desired, old *generationRuntime, kind ledger.Kind
 func newProcessFault(proc Provider, phase ledger.Phase) *phaseFailure {
 	select {
 	case <-proc.Exited():
-		return &phaseFailure{phase, ledger.ReasonProviderFailed, fmt.Sprintf("the new generation's process (pid %d) exited after the switch", proc.Pid())}
+		return &phaseFailure{phase, reasons.ProviderFailed, fmt.Sprintf("the new generation's process (pid %d) exited after the switch", proc.Pid())}
 	default:
 		return nil
 	}
@@ -291,7 +292,7 @@ func (a *activationRuntime) drain(old *generationRuntime, successor string) stri
 	old.stderrTail, old.stderrDropped = tail, dropped
 	old.phase, old.step, old.drainedAt = iteronv1.PhaseInactive, iteronv1.StepDrain, a.c.cfg.Now()
 	if note != "" {
-		old.reason, old.message = string(ledger.ReasonCleanupFailed), truncateMessage(note)
+		old.reason, old.message = reasons.CleanupFailed, truncateMessage(note)
 	}
 	a.mu.Unlock()
 	return note
@@ -324,9 +325,9 @@ func (r *txnRun) rollbackAfterSwitch(d *Desired, old *generationRuntime, pf *pha
 		}
 		r.a.mu.Lock()
 		r.m.active = nil
-		old.phase, old.reason = iteronv1.PhaseFailed, string(ledger.ReasonRollbackFailed)
+		old.phase, old.reason = iteronv1.PhaseFailed, reasons.RollbackFailed
 		old.message = truncateMessage(fmt.Sprintf("the old generation could not be restored after %s failed: %s", r.gen.name, firstLine(err.Error())))
-		r.a.failed[r.gen.name] = Failure{Module: r.m.name, GenerationName: r.gen.name, Code: string(ledger.ReasonRollbackFailed), Message: old.message}
+		r.a.failed[r.gen.name] = Failure{Module: r.m.name, GenerationName: r.gen.name, Code: reasons.RollbackFailed, Message: old.message}
 		r.a.mu.Unlock()
 		r.recorded(ledger.PhaseRolledBack, old)
 		r.a.log("post-switch rollback failed", "module", r.m.name, "generation", r.gen.name, "error", err.Error())

@@ -10,6 +10,7 @@ import (
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
 	"iteron.dev/operator/internal/effects"
 	"iteron.dev/operator/internal/ledger"
+	"iteron.dev/operator/internal/reasons"
 )
 
 // phaseFailure is a transaction that cannot continue at a phase.
@@ -94,7 +95,7 @@ func (g *generationRuntime) authority() string {
 // check runs before each phase: the transaction's deadline.
 func (r *txnRun) check(phase ledger.Phase) error {
 	if !r.a.c.cfg.Now().Before(r.deadline) {
-		return &phaseFailure{phase, ledger.ReasonDeadlineExceeded, "the transaction deadline passed before " + string(phase)}
+		return &phaseFailure{phase, reasons.DeadlineExceeded, "the transaction deadline passed before " + string(phase)}
 	}
 	r.a.mu.Lock()
 	if step := stepOf(phase); step != "" {
@@ -116,7 +117,7 @@ func (r *txnRun) recorded(phase ledger.Phase, gens ...*generationRuntime) {
 	case phase == ledger.PhaseCommitted:
 		r.a.countTransaction(r.m.name, "committed")
 	case phase == ledger.PhaseRolledBack && o == ledger.OutcomeRollbackFailed:
-		r.a.countTransaction(r.m.name, string(ledger.ReasonRollbackFailed))
+		r.a.countTransaction(r.m.name, reasons.RollbackFailed)
 	case phase == ledger.PhaseRolledBack:
 		r.a.countTransaction(r.m.name, r.blockedCode())
 	}
@@ -148,7 +149,7 @@ func (r *txnRun) blockedCode() string {
 	if r.blocked != "" {
 		return r.blocked
 	}
-	return string(ledger.ReasonProviderFailed)
+	return reasons.ProviderFailed
 }
 
 // fail turns a provider or host error at a phase into a phaseFailure.
@@ -197,7 +198,7 @@ func (a *activationRuntime) newGeneration(m *moduleRuntime, t ModuleTarget) *gen
 func (r *txnRun) launch(g *generationRuntime) error {
 	proc, err := r.a.c.cfg.Launch(r.ctx, g.target.Plan)
 	if err != nil {
-		return fail(ledger.PhaseShadowLoad, err, ledger.ReasonActivationFailed)
+		return fail(ledger.PhaseShadowLoad, err, reasons.ActivationFailed)
 	}
 	r.a.mu.Lock()
 	g.proc = proc
@@ -206,7 +207,7 @@ func (r *txnRun) launch(g *generationRuntime) error {
 	r.a.mu.Unlock()
 	_ = g.scope.Track(r.ctx, "process", effects.Reversible, func(context.Context) error { return proc.Close() })
 	if err := proc.Load(r.ctx); err != nil {
-		return fail(ledger.PhaseShadowLoad, err, ledger.ReasonActivationFailed)
+		return fail(ledger.PhaseShadowLoad, err, reasons.ActivationFailed)
 	}
 	return nil
 }
@@ -305,7 +306,7 @@ func (a *activationRuntime) firstActivation(_ context.Context, d *Desired, t Mod
 func (r *txnRun) firstActivationPhases() *phaseFailure {
 	defer r.cancel()
 	if err := r.check(ledger.PhaseVerify); err != nil {
-		return fail(ledger.PhaseVerify, err, ledger.ReasonDeadlineExceeded)
+		return fail(ledger.PhaseVerify, err, reasons.DeadlineExceeded)
 	}
 	if err := r.txn.Verify(); err != nil {
 		r.ledgerFailure(err)
@@ -314,10 +315,10 @@ func (r *txnRun) firstActivationPhases() *phaseFailure {
 	r.recorded(ledger.PhaseVerify)
 
 	if err := r.check(ledger.PhaseShadowLoad); err != nil {
-		return fail(ledger.PhaseShadowLoad, err, ledger.ReasonDeadlineExceeded)
+		return fail(ledger.PhaseShadowLoad, err, reasons.DeadlineExceeded)
 	}
 	if err := r.launch(r.gen); err != nil {
-		return fail(ledger.PhaseShadowLoad, err, ledger.ReasonActivationFailed)
+		return fail(ledger.PhaseShadowLoad, err, reasons.ActivationFailed)
 	}
 	if err := r.txn.ShadowLoad(); err != nil {
 		r.ledgerFailure(err)
@@ -327,13 +328,13 @@ func (r *txnRun) firstActivationPhases() *phaseFailure {
 	r.recorded(ledger.PhaseShadowLoad)
 
 	if err := r.check(ledger.PhaseAtomicSwitch); err != nil {
-		return fail(ledger.PhaseAtomicSwitch, err, ledger.ReasonDeadlineExceeded)
+		return fail(ledger.PhaseAtomicSwitch, err, reasons.DeadlineExceeded)
 	}
 	if _, err := r.m.dispatcher.Pause(r.ctx, 0); err != nil {
-		return fail(ledger.PhaseAtomicSwitch, err, ledger.ReasonDeadlineExceeded)
+		return fail(ledger.PhaseAtomicSwitch, err, reasons.DeadlineExceeded)
 	}
 	if _, err := r.m.dispatcher.Switch(r.a.route(r.gen)); err != nil {
-		return fail(ledger.PhaseAtomicSwitch, err, ledger.ReasonActivationFailed)
+		return fail(ledger.PhaseAtomicSwitch, err, reasons.ActivationFailed)
 	}
 	if err := r.txn.AtomicSwitch(); err != nil {
 		// Not durably switched: undo the in-memory switch.

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+	"iteron.dev/operator/internal/reasons"
 )
 
 func readSegment(t testing.TB, dir string, n int) []byte {
@@ -270,7 +271,7 @@ func TestRecoverClosesAnOpenTransactionForward(t *testing.T) {
 		}, OutcomeRolledBack, []string{"shadow_load/blocked", "rolled_back/rolled_back"}},
 		{"a blocked transaction finishes its rollback", KindHotSwap, func(tx *Txn) {
 			must(t, tx.Verify())
-			must(t, tx.Block(PhaseShadowLoad, ReasonActivationFailed, "exec format error"))
+			must(t, tx.Block(PhaseShadowLoad, reasons.ActivationFailed, "exec format error"))
 		}, OutcomeRolledBack, []string{"rolled_back/rolled_back"}},
 		{"a retirement after its drain commits", KindRetirement, func(tx *Txn) {
 			must(t, tx.Verify())
@@ -354,7 +355,7 @@ func TestRollbackFailedIsRecordedOnlyAfterTheSwitch(t *testing.T) {
 	if !tx.Switched() {
 		t.Fatal("Switched() = false after AtomicSwitch")
 	}
-	must(t, tx.Block(PhaseDrain, ReasonProviderFailed, "new generation crashed before commit"))
+	must(t, tx.Block(PhaseDrain, reasons.ProviderFailed, "new generation crashed before commit"))
 	must(t, tx.RollbackFailed())
 	must(t, l.Close())
 	st, err := Verify(dir, VerifyOptions{})
@@ -674,7 +675,7 @@ func TestATransactionBlockedAtVerifyRollsBack(t *testing.T) {
 	if got := tx.Next(); !reflect.DeepEqual(got, []Phase{PhaseVerify}) {
 		t.Fatalf("Next = %v", got)
 	}
-	must(t, tx.Block(PhaseVerify, ReasonAuthorityChanged, "admitted capabilities differ: hot swap needs strategy Cold"))
+	must(t, tx.Block(PhaseVerify, reasons.AuthorityChanged, "admitted capabilities differ: hot swap needs strategy Cold"))
 	must(t, tx.RollBack())
 	must(t, l.Close())
 	st, err := Verify(dir, VerifyOptions{})

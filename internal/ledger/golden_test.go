@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"testing"
 
+	"iteron.dev/operator/internal/reasons"
 	"iteron.dev/operator/pkg/strictjson"
 )
 
@@ -38,7 +39,7 @@ func writeGolden(t testing.TB, l *Ledger) {
 	must(t, tx.Quiesce())
 	must(t, tx.Snapshot(dg("state g1 later")))
 	must(t, tx.Migrate())
-	must(t, tx.Block(PhaseRestore, ReasonSchemaMismatch, "state <&> café\u2028line \"q\" back\\slash"))
+	must(t, tx.Block(PhaseRestore, reasons.SchemaMismatch, "state <&> café\u2028line \"q\" back\\slash"))
 	must(t, tx.RollBack())
 }
 

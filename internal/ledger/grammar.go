@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"iteron.dev/operator/internal/reasons"
 	"math/bits"
 	"strings"
 	"unicode/utf8"
@@ -222,59 +223,15 @@ func containsPhase(ps []Phase, p Phase) bool {
 	return false
 }
 
-// ReasonCode is an error reason of DESIGN §8's table; a reason is written as
-// "<code>: <message>".
-type ReasonCode string
-
-// The reason codes of DESIGN §8.
-const (
-	ReasonUnsupportedVersion    ReasonCode = "unsupported_version"
-	ReasonVerificationFailed    ReasonCode = "verification_failed"
-	ReasonSchemaMismatch        ReasonCode = "schema_mismatch"
-	ReasonDependencyUnsatisfied ReasonCode = "dependency_unsatisfied"
-	ReasonDependencyCycle       ReasonCode = "dependency_cycle"
-	ReasonStaleGeneration       ReasonCode = "stale_generation"
-	ReasonAuthorityChanged      ReasonCode = "authority_changed"
-	ReasonPermissionDenied      ReasonCode = "permission_denied"
-	ReasonActivationFailed      ReasonCode = "activation_failed"
-	ReasonProviderFailed        ReasonCode = "provider_failed"
-	ReasonDeadlineExceeded      ReasonCode = "deadline_exceeded"
-	ReasonCleanupFailed         ReasonCode = "cleanup_failed"
-	ReasonRollbackFailed        ReasonCode = "rollback_failed"
-	ReasonLedgerCorrupt         ReasonCode = "ledger_corrupt"
-	ReasonQueueFull             ReasonCode = "queue_full"
-)
-
-// reasonBlockKinds is DESIGN §8's block_kind column; "" where the table has
-// no block kind.
-var reasonBlockKinds = map[ReasonCode]BlockKind{
-	ReasonUnsupportedVersion:    BlockValidation,
-	ReasonVerificationFailed:    BlockValidation,
-	ReasonSchemaMismatch:        BlockValidation,
-	ReasonDependencyUnsatisfied: BlockDependency,
-	ReasonDependencyCycle:       BlockDependency,
-	ReasonStaleGeneration:       BlockDependency,
-	ReasonAuthorityChanged:      BlockValidation,
-	ReasonPermissionDenied:      "",
-	ReasonActivationFailed:      BlockProvider,
-	ReasonProviderFailed:        BlockProvider,
-	ReasonDeadlineExceeded:      BlockDeadline,
-	ReasonCleanupFailed:         BlockProvider,
-	ReasonRollbackFailed:        BlockProvider,
-	ReasonLedgerCorrupt:         BlockValidation,
-	ReasonQueueFull:             "",
-}
+// ReasonCode is a reason of the operator's reason table (internal/reasons);
+// a reason is written as "<code>: <message>".
+type ReasonCode = reasons.Code
 
 // BlockKindOf returns the block kind a blocked record carries for code, and
-// whether code may block a transaction at all: codes without a block kind
-// (permission_denied, queue_full) never do, cleanup_failed is only a drain
-// note, and rollback_failed is an outcome, not a cause.
+// whether code may block a transaction at all (the reason table decides).
 func BlockKindOf(code ReasonCode) (BlockKind, bool) {
-	kind := reasonBlockKinds[code]
-	if kind == "" || code == ReasonCleanupFailed || code == ReasonRollbackFailed {
-		return "", false
-	}
-	return kind, true
+	kind, ok := reasons.BlockKindOf(code)
+	return BlockKind(kind), ok
 }
 
 // RecoveryMessage is the message of the blocked record with which recovery
@@ -314,7 +271,7 @@ func parseReason(reason string) (ReasonCode, string, bool) {
 	if !ok || msg == "" {
 		return "", "", false
 	}
-	if _, known := reasonBlockKinds[ReasonCode(code)]; !known {
+	if !reasons.Known(code) {
 		return "", "", false
 	}
 	return ReasonCode(code), msg, true

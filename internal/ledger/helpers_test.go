@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"iteron.dev/operator/internal/reasons"
 	"iteron.dev/operator/pkg/strictjson"
 )
 
@@ -122,7 +123,7 @@ func writeScenario(t testing.TB, l *Ledger) {
 	must(t, tx.ShadowLoad())
 	must(t, tx.Quiesce())
 	must(t, tx.Snapshot(dg("state g2")))
-	must(t, tx.Block(PhaseMigrate, ReasonProviderFailed, "migrate: field \"budget\" missing"))
+	must(t, tx.Block(PhaseMigrate, reasons.ProviderFailed, "migrate: field \"budget\" missing"))
 	must(t, tx.RollBack())
 
 	tx, err = l.Begin(spec(t, KindRenewal, ps, gen(2, "prompt-smart"), gen(2, "prompt-smart"), 1, 1))

@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"errors"
+	"iteron.dev/operator/internal/reasons"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -95,10 +96,10 @@ func TestAnIllegalPhaseIsRefusedAndWritesNothing(t *testing.T) {
 		{"a cold replace cannot migrate", cold.Migrate, ""},
 		{"a phase cannot repeat", cold.Quiesce, ""},
 		{"committed cannot come before the switch", cold.Commit, ""},
-		{"committed cannot be blocked", func() error { return cold.Block(PhaseCommitted, ReasonProviderFailed, "x") }, "committed"},
+		{"committed cannot be blocked", func() error { return cold.Block(PhaseCommitted, reasons.ProviderFailed, "x") }, "committed"},
 		{"rolled_back needs a blocked record", cold.RollBack, "only a blocked transaction rolls back"},
-		{"permission_denied cannot block", func() error { return cold.Block(PhaseAtomicSwitch, ReasonPermissionDenied, "x") }, "cannot block"},
-		{"cleanup_failed cannot block", func() error { return cold.Block(PhaseAtomicSwitch, ReasonCleanupFailed, "x") }, "cannot block"},
+		{"permission_denied cannot block", func() error { return cold.Block(PhaseAtomicSwitch, reasons.PermissionDenied, "x") }, "cannot block"},
+		{"cleanup_failed cannot block", func() error { return cold.Block(PhaseAtomicSwitch, reasons.CleanupFailed, "x") }, "cannot block"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -115,7 +116,7 @@ func TestAnIllegalPhaseIsRefusedAndWritesNothing(t *testing.T) {
 			}
 		})
 	}
-	must(t, cold.Block(PhaseAtomicSwitch, ReasonDeadlineExceeded, "switch missed the deadline"))
+	must(t, cold.Block(PhaseAtomicSwitch, reasons.DeadlineExceeded, "switch missed the deadline"))
 	var pe *PhaseError
 	if err := cold.RollbackFailed(); !errors.As(err, &pe) || !strings.Contains(err.Error(), "durable atomic_switch") {
 		t.Fatalf("RollbackFailed before the switch = %v", err)
@@ -222,7 +223,7 @@ func TestFormatReasonFitsTheLedgerBounds(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			got := FormatReason(ReasonProviderFailed, tc.message)
+			got := FormatReason(reasons.ProviderFailed, tc.message)
 			if got != tc.want {
 				t.Fatalf("FormatReason = %q, want %q", got, tc.want)
 			}

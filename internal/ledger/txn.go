@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"fmt"
+	"iteron.dev/operator/internal/reasons"
 	"time"
 )
 
@@ -276,7 +277,7 @@ func (t *Txn) Drain() error { return t.step(PhaseDrain, OutcomeApplied, nil, nil
 // killed, with the note "cleanup_failed: <message>"; the transaction still
 // commits.
 func (t *Txn) DrainCleanupFailed(message string) error {
-	reason := FormatReason(ReasonCleanupFailed, message)
+	reason := FormatReason(reasons.CleanupFailed, message)
 	return t.step(PhaseDrain, OutcomeApplied, nil, &reason, "", "")
 }
 
@@ -410,7 +411,7 @@ func (l *Ledger) Recover() (*Recovery, error) {
 		}
 	default:
 		next := t.grammar.next(t.applied)
-		err = t.Block(next[0], ReasonProviderFailed, RecoveryMessage)
+		err = t.Block(next[0], reasons.ProviderFailed, RecoveryMessage)
 		if err == nil {
 			err = t.RollBack()
 		}

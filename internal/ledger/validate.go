@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"fmt"
+	"iteron.dev/operator/internal/reasons"
 	"strconv"
 	"strings"
 )
@@ -424,7 +425,7 @@ func (v *validator) checkFields(r *Record, known *Record) *RuleError {
 		if family || r.Phase != PhaseDrain || r.Outcome != OutcomeApplied {
 			return v.fail(RuleReason, r, "reason is set on a %s record with outcome %s without block_kind", r.Phase, r.Outcome)
 		}
-		if code, _, ok := parseReason(*r.Reason); !ok || code != ReasonCleanupFailed {
+		if code, _, ok := parseReason(*r.Reason); !ok || code != reasons.CleanupFailed {
 			return v.fail(RuleReason, r, "a drain note must be \"cleanup_failed: <message>\", not %q", *r.Reason)
 		}
 	}

@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"iteron.dev/operator/internal/activation"
+	"iteron.dev/operator/internal/reasons"
 	"iteron.dev/operator/pkg/protocol"
 )
 
@@ -143,13 +144,13 @@ func (e *Executor) Live() []*Process {
 func (e *Executor) Launch(plan activation.LaunchPlan) (*Process, error) {
 	version := protocol.Version(plan.ProtocolVersion())
 	if !version.Valid() {
-		return nil, &Fault{Kind: KindRefused, Op: OpSpawn, Reason: ReasonUnsupportedVersion, Detail: fmt.Sprintf("protocol version %d", plan.ProtocolVersion())}
+		return nil, &Fault{Kind: KindRefused, Op: OpSpawn, Reason: reasons.UnsupportedVersion, Detail: fmt.Sprintf("protocol version %d", plan.ProtocolVersion())}
 	}
 	if !filepath.IsAbs(plan.Executable()) || !filepath.IsAbs(plan.ArtifactRoot()) {
-		return nil, &Fault{Kind: KindRefused, Op: OpSpawn, Reason: ReasonVerificationFailed, Detail: "the plan's executable and artifact root must be absolute"}
+		return nil, &Fault{Kind: KindRefused, Op: OpSpawn, Reason: reasons.VerificationFailed, Detail: "the plan's executable and artifact root must be absolute"}
 	}
 	if plan.RuntimeDeadline() <= 0 || plan.CancellationDeadline() <= 0 {
-		return nil, &Fault{Kind: KindRefused, Op: OpSpawn, Reason: ReasonVerificationFailed, Detail: "the plan has no deadlines"}
+		return nil, &Fault{Kind: KindRefused, Op: OpSpawn, Reason: reasons.VerificationFailed, Detail: "the plan has no deadlines"}
 	}
 	exe, head, cached := e.cache.get(plan.ArtifactSHA256())
 	var size int64

@@ -3,6 +3,7 @@ package procexec
 import (
 	"errors"
 	"fmt"
+	"iteron.dev/operator/internal/reasons"
 	"time"
 	"unicode/utf8"
 )
@@ -86,16 +87,6 @@ const (
 	OpVerify   = "verify"   // the re-hash of the executable after start
 )
 
-// Reason codes of DESIGN §8 that faults map to.
-const (
-	ReasonProviderFailed     = "provider_failed"
-	ReasonDeadlineExceeded   = "deadline_exceeded"
-	ReasonVerificationFailed = "verification_failed"
-	ReasonUnsupportedVersion = "unsupported_version"
-	ReasonActivationFailed   = "activation_failed"
-	ReasonSchemaMismatch     = "schema_mismatch"
-)
-
 // MaxFrameEvidence bounds the offending frame a fault carries.
 const MaxFrameEvidence = 1024
 
@@ -150,18 +141,18 @@ func (f *Fault) ReasonCode() string {
 	}
 	switch f.Kind {
 	case KindTimeout:
-		return ReasonDeadlineExceeded
+		return reasons.DeadlineExceeded
 	case KindTampered:
-		return ReasonVerificationFailed
+		return reasons.VerificationFailed
 	case KindInvalidRequest:
-		return ReasonSchemaMismatch
+		return reasons.SchemaMismatch
 	case KindSpawn:
-		return ReasonActivationFailed
+		return reasons.ActivationFailed
 	}
 	if f.Op == OpSpawn || f.Op == "load" || f.Op == OpVerify {
-		return ReasonActivationFailed
+		return reasons.ActivationFailed
 	}
-	return ReasonProviderFailed
+	return reasons.ProviderFailed
 }
 
 // AsFault returns err's *Fault if it is or wraps one.

@@ -12,6 +12,7 @@ import (
 	"iteron.dev/operator/examples/providers/artifacts"
 	"iteron.dev/operator/examples/providers/providertest"
 	"iteron.dev/operator/internal/activation"
+	"iteron.dev/operator/internal/reasons"
 	"iteron.dev/operator/pkg/protocol"
 )
 
@@ -76,70 +77,70 @@ var counterInput = `{"key":"a","add":1}`
 func faultCases() []faultCase {
 	return []faultCase{
 		{name: "a crash at load is an exit during load", argv: []string{"--fault", "crash", "--at", "load"},
-			drive: load, kind: KindExited, op: "load", reason: ReasonActivationFailed},
+			drive: load, kind: KindExited, op: "load", reason: reasons.ActivationFailed},
 		{name: "a crash at start is an exit during start", argv: []string{"--fault", "crash", "--at", "start"},
-			drive: loadThen(startAndWait(counterInput, time.Second)), kind: KindExited, op: "start", reason: ReasonProviderFailed},
+			drive: loadThen(startAndWait(counterInput, time.Second)), kind: KindExited, op: "start", reason: reasons.ProviderFailed},
 		{name: "a crash at migrate is an exit during migrate", argv: []string{"--fault", "crash", "--at", "migrate"},
 			drive: loadThen(snapshotThen(func(t *testing.T, p *Process, s protocol.State) error {
 				_, err := p.Migrate(ctx(t), s, time.Second)
 				return err
-			})), kind: KindExited, op: "migrate", reason: ReasonProviderFailed},
+			})), kind: KindExited, op: "migrate", reason: reasons.ProviderFailed},
 		{name: "a hang at load times out when the caller gives up", argv: []string{"--fault", "hang", "--at", "load"},
 			drive: func(t *testing.T, p *Process) error {
 				c, cancel := context.WithTimeout(context.Background(), 400*time.Millisecond)
 				defer cancel()
 				_, err := p.Load(c)
 				return err
-			}, kind: KindTimeout, op: "load", reason: ReasonDeadlineExceeded},
+			}, kind: KindTimeout, op: "load", reason: reasons.DeadlineExceeded},
 		{name: "a hang at start times out at the run deadline", argv: []string{"--fault", "hang", "--at", "start"},
-			drive: loadThen(startAndWait(counterInput, 400*time.Millisecond)), kind: KindTimeout, op: "start", reason: ReasonDeadlineExceeded},
+			drive: loadThen(startAndWait(counterInput, 400*time.Millisecond)), kind: KindTimeout, op: "start", reason: reasons.DeadlineExceeded},
 		{name: "a run that never ends times out at its deadline", drive: loadThen(startAndWait(`{"key":"a","add":1,"sleep_ms":60000}`, 400*time.Millisecond)),
-			kind: KindTimeout, op: OpRun, reason: ReasonDeadlineExceeded},
+			kind: KindTimeout, op: OpRun, reason: reasons.DeadlineExceeded},
 		{name: "a hang at cancel times out at the cancellation deadline", argv: []string{"--fault", "hang", "--at", "cancel"}, edit: shortCancellation,
 			drive: loadThen(func(t *testing.T, p *Process) error {
 				if _, err := p.Start(ctx(t), "slow", []byte(`{"key":"a","add":1,"sleep_ms":60000}`), 30*time.Second); err != nil {
 					t.Fatalf("Start: %v", err)
 				}
 				return p.Cancel(ctx(t), "slow", "test")
-			}), kind: KindTimeout, op: "cancel", reason: ReasonDeadlineExceeded},
+			}), kind: KindTimeout, op: "cancel", reason: reasons.DeadlineExceeded},
 		{name: "a hang at stop times out at the cancellation deadline", argv: []string{"--fault", "hang", "--at", "stop"}, edit: shortCancellation,
 			drive: loadThen(func(t *testing.T, p *Process) error { return p.Stop(ctx(t), "test") }),
-			kind:  KindTimeout, op: "stop", reason: ReasonDeadlineExceeded},
+			kind:  KindTimeout, op: "stop", reason: reasons.DeadlineExceeded},
 		{name: "a hang at snapshot times out at the state operation's deadline", argv: []string{"--fault", "hang", "--at", "snapshot"},
 			drive: loadThen(func(t *testing.T, p *Process) error {
 				_, err := p.Snapshot(ctx(t), 1, 400*time.Millisecond)
 				return err
-			}), kind: KindTimeout, op: "snapshot", reason: ReasonDeadlineExceeded},
+			}), kind: KindTimeout, op: "snapshot", reason: reasons.DeadlineExceeded},
 		{name: "a malformed frame at load is a malformed frame", argv: []string{"--fault", "malformed", "--at", "load"},
-			drive: load, kind: KindMalformedFrame, op: "load", reason: ReasonActivationFailed,
+			drive: load, kind: KindMalformedFrame, op: "load", reason: reasons.ActivationFailed,
 			check: func(t *testing.T, p *Process, err error) {
 				if f, _ := AsFault(err); !bytes.Contains(f.Frame, []byte(`"payload":{`)) {
 					t.Fatalf("the fault does not carry the offending frame: %q", f.Frame)
 				}
 			}},
 		{name: "a malformed frame at snapshot is a malformed frame", argv: []string{"--fault", "malformed", "--at", "snapshot"},
-			drive: loadThen(snapshotThen(func(*testing.T, *Process, protocol.State) error { return nil })), kind: KindMalformedFrame, op: "snapshot", reason: ReasonProviderFailed},
+			drive: loadThen(snapshotThen(func(*testing.T, *Process, protocol.State) error { return nil })), kind: KindMalformedFrame, op: "snapshot", reason: reasons.ProviderFailed},
 		{name: "an oversized frame at load is oversized", argv: []string{"--fault", "oversized", "--at", "load"},
-			drive: load, kind: KindOversized, op: "load", reason: ReasonActivationFailed},
+			drive: load, kind: KindOversized, op: "load", reason: reasons.ActivationFailed},
 		{name: "an oversized frame at start is oversized", argv: []string{"--fault", "oversized", "--at", "start"},
-			drive: loadThen(startAndWait(counterInput, time.Second)), kind: KindOversized, op: "start", reason: ReasonProviderFailed},
+			drive: loadThen(startAndWait(counterInput, time.Second)), kind: KindOversized, op: "start", reason: reasons.ProviderFailed},
 		{name: "a mis-correlated response at load is mis-correlated", argv: []string{"--fault", "miscorrelate", "--at", "load"},
-			drive: load, kind: KindMiscorrelated, op: "load", reason: ReasonActivationFailed},
+			drive: load, kind: KindMiscorrelated, op: "load", reason: reasons.ActivationFailed},
 		{name: "a mis-correlated response at restore is mis-correlated", argv: []string{"--fault", "miscorrelate", "--at", "restore"},
 			drive: loadThen(snapshotThen(func(t *testing.T, p *Process, s protocol.State) error {
 				_, err := p.Restore(ctx(t), s, time.Second)
 				return err
-			})), kind: KindMiscorrelated, op: "restore", reason: ReasonProviderFailed},
+			})), kind: KindMiscorrelated, op: "restore", reason: reasons.ProviderFailed},
 		{name: "a wrong observation schema is a bad observation", argv: []string{"--fault", "wrong-schema", "--at", "start"},
-			drive: loadThen(startAndWait(counterInput, time.Second)), kind: KindBadObservation, op: OpRun, reason: ReasonProviderFailed},
+			drive: loadThen(startAndWait(counterInput, time.Second)), kind: KindBadObservation, op: OpRun, reason: reasons.ProviderFailed},
 		{name: "a wrong schema in loaded is mis-correlated", argv: []string{"--fault", "wrong-schema", "--at", "load"},
-			drive: load, kind: KindMiscorrelated, op: "load", reason: ReasonActivationFailed},
+			drive: load, kind: KindMiscorrelated, op: "load", reason: reasons.ActivationFailed},
 		{name: "a wrong state schema in snapshotted is mis-correlated", argv: []string{"--fault", "wrong-schema", "--at", "snapshot"},
-			drive: loadThen(snapshotThen(func(*testing.T, *Process, protocol.State) error { return nil })), kind: KindMiscorrelated, op: "snapshot", reason: ReasonProviderFailed},
+			drive: loadThen(snapshotThen(func(*testing.T, *Process, protocol.State) error { return nil })), kind: KindMiscorrelated, op: "snapshot", reason: reasons.ProviderFailed},
 		{name: "an observation for another run is a bad observation", argv: []string{"--fault", "wrong-run", "--at", "start"},
-			drive: loadThen(startAndWait(counterInput, time.Second)), kind: KindBadObservation, op: OpRun, reason: ReasonProviderFailed},
+			drive: loadThen(startAndWait(counterInput, time.Second)), kind: KindBadObservation, op: OpRun, reason: reasons.ProviderFailed},
 		{name: "a sequence regression is a bad observation", argv: []string{"--fault", "sequence-regression", "--at", "start"},
-			drive: loadThen(startAndWait(counterInput, time.Second)), kind: KindBadObservation, op: OpRun, reason: ReasonProviderFailed},
+			drive: loadThen(startAndWait(counterInput, time.Second)), kind: KindBadObservation, op: OpRun, reason: reasons.ProviderFailed},
 		{name: "an exit while idle is noticed at once", argv: []string{"--fault", "exit", "--at", "snapshot"},
 			drive: loadThen(snapshotThen(func(t *testing.T, p *Process, s protocol.State) error {
 				select {
@@ -148,7 +149,7 @@ func faultCases() []faultCase {
 					t.Fatal("the provider exited but Done was not closed")
 				}
 				return p.Err()
-			})), kind: KindExited, op: OpIdle, reason: ReasonProviderFailed,
+			})), kind: KindExited, op: OpIdle, reason: reasons.ProviderFailed,
 			check: func(t *testing.T, p *Process, err error) {
 				if td := p.Teardown(); !td.Exit.Exited || td.Exit.Code != 3 {
 					t.Fatalf("exit status %v, want 3", td.Exit)
@@ -156,7 +157,7 @@ func faultCases() []faultCase {
 			}},
 		{name: "a non-zero exit after stop is an exit during stop", argv: []string{"--fault", "exit", "--at", "stop"},
 			drive: loadThen(func(t *testing.T, p *Process) error { return p.Stop(ctx(t), "test") }),
-			kind:  KindExited, op: "stop", reason: ReasonProviderFailed},
+			kind:  KindExited, op: "stop", reason: reasons.ProviderFailed},
 		{name: "a failed result is a provider failure with its code", binary: artifacts.CounterV1,
 			drive: loadThen(func(t *testing.T, p *Process) error {
 				v2 := protocol.State{Module: "prompt_system", ImplementationID: "counter-v2", RunID: "lineage-prompt_system", Generation: 1,
@@ -164,7 +165,7 @@ func faultCases() []faultCase {
 				v2.StateSHA256, _ = protocol.StateDigest(v2.State)
 				_, err := p.Migrate(ctx(t), v2, time.Second)
 				return err
-			}), kind: KindProviderFailed, op: "migrate", reason: ReasonProviderFailed,
+			}), kind: KindProviderFailed, op: "migrate", reason: reasons.ProviderFailed,
 			check: func(t *testing.T, p *Process, err error) {
 				if f, _ := AsFault(err); f.Code != "unsupported_layout" || !strings.Contains(f.Message, "layout 2") {
 					t.Fatalf("failed result: code %q message %q", f.Code, f.Message)
@@ -172,25 +173,25 @@ func faultCases() []faultCase {
 			}},
 		{name: "more observations than the limit overflow the run", binary: artifacts.CounterV2,
 			edit:  func(f *activation.LaunchPlanFields) { f.EvidenceLimits.Observations = 3 },
-			drive: loadThen(startAndWait(`{"key":"a","add":1,"progress":5}`, time.Second)), kind: KindOutputOverflow, op: OpRun, reason: ReasonProviderFailed},
+			drive: loadThen(startAndWait(`{"key":"a","add":1,"progress":5}`, time.Second)), kind: KindOutputOverflow, op: OpRun, reason: reasons.ProviderFailed},
 		{name: "more stdout bytes than the limit overflow the run", binary: artifacts.CounterV2,
 			edit:  func(f *activation.LaunchPlanFields) { f.EvidenceLimits.StdoutBytes = 512 },
-			drive: loadThen(startAndWait(`{"key":"a","add":1,"pad":600}`, time.Second)), kind: KindOutputOverflow, op: OpRun, reason: ReasonProviderFailed},
+			drive: loadThen(startAndWait(`{"key":"a","add":1,"pad":600}`, time.Second)), kind: KindOutputOverflow, op: OpRun, reason: reasons.ProviderFailed},
 		{name: "an idle process past its lifetime exhausts its budget", binary: artifacts.CounterV2,
 			edit: func(f *activation.LaunchPlanFields) { f.RuntimeDeadline = 600 * time.Millisecond },
 			drive: loadThen(func(t *testing.T, p *Process) error {
 				<-p.Done()
 				return p.Err()
-			}), kind: KindBudgetExhausted, op: OpLifetime, reason: ReasonProviderFailed},
+			}), kind: KindBudgetExhausted, op: OpLifetime, reason: reasons.ProviderFailed},
 		{name: "three grandchildren holding stdout die with a hung provider", argv: []string{"--fault", "fork-grandchild", "--at", "load", "--children", "3", "--fault", "hang", "--at", "start"},
-			drive: loadThen(startAndWait(counterInput, 400*time.Millisecond)), kind: KindTimeout, op: "start", reason: ReasonDeadlineExceeded,
+			drive: loadThen(startAndWait(counterInput, 400*time.Millisecond)), kind: KindTimeout, op: "start", reason: reasons.DeadlineExceeded,
 			check: func(t *testing.T, p *Process, err error) {
 				if n := len(grandchildren(p.StderrTail())); n != 3 {
 					t.Fatalf("faulty reported %d grandchildren, want 3", n)
 				}
 			}},
 		{name: "a grandchild ignoring SIGTERM dies with a crashing provider", argv: []string{"--fault", "fork-grandchild", "--at", "load", "--fault", "crash", "--at", "start"},
-			drive: loadThen(startAndWait(counterInput, time.Second)), kind: KindExited, op: "start", reason: ReasonProviderFailed},
+			drive: loadThen(startAndWait(counterInput, time.Second)), kind: KindExited, op: "start", reason: reasons.ProviderFailed},
 		{name: "a grandchild left behind by a clean stop is reported and killed", argv: []string{"--fault", "fork-grandchild", "--at", "load"},
 			drive: loadThen(func(t *testing.T, p *Process) error { return p.Stop(ctx(t), "test") }),
 			check: func(t *testing.T, p *Process, err error) {
@@ -313,7 +314,7 @@ func TestADigestMismatchNeverSpawns(t *testing.T) {
 		t.Fatal("the refused copy's memfd was kept open")
 	}
 	f, ok := AsFault(err)
-	if p != nil || !ok || f.Kind != KindRefused || f.Op != OpSpawn || f.ReasonCode() != ReasonVerificationFailed {
+	if p != nil || !ok || f.Kind != KindRefused || f.Op != OpSpawn || f.ReasonCode() != reasons.VerificationFailed {
 		t.Fatalf("Launch with a wrong digest: %v, %v", p, err)
 	}
 	if !strings.Contains(f.Detail, "digest mismatch") {
@@ -344,7 +345,7 @@ func TestAnArtifactRewrittenAfterStartIsTamperingAndKillsTheGroup(t *testing.T) 
 	p := launch(t, ex, impl)
 	_, err := p.Load(ctx(t))
 	f, ok := AsFault(err)
-	if !ok || f.Kind != KindTampered || f.ReasonCode() != ReasonVerificationFailed {
+	if !ok || f.Kind != KindTampered || f.ReasonCode() != reasons.VerificationFailed {
 		t.Fatalf("Load after the artifact was rewritten: %v", err)
 	}
 	if len(alive(p.Pgid(), p.Pid())) != 0 {

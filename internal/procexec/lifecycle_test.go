@@ -10,6 +10,7 @@ import (
 
 	"iteron.dev/operator/examples/providers/artifacts"
 	"iteron.dev/operator/examples/providers/providertest"
+	"iteron.dev/operator/internal/reasons"
 	"iteron.dev/operator/pkg/protocol"
 	"iteron.dev/operator/pkg/strictjson"
 )
@@ -202,7 +203,7 @@ func TestAProtocol1ProviderIsRefusedEveryStateOperation(t *testing.T) {
 		t.Run(op.name+" is refused as unsupported_version", func(t *testing.T) {
 			err := op.call()
 			f, ok := AsFault(err)
-			if !ok || f.Kind != KindRefused || f.ReasonCode() != ReasonUnsupportedVersion || f.Op != op.name {
+			if !ok || f.Kind != KindRefused || f.ReasonCode() != reasons.UnsupportedVersion || f.Op != op.name {
 				t.Fatalf("%s on a protocol-1 provider: %v", op.name, err)
 			}
 		})

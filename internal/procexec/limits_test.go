@@ -10,6 +10,7 @@ import (
 
 	"iteron.dev/operator/examples/providers/artifacts"
 	"iteron.dev/operator/internal/activation"
+	"iteron.dev/operator/internal/reasons"
 	"iteron.dev/operator/pkg/protocol"
 )
 
@@ -47,7 +48,7 @@ func TestAnInputOfExactly512KiBPassesAndOneByteMoreIsRefusedWithoutHarm(t *testi
 		t.Fatal(err)
 	}
 	_, err = p.Start(ctx(t), "over", input(protocol.MaxPayloadBytes+1), 5*time.Second)
-	if f, ok := AsFault(err); !ok || f.Kind != KindInvalidRequest || f.ReasonCode() != ReasonSchemaMismatch {
+	if f, ok := AsFault(err); !ok || f.Kind != KindInvalidRequest || f.ReasonCode() != reasons.SchemaMismatch {
 		t.Fatalf("a %d-byte input: %v, want an invalid request", protocol.MaxPayloadBytes+1, err)
 	}
 	if _, c := runCounter(t, p, "after", counterInput); c.Count != 1 {

@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"iteron.dev/operator/internal/reasons"
 	"iteron.dev/operator/pkg/strictjson"
 )
 
@@ -36,7 +37,7 @@ const shebangBytes = 256
 func sealedCopy(path, want string) (exe *os.File, size int64, head []byte, err error) {
 	src, err := os.OpenFile(path, os.O_RDONLY|unix.O_NOFOLLOW, 0)
 	if err != nil {
-		return nil, 0, nil, &Fault{Kind: KindSpawn, Op: OpSpawn, Detail: "opening the executable: " + err.Error(), Err: err, Reason: ReasonVerificationFailed}
+		return nil, 0, nil, &Fault{Kind: KindSpawn, Op: OpSpawn, Detail: "opening the executable: " + err.Error(), Err: err, Reason: reasons.VerificationFailed}
 	}
 	defer src.Close()
 	fi, err := src.Stat()
@@ -44,10 +45,10 @@ func sealedCopy(path, want string) (exe *os.File, size int64, head []byte, err e
 		return nil, 0, nil, &Fault{Kind: KindSpawn, Op: OpSpawn, Detail: err.Error(), Err: err}
 	}
 	if !fi.Mode().IsRegular() {
-		return nil, 0, nil, &Fault{Kind: KindRefused, Op: OpSpawn, Detail: fmt.Sprintf("%s is not a regular file", path), Reason: ReasonVerificationFailed}
+		return nil, 0, nil, &Fault{Kind: KindRefused, Op: OpSpawn, Detail: fmt.Sprintf("%s is not a regular file", path), Reason: reasons.VerificationFailed}
 	}
 	if fi.Size() > MaxExecutableBytes {
-		return nil, 0, nil, &Fault{Kind: KindRefused, Op: OpSpawn, Detail: fmt.Sprintf("%s is %d bytes, more than %d", path, fi.Size(), MaxExecutableBytes), Reason: ReasonVerificationFailed}
+		return nil, 0, nil, &Fault{Kind: KindRefused, Op: OpSpawn, Detail: fmt.Sprintf("%s is %d bytes, more than %d", path, fi.Size(), MaxExecutableBytes), Reason: reasons.VerificationFailed}
 	}
 	mfd, err := unix.MemfdCreate("iteron-provider", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING|unix.MFD_EXEC)
 	if errors.Is(err, unix.EINVAL) {
@@ -91,7 +92,7 @@ func sealedCopy(path, want string) (exe *os.File, size int64, head []byte, err e
 		return nil, 0, nil, &Fault{Kind: KindSpawn, Op: OpSpawn, Detail: "hashing the memfd: " + err.Error(), Err: err}
 	}
 	if got != want {
-		return nil, 0, nil, &Fault{Kind: KindRefused, Op: OpSpawn, Reason: ReasonVerificationFailed,
+		return nil, 0, nil, &Fault{Kind: KindRefused, Op: OpSpawn, Reason: reasons.VerificationFailed,
 			Detail: fmt.Sprintf("artifact digest mismatch: %s hashes to %s, the plan says %s", path, got, want)}
 	}
 	// Exec refuses a file open for writing (ETXTBSY): hand the child a
@@ -112,7 +113,7 @@ func checkInterpreter(head []byte, allow []string) (string, *Fault) {
 	line := head[2:]
 	nl := bytes.IndexByte(line, '\n')
 	if nl < 0 {
-		return "", &Fault{Kind: KindRefused, Op: OpSpawn, Reason: ReasonVerificationFailed,
+		return "", &Fault{Kind: KindRefused, Op: OpSpawn, Reason: reasons.VerificationFailed,
 			Detail: fmt.Sprintf("the #! line is longer than the %d bytes the kernel reads", shebangBytes)}
 	}
 	line = bytes.TrimLeft(line[:nl], " \t")
@@ -122,7 +123,7 @@ func checkInterpreter(head []byte, allow []string) (string, *Fault) {
 	}
 	interp := string(bytes.TrimRight(line[:end], "\r"))
 	if interp == "" || !filepath.IsAbs(interp) || filepath.Clean(interp) != interp || !slices.Contains(allow, interp) {
-		return "", &Fault{Kind: KindRefused, Op: OpSpawn, Reason: ReasonVerificationFailed,
+		return "", &Fault{Kind: KindRefused, Op: OpSpawn, Reason: reasons.VerificationFailed,
 			Detail: fmt.Sprintf("interpreter %q is not on the allowlist %q", interp, allow)}
 	}
 	return interp, nil

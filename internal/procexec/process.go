@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"iteron.dev/operator/internal/activation"
+	"iteron.dev/operator/internal/reasons"
 	"iteron.dev/operator/pkg/protocol"
 )
 
@@ -118,7 +119,7 @@ func (p *Process) start() {
 			beforeRehash(p)
 		}
 		if err := rehash(p.plan.Executable(), p.plan.ArtifactSHA256()); err != nil {
-			p.fail(&Fault{Kind: KindTampered, Op: OpVerify, Reason: ReasonVerificationFailed, Detail: "the artifact changed after verification: " + err.Error(), Err: err})
+			p.fail(&Fault{Kind: KindTampered, Op: OpVerify, Reason: reasons.VerificationFailed, Detail: "the artifact changed after verification: " + err.Error(), Err: err})
 		}
 	}()
 	go func() {
@@ -257,7 +258,7 @@ func (p *Process) Start(ctx context.Context, runID string, input jsontext.Value,
 	op := string(protocol.OpStart)
 	ms := deadline.Milliseconds()
 	if ms <= 0 || deadline > p.plan.RuntimeDeadline() {
-		return nil, &Fault{Kind: KindInvalidRequest, Op: op, Reason: ReasonSchemaMismatch, Detail: fmt.Sprintf("run deadline %v must be in (0, %v] (runtime_deadline_ms)", deadline, p.plan.RuntimeDeadline())}
+		return nil, &Fault{Kind: KindInvalidRequest, Op: op, Reason: reasons.SchemaMismatch, Detail: fmt.Sprintf("run deadline %v must be in (0, %v] (runtime_deadline_ms)", deadline, p.plan.RuntimeDeadline())}
 	}
 	if left := p.Budget().Lifetime; deadline > left && !p.isDying() {
 		return nil, p.kill(&Fault{Kind: KindBudgetExhausted, Op: op, Detail: fmt.Sprintf("run deadline %v exceeds the %v of lifetime left", deadline, left)})
@@ -392,7 +393,7 @@ func (p *Process) refuse(op protocol.Operation) error {
 	}
 	switch {
 	case !op.SupportedBy(p.version):
-		return &Fault{Kind: KindRefused, Op: string(op), Reason: ReasonUnsupportedVersion, Detail: fmt.Sprintf("%s is a state operation; a protocol-%d provider gets none", op, int(p.version))}
+		return &Fault{Kind: KindRefused, Op: string(op), Reason: reasons.UnsupportedVersion, Detail: fmt.Sprintf("%s is a state operation; a protocol-%d provider gets none", op, int(p.version))}
 	case !p.loaded && op != protocol.OpLoad && op != protocol.OpStop:
 		return &Fault{Kind: KindRefused, Op: string(op), Detail: fmt.Sprintf("%s before load", op)}
 	case p.loaded && op == protocol.OpLoad:
@@ -523,9 +524,9 @@ func (p *Process) exchange(ctx context.Context, payload protocol.RequestPayload,
 
 func invalidReason(err error) string {
 	if protocol.KindOf(err) == protocol.ErrMismatch {
-		return ReasonVerificationFailed
+		return reasons.VerificationFailed
 	}
-	return ReasonSchemaMismatch
+	return reasons.SchemaMismatch
 }
 
 // armRun starts the run's deadline timer once the provider has answered

@@ -16,6 +16,7 @@ import (
 
 	"iteron.dev/operator/examples/providers/artifacts"
 	"iteron.dev/operator/examples/providers/providertest"
+	"iteron.dev/operator/internal/reasons"
 )
 
 type providerView struct {
@@ -160,7 +161,7 @@ func TestAScriptWithAnotherInterpreterIsRefusedBeforeSpawn(t *testing.T) {
 				t.Fatal("the refused script's memfd was kept open")
 			}
 			f, ok := AsFault(err)
-			if p != nil || !ok || f.Kind != KindRefused || f.Op != OpSpawn || f.ReasonCode() != ReasonVerificationFailed {
+			if p != nil || !ok || f.Kind != KindRefused || f.Op != OpSpawn || f.ReasonCode() != reasons.VerificationFailed {
 				t.Fatalf("Launch of %q: %v, %v", tc.line, p, err)
 			}
 			if len(ex.Live()) != 0 {

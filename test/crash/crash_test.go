@@ -14,6 +14,7 @@ import (
 
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
 	"iteron.dev/operator/examples/providers/artifacts"
+	"iteron.dev/operator/internal/reasons"
 )
 
 // TestSIGKILLAtEachPhaseOfASwapRecovers kills the manager right after each
@@ -224,7 +225,7 @@ func TestACorruptLedgerStopsTheManagerActingAndDeletionArchivesIt(t *testing.T) 
 		t.Fatal(err)
 	}
 	n.start(t, "")
-	got = waitFor(t, a, "Stalled with ledger_corrupt", stalledWith(iteronv1.CodeLedgerCorrupt))
+	got = waitFor(t, a, "Stalled with ledger_corrupt", stalledWith(reasons.LedgerCorrupt))
 	if got.Status.ActiveCount != 0 || len(n.providerPids(t)) != 0 {
 		t.Fatalf("a provider was started for an activation with a corrupt ledger: active=%d records=%v", got.Status.ActiveCount, n.providerPids(t))
 	}

@@ -22,6 +22,7 @@ import (
 
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
 	"iteron.dev/operator/examples/providers/providertest"
+	"iteron.dev/operator/internal/reasons"
 	"iteron.dev/operator/test/kubeapi"
 )
 
@@ -245,7 +246,7 @@ func readyWith(module, impl string) func(*iteronv1.ImplementationActivation) boo
 func stalledWith(code string) func(*iteronv1.ImplementationActivation) bool {
 	return func(a *iteronv1.ImplementationActivation) bool {
 		s := meta.FindStatusCondition(a.Status.Conditions, iteronv1.ConditionStalled)
-		return s != nil && s.Status == metav1.ConditionTrue && s.Reason == iteronv1.ReasonForCode(code)
+		return s != nil && s.Status == metav1.ConditionTrue && s.Reason == reasons.ConditionReason(code)
 	}
 }
 

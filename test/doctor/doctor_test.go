@@ -25,6 +25,7 @@ import (
 	"iteron.dev/operator/internal/doctor"
 	"iteron.dev/operator/internal/ledger"
 	"iteron.dev/operator/internal/procexec"
+	"iteron.dev/operator/internal/reasons"
 	"iteron.dev/operator/pkg/strictjson"
 )
 
@@ -63,8 +64,8 @@ func TestDoctorExplainsATamperedArtifactAndTheDependencyChainItGates(t *testing.
 		source(t, artifacts.CounterV2, "provider_routing", "route"),
 	)
 	got := waitFor(t, act, "a verification failure in status", func(a *iteronv1.ImplementationActivation) bool {
-		return a.Status.ObservedGeneration == a.Generation && moduleStatus(a, "prompt_system").Reason == iteronv1.CodeVerificationFailed &&
-			moduleStatus(a, "provider_routing").Reason == iteronv1.CodeDependencyUnsatisfied
+		return a.Status.ObservedGeneration == a.Generation && moduleStatus(a, "prompt_system").Reason == reasons.VerificationFailed &&
+			moduleStatus(a, "provider_routing").Reason == reasons.DependencyUnsatisfied
 	})
 	cause := moduleStatus(got, "prompt_system").Message
 
