@@ -19,7 +19,6 @@ import (
 
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
 	"iteron.dev/operator/internal/hotswap"
-	"iteron.dev/operator/internal/ledger"
 )
 
 // +kubebuilder:rbac:groups=iteron.dev,resources=implementationactivations,verbs=get;list;watch;update;patch
@@ -34,7 +33,7 @@ import (
 // Coordinator is what the activation controller needs of the node-local
 // coordinator (internal/hotswap.Coordinator).
 type Coordinator interface {
-	Prepare(hotswap.ActivationKey, *ledger.Anchor) error
+	Prepare(hotswap.ActivationKey, *hotswap.Anchor) error
 	Apply(hotswap.Desired) error
 	Remove(hotswap.ActivationKey) (bool, error)
 	Forget(uid string) error
@@ -58,9 +57,6 @@ type ActivationReconciler struct {
 	// Notifications requeues activations when the coordinator reports
 	// progress.
 	Notifications <-chan event.GenericEvent
-	// Cleanup runs after the coordinator retired an activation, before its
-	// finalizer goes (archive the ledger, remove snapshots).
-	Cleanup func(ctx context.Context, uid string) error
 	// Now is the clock (time.Now if nil).
 	Now func() time.Time
 }
@@ -79,12 +75,20 @@ func (r *ActivationReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 	}
 	s := &activationScope{act: &act, base: act.DeepCopy(), key: keyOf(&act)}
 	defer func() {
+		// One status write per reconcile, summarizing whatever happened —
+		// a phase error included (CAPI's deferred patch, Flux's
+		// summarize.WithReconcileError).
+		if !s.deleted {
+			r.summarize(s, retErr)
+		}
 		conflict, err := r.patchStatus(ctx, s)
 		switch {
 		case err != nil && retErr == nil:
 			retErr = err
 		case conflict && retErr == nil && (res.RequeueAfter == 0 || res.RequeueAfter > conflictRequeue):
 			res = ctrl.Result{RequeueAfter: conflictRequeue}
+		case retErr == nil && s.requeueAfter > 0 && (res.RequeueAfter == 0 || res.RequeueAfter > s.requeueAfter):
+			res = ctrl.Result{RequeueAfter: s.requeueAfter}
 		}
 	}()
 
@@ -95,7 +99,7 @@ func (r *ActivationReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 		patch := client.MergeFrom(act.DeepCopy())
 		controllerutil.AddFinalizer(&act, iteronv1.FinalizerActivation)
 		if err := r.Client.Patch(ctx, &act, patch); err != nil {
-			return ctrl.Result{}, err
+			return ctrl.Result{}, apiRefusal("add the finalizer", err)
 		}
 		s.base.Finalizers = act.Finalizers
 		s.base.ResourceVersion = act.ResourceVersion
@@ -109,10 +113,6 @@ func (r *ActivationReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 		if err := phase(ctx, s); err != nil {
 			return ctrl.Result{}, err
 		}
-	}
-	r.summarize(s)
-	if s.requeueAfter > 0 {
-		return ctrl.Result{RequeueAfter: s.requeueAfter}, nil
 	}
 	return ctrl.Result{}, nil
 }
@@ -131,8 +131,8 @@ func (r *ActivationReconciler) reconcileDelete(ctx context.Context, s *activatio
 	st, _ := r.Coordinator.Status(s.key.UID)
 	s.status, s.haveStatus = st, true
 	if !unknown && !st.Removed {
-		r.summarize(s)
-		return ctrl.Result{RequeueAfter: 5 * time.Second}, nil
+		s.requeueAfter = 5 * time.Second
+		return ctrl.Result{}, nil
 	}
 	gens, err := r.ownedGenerations(ctx, s.act)
 	if err != nil {
@@ -140,16 +140,13 @@ func (r *ActivationReconciler) reconcileDelete(ctx context.Context, s *activatio
 	}
 	for i := range gens {
 		if err := r.Client.Delete(ctx, &gens[i]); err != nil && !apierrors.IsNotFound(err) {
-			return ctrl.Result{}, fmt.Errorf("delete Generation %s: %w", gens[i].Name, err)
+			return ctrl.Result{}, apiRefusal("delete Generation "+gens[i].Name, err)
 		}
 	}
+	// The coordinator archives the ledger and removes the snapshots: only
+	// it changes the state dir.
 	if err := r.Coordinator.Forget(s.key.UID); err != nil {
-		return ctrl.Result{}, err
-	}
-	if r.Cleanup != nil {
-		if err := r.Cleanup(ctx, s.key.UID); err != nil {
-			return ctrl.Result{}, fmt.Errorf("clean up the state of %s: %w", s.key.UID, err)
-		}
+		return ctrl.Result{}, fmt.Errorf("forget activation %s: %w", s.key.UID, err)
 	}
 	patch := client.MergeFrom(s.act.DeepCopy())
 	controllerutil.RemoveFinalizer(s.act, iteronv1.FinalizerActivation)
@@ -168,9 +165,15 @@ func (r *ActivationReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		For(&iteronv1.ImplementationActivation{}).
 		// A deleted Generation requeues its activation: an Active one is
 		// re-created from what runs.
+		// A Generation whose mirrored phase or step changed requeues it
+		// too: Ready waits for the Generations to show what happened.
 		Owns(&iteronv1.Generation{}, builder.WithPredicates(predicate.Funcs{
-			CreateFunc:  func(event.CreateEvent) bool { return false },
-			UpdateFunc:  func(event.UpdateEvent) bool { return false },
+			CreateFunc: func(event.CreateEvent) bool { return false },
+			UpdateFunc: func(e event.UpdateEvent) bool {
+				o, okOld := e.ObjectOld.(*iteronv1.Generation)
+				n, okNew := e.ObjectNew.(*iteronv1.Generation)
+				return okOld && okNew && (o.Status.Phase != n.Status.Phase || o.Status.Step != n.Status.Step)
+			},
 			GenericFunc: func(event.GenericEvent) bool { return false },
 		})).
 		Named("implementationactivation")

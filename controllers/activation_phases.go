@@ -18,7 +18,6 @@ import (
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
 	"iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/hotswap"
-	"iteron.dev/operator/internal/ledger"
 	"iteron.dev/operator/internal/reasons"
 )
 
@@ -41,6 +40,12 @@ type activationScope struct {
 	// plan is the RuntimePlan of the spec against what ran before Apply.
 	plan *iteronv1.PlanStatus
 
+	// gens are the activation's Generation objects as last listed.
+	gens []iteronv1.Generation
+	// lagging explains a Generation whose status does not yet show what
+	// the coordinator did ("" when they agree).
+	lagging string
+
 	requeueAfter time.Duration
 	deleted      bool
 }
@@ -51,9 +56,9 @@ func (r *ActivationReconciler) reconcileResolve(ctx context.Context, s *activati
 	// The ledger is replayed before anything is decided: after a restart
 	// Status then knows each module's last committed generation. The head
 	// mirrored into status must be in the chain.
-	var anchor *ledger.Anchor
+	var anchor *hotswap.Anchor
 	if l := s.act.Status.Ledger; l != nil && l.HeadSHA256 != "" && l.Records > 0 {
-		anchor = &ledger.Anchor{Sequence: uint64(l.Records - 1), RecordSHA256: l.HeadSHA256}
+		anchor = &hotswap.Anchor{Sequence: uint64(l.Records - 1), RecordSHA256: l.HeadSHA256}
 	}
 	if err := r.Coordinator.Prepare(s.key, anchor); err != nil {
 		r.Recorder.Eventf(s.act, nil, corev1.EventTypeWarning, iteronv1.ReasonLedgerCorrupt, "Replay", "the ledger is unusable: %v", err)
@@ -120,7 +125,7 @@ func (r *ActivationReconciler) reconcileGenerations(ctx context.Context, s *acti
 		}
 		if d.create != nil {
 			if err := r.Client.Create(ctx, d.create); err != nil && !apierrors.IsAlreadyExists(err) {
-				return fmt.Errorf("create Generation %s: %w", d.create.Name, err)
+				return apiRefusal("create Generation "+d.create.Name, err)
 			}
 			gens = append(gens, *d.create)
 			r.Recorder.Eventf(s.act, d.create, corev1.EventTypeNormal, "GenerationCreated", "Plan", "module %s: generation %d attempt %d (%s)", d.rm.Module, d.target.Lineage, d.target.Attempt, d.rm.Plan.ImplementationID())
@@ -359,6 +364,7 @@ func (r *ActivationReconciler) reconcileHistory(ctx context.Context, s *activati
 	if err != nil {
 		return err
 	}
+	s.gens = gens
 	keep := map[string]bool{}
 	for _, t := range s.targets {
 		keep[t.GenerationName] = true
@@ -391,7 +397,7 @@ func (r *ActivationReconciler) reconcileHistory(ctx context.Context, s *activati
 		})
 		for _, g := range old[min(limit, len(old)):] {
 			if err := r.Client.Delete(ctx, &g); client.IgnoreNotFound(err) != nil {
-				return fmt.Errorf("delete Generation %s beyond the history limit: %w", g.Name, err)
+				return apiRefusal("delete Generation "+g.Name+" beyond the history limit", err)
 			}
 			r.Recorder.Eventf(s.act, &g, corev1.EventTypeNormal, "GenerationPruned", "Prune", "module %s: %s (%s) is beyond generationHistoryLimit %d", module, g.Name, g.Status.Phase, limit)
 		}
@@ -406,7 +412,7 @@ func (r *ActivationReconciler) reconcileApply(ctx context.Context, s *activation
 	}
 	spec := s.act.Spec
 	d := hotswap.Desired{
-		Key: s.key, SpecGeneration: s.act.Generation, CandidateSHA256: spec.CandidateSHA256,
+		Key: s.key, SpecGeneration: s.act.Generation, Retry: s.act.Annotations[iteronv1.AnnotationRetry], CandidateSHA256: spec.CandidateSHA256,
 		Swap: hotswap.SwapPolicy{
 			Deadline:       time.Duration(max(spec.Swap.DeadlineSeconds, 1)) * time.Second,
 			QuiesceTimeout: time.Duration(ptr.Deref(spec.Swap.QuiesceTimeoutSeconds, 10)) * time.Second,
@@ -436,16 +442,17 @@ func (r *ActivationReconciler) reconcileApply(ctx context.Context, s *activation
 	// "unchanged".
 	s.plan = planStatus(s)
 	if err := r.Coordinator.Apply(d); err != nil {
-		return err
+		return &phaseError{reason: "CoordinatorError", err: fmt.Errorf("hand the plan to the node's coordinator: %w", err)}
 	}
 	s.status, s.haveStatus = r.Coordinator.Status(s.key.UID)
 	return nil
 }
 
-// summarize writes status from the resolution and the coordinator.
-func (r *ActivationReconciler) summarize(s *activationScope) {
+// summarize writes status from the resolution, the coordinator and the
+// error the reconcile ends with (so a failed phase shows in the conditions,
+// not only in the log).
+func (r *ActivationReconciler) summarize(s *activationScope, reconcileErr error) {
 	act, st := s.act, s.status
-	act.Status.ObservedGeneration = act.Generation
 	act.Status.ModuleCount = int32(len(act.Spec.Sources))
 	if s.retryHandled != "" {
 		act.Status.LastHandledRetryAt = s.retryHandled
@@ -458,25 +465,71 @@ func (r *ActivationReconciler) summarize(s *activationScope) {
 		// The plan is the RuntimePlan of the spec when it was first acted
 		// on; it stays until the spec changes (transactions finishing do
 		// not turn it into "unchanged").
-		if s.plan != nil && (act.Status.Plan == nil || s.base.Status.ObservedGeneration != act.Generation) {
+		if s.plan != nil && (act.Status.Plan == nil || act.Status.Plan.SpecGeneration != act.Generation) {
 			act.Status.Plan = s.plan
 		}
 	}
 	r.recordTransitions(s)
-	active := int32(0)
-	for _, ms := range act.Status.Modules {
-		if ms.Phase == iteronv1.PhaseActive {
-			active++
-		}
-	}
-	act.Status.ActiveCount = active
-	for _, c := range conditionsFor(s) {
+	s.lagging = generationsLag(s)
+	sum := summarizeActivation(s, reconcileErr)
+	act.Status.ActiveCount = int32(sum.active)
+	for _, c := range conditionsFor(sum) {
 		c.ObservedGeneration = act.Generation
 		meta.SetStatusCondition(&act.Status.Conditions, c)
 	}
-	if s.haveStatus && (st.Busy || st.AppliedSpecGeneration < act.Generation && !act.Spec.Paused) {
-		s.requeueAfter = 10 * time.Second
+	if sum.restingState() {
+		act.Status.ObservedGeneration = act.Generation
 	}
+	switch {
+	case s.haveStatus && (st.Busy || st.AppliedSpecGeneration < act.Generation && !act.Spec.Paused):
+		s.requeueAfter = 10 * time.Second
+	case s.lagging != "":
+		// The Generation controller's status write requeues this one too;
+		// look again soon in case that event is missed.
+		s.requeueAfter = 2 * time.Second
+	}
+}
+
+// generationsLag explains the first Generation whose status does not show
+// what the coordinator did: the active generation of a module Active at a
+// final step, every generation the coordinator retired or failed in that
+// phase. Ready waits for them, so that what a reader of the Generations sees
+// agrees with Ready.
+func generationsLag(s *activationScope) string {
+	if !s.haveStatus {
+		return ""
+	}
+	active := map[string]bool{}
+	for _, ms := range s.status.Modules {
+		if ms.Active != "" {
+			active[ms.Active] = true
+		}
+	}
+	for _, g := range s.gens {
+		gs, known := s.status.Generations[g.Name]
+		if !known {
+			continue
+		}
+		st := g.Status
+		switch {
+		case active[g.Name] && gs.Phase == iteronv1.PhaseActive:
+			if st.Phase != iteronv1.PhaseActive || (st.Step != iteronv1.StepCommitted && st.Step != iteronv1.StepRolledBack) {
+				return fmt.Sprintf("Generation %s does not show Active at a final step yet (it shows %s %s)", g.Name, orNone(string(st.Phase)), orNone(string(st.Step)))
+			}
+		case gs.Phase == iteronv1.PhaseInactive || gs.Phase == iteronv1.PhaseFailed:
+			if st.Phase != gs.Phase {
+				return fmt.Sprintf("Generation %s does not show %s yet (it shows %s %s)", g.Name, gs.Phase, orNone(string(st.Phase)), orNone(string(st.Step)))
+			}
+		}
+	}
+	return ""
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "nothing"
+	}
+	return s
 }
 
 // recordTransitions emits an event for each module whose active generation
@@ -508,12 +561,15 @@ func ledgerStatus(st hotswap.ActivationStatus) *iteronv1.LedgerStatus {
 	return ls
 }
 
-// moduleStatuses lists every source's module in ModuleId order.
+// moduleStatuses lists every source's module in ModuleId order. Its reason
+// is the most severe current one: what keeps a module from serving comes
+// before why its new target failed (when an old generation still serves).
 func moduleStatuses(s *activationScope) []iteronv1.ModuleStatus {
 	var out []iteronv1.ModuleStatus
 	for _, rm := range s.res.Modules {
 		ms := iteronv1.ModuleStatus{Module: rm.Module, Phase: iteronv1.PhaseInactive, Epoch: rm.Epoch}
-		if rt, ok := s.status.Modules[rm.Module]; ok {
+		rt, known := s.status.Modules[rm.Module]
+		if known {
 			if rt.Active != "" {
 				ms.ImplementationID, ms.Generation, ms.GenerationName, ms.Epoch = rt.ImplementationID, rt.Lineage, rt.Active, rt.Epoch
 				ms.Phase = rt.Phase
@@ -523,7 +579,12 @@ func moduleStatuses(s *activationScope) []iteronv1.ModuleStatus {
 			}
 			ms.Reason, ms.Message = rt.Reason, rt.Message
 		}
+		notServing := known && rt.Active != "" && !rt.Serving && rt.Reason != ""
 		switch {
+		case s.status.LedgerError != "" && (!known || !rt.Serving):
+			ms.Reason, ms.Message = reasons.LedgerCorrupt, "nothing runs until an operator resolves the ledger: "+s.status.LedgerError
+		case notServing:
+			// What keeps the module from serving stays first.
 		case rm.Code != "":
 			ms.Reason, ms.Message = rm.Code, rm.Message
 		case s.stalled[rm.Module].Code != "":
@@ -555,7 +616,7 @@ func failureFor(st hotswap.ActivationStatus, module string) *hotswap.Failure {
 
 // planStatus is the RuntimePlan of this spec against what runs.
 func planStatus(s *activationScope) *iteronv1.PlanStatus {
-	p := &iteronv1.PlanStatus{ActivateOrder: s.res.ActivateOrder, DrainOrder: s.res.DrainOrder}
+	p := &iteronv1.PlanStatus{SpecGeneration: s.act.Generation, ActivateOrder: s.res.ActivateOrder, DrainOrder: s.res.DrainOrder}
 	desired := map[string]bool{}
 	for _, rm := range s.res.Modules {
 		desired[rm.Module] = true

@@ -161,7 +161,8 @@ func mirrorGeneration(gen *iteronv1.Generation, gs hotswap.GenerationStatus) {
 	s.Reason, s.Message = gs.Reason, truncate(gs.Message, iteronv1.MaxMessageBytes)
 	s.StderrTail = tailBytes(gs.StderrTail, 2048)
 	s.StderrDroppedBytes = gs.StderrDropped
-	s.Receipts = &iteronv1.ReceiptSummary{Total: gs.Receipts.Total, Irreversible: gs.Receipts.Irreversible, Truncated: gs.Receipts.Truncated}
+	s.Receipts = &iteronv1.ReceiptSummary{Total: gs.Receipts.Total, Irreversible: gs.Receipts.Irreversible, Truncated: gs.Receipts.Truncated,
+		IncompleteReason: truncate(gs.Receipts.IncompleteReason, 256)}
 	if gs.TransactionID != "" {
 		s.Ledger = &iteronv1.LedgerPosition{TransactionID: gs.TransactionID, LastSequence: int64(gs.LastSequence), LastRecordSHA256: gs.LastRecordSHA256}
 	}

@@ -154,10 +154,16 @@ type ReceiptSummary struct {
 	// irreversible receipts: effects never reported as rolled back.
 	// +optional
 	Irreversible int32 `json:"irreversible,omitempty"`
-	// truncated is true when receipts were evicted and recovery evidence is
-	// incomplete.
+	// truncated is true when receipts are missing — evicted, or lost with a
+	// manager restart — so the recovery evidence is incomplete and no clean
+	// rollback may be claimed.
 	// +optional
 	Truncated bool `json:"truncated,omitempty"`
+	// incompleteReason says why the evidence is incomplete (for example the
+	// manager restart that lost the receipts recorded before it).
+	// +optional
+	// +kubebuilder:validation:MaxLength=256
+	IncompleteReason string `json:"incompleteReason,omitempty"`
 }
 
 // LedgerPosition is where a generation's last transaction is in the ledger.

@@ -248,6 +248,10 @@ type ModuleStatus struct {
 
 // PlanStatus is the RuntimePlan of the last spec acted on.
 type PlanStatus struct {
+	// specGeneration is the metadata.generation of the spec this plan was
+	// computed for: the plan stays until the spec changes.
+	// +optional
+	SpecGeneration int64 `json:"specGeneration,omitempty"`
 	// added modules have no previous generation.
 	// +optional
 	// +listType=atomic

@@ -4,38 +4,23 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
 	"syscall"
-	"time"
 
-	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/runtime"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
-	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
-	"sigs.k8s.io/controller-runtime/pkg/metrics"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
-	iteronv1 "iteron.dev/operator/api/v1alpha1"
-	"iteron.dev/operator/controllers"
-	"iteron.dev/operator/internal/activation"
-	"iteron.dev/operator/internal/gateway"
+	"iteron.dev/operator/cmd/manager/app"
 	"iteron.dev/operator/internal/hotswap"
-	"iteron.dev/operator/internal/procexec"
 )
 
 // Exit codes.
@@ -73,65 +58,24 @@ func run(args []string, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "manager: kubeconfig:", err)
 		return exitFailure
 	}
-	exec, err := procexec.NewExecutor(procexec.Config{
-		ProviderUID: opts.providerUID, ProviderGID: opts.providerGID,
-		Interpreters: opts.interpreters, RecordDir: filepath.Join(opts.stateDir, "procs"),
-	})
-	if err != nil {
-		fmt.Fprintln(stderr, "manager: process executor:", err)
-		return exitFailure
-	}
-	// Provider groups an earlier manager left behind (it died without
-	// stopping them) are killed before anything starts.
-	sweep, err := exec.Sweep()
-	if err != nil {
-		fmt.Fprintln(stderr, "manager: sweep leftover providers:", err)
-		return exitFailure
-	}
-	if len(sweep.Killed) > 0 || sweep.Stale > 0 {
-		log.Info("swept provider groups left by an earlier manager", "killed", len(sweep.Killed), "stale", sweep.Stale)
-	}
-	verifier, err := activation.NewVerifier(activation.Config{AllowedRoots: opts.allowedRoots, Ceiling: opts.capabilityCeiling})
-	if err != nil {
-		fmt.Fprintln(stderr, "manager: verifier:", err)
-		return exitFailure
-	}
-	notifier := controllers.NewNotifier()
-	coord, err := hotswap.New(hotswap.Config{
-		StateDir: opts.stateDir, Launch: hotswap.NewExecutorLauncher(exec),
-		Notify: notifier.Notify, Log: ctrl.Log.WithName("coordinator"),
+	m, err := app.New(cfg, app.Options{
+		NodeName: opts.nodeName, StateDir: opts.stateDir, AllowedRoots: opts.allowedRoots, Interpreters: opts.interpreters,
+		ProviderUID: opts.providerUID, ProviderGID: opts.providerGID, CapabilityCeiling: opts.capabilityCeiling,
+		MetricsBindAddress: opts.metricsBindAddress, HealthProbeBindAddress: opts.healthProbeBindAddress,
+		Gateway:    &app.GatewayOptions{Socket: opts.gatewaySocket, Group: opts.gatewayGroup, Allow: opts.gatewayAllow},
 		AfterPhase: faultInjection(os.Getenv(faultKillAfterEnv)),
+		Log:        ctrl.Log,
 	})
-	if err != nil {
-		fmt.Fprintln(stderr, "manager: coordinator:", err)
-		return exitFailure
-	}
-	// The gateway listens once the manager starts it, with the state-dir
-	// lock held (a stale socket may only be replaced then).
-	gw, err := gateway.New(gateway.Config{
-		NodeName: opts.nodeName, Coordinator: coord, Allow: opts.gatewayAllow,
-		Socket: opts.gatewaySocket, SocketGroup: opts.gatewayGroup, Log: ctrl.Log.WithName("gateway"),
-	})
-	if err != nil {
-		fmt.Fprintln(stderr, "manager: gateway:", err)
-		return exitFailure
-	}
-	mgr, err := newManager(cfg, opts, wiring{verifier: verifier, coordinator: coord, notifier: notifier, gateway: gw})
 	if err != nil {
 		fmt.Fprintln(stderr, "manager:", err)
 		return exitFailure
 	}
-	log.Info("starting", "node", opts.nodeName, "stateDir", opts.stateDir, "allowedRoots", opts.allowedRoots, "capabilityCeiling", opts.capabilityCeiling)
-	runErr := mgr.Start(ctrl.SetupSignalHandler())
-	// Stop every provider before exiting (the termination grace period
-	// bounds this; see config/manager).
-	shutdownCtx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
-	defer cancel()
-	if err := coord.Shutdown(shutdownCtx); err != nil {
-		log.Error(err, "stopping providers")
+	if len(m.Swept.Killed) > 0 || m.Swept.Stale > 0 {
+		log.Info("swept provider groups left by an earlier manager", "killed", len(m.Swept.Killed), "stale", m.Swept.Stale)
 	}
-	if runErr != nil {
-		fmt.Fprintln(stderr, "manager:", runErr)
+	log.Info("starting", "node", opts.nodeName, "stateDir", opts.stateDir, "allowedRoots", opts.allowedRoots, "capabilityCeiling", opts.capabilityCeiling)
+	if err := m.Run(ctrl.SetupSignalHandler()); err != nil {
+		fmt.Fprintln(stderr, "manager:", err)
 		return exitFailure
 	}
 	return exitOK
@@ -173,20 +117,6 @@ func faultInjection(spec string) func(hotswap.ActivationKey, string, string) {
 	}
 }
 
-// shutdownTimeout bounds stopping every provider after SIGTERM; it stays
-// under the DaemonSet's terminationGracePeriodSeconds (60).
-const shutdownTimeout = 45 * time.Second
-
-// wiring is what the controllers are built from.
-type wiring struct {
-	verifier    *activation.Verifier
-	coordinator *hotswap.Coordinator
-	notifier    *controllers.Notifier
-	// gateway, when set, is run as a Runnable (stopped before the
-	// coordinator shuts down).
-	gateway *gateway.Server
-}
-
 func restConfig(kubeconfig string) (*rest.Config, error) {
 	if kubeconfig != "" {
 		return clientcmd.BuildConfigFromFlags("", kubeconfig)
@@ -194,78 +124,3 @@ func restConfig(kubeconfig string) (*rest.Config, error) {
 	return ctrl.GetConfig()
 }
 
-// newScheme knows the built-in types and this repository's API.
-func newScheme() (*runtime.Scheme, error) {
-	scheme := runtime.NewScheme()
-	if err := clientgoscheme.AddToScheme(scheme); err != nil {
-		return nil, err
-	}
-	if err := iteronv1.AddToScheme(scheme); err != nil {
-		return nil, err
-	}
-	return scheme, nil
-}
-
-// newManager builds the controller-runtime manager with its cache scoped to
-// this node: both kinds are watched through the spec.nodeName selectable
-// field, so a manager never sees another node's objects. There is no leader
-// election across nodes; the state-dir flock fences managers on one node.
-func newManager(cfg *rest.Config, opts *options, w wiring) (ctrl.Manager, error) {
-	scheme, err := newScheme()
-	if err != nil {
-		return nil, err
-	}
-	onThisNode := cache.ByObject{Field: fields.OneTermEqualSelector("spec.nodeName", opts.nodeName)}
-	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
-		Scheme:                 scheme,
-		Metrics:                metricsserver.Options{BindAddress: opts.metricsBindAddress},
-		HealthProbeBindAddress: opts.healthProbeBindAddress,
-		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
-			&iteronv1.ImplementationActivation{}: onThisNode,
-			&iteronv1.Generation{}:               onThisNode,
-		}},
-	})
-	if err != nil {
-		return nil, fmt.Errorf("create manager: %w", err)
-	}
-	if err := mgr.Add(w.notifier); err != nil {
-		return nil, err
-	}
-	for _, c := range append(hotswap.Collectors(), gateway.Collectors()...) {
-		if err := metrics.Registry.Register(c); err != nil {
-			return nil, fmt.Errorf("register metrics: %w", err)
-		}
-	}
-	stateDir := opts.stateDir
-	if err := mgr.Add(&controllers.LedgerJanitor{Client: mgr.GetClient(), Cache: mgr.GetCache(), StateDir: stateDir, Log: ctrl.Log.WithName("ledger-janitor")}); err != nil {
-		return nil, err
-	}
-	activations := &controllers.ActivationReconciler{
-		Client: mgr.GetClient(), NodeName: opts.nodeName, Coordinator: w.coordinator,
-		Resolve:       controllers.NewResolver(w.verifier),
-		Recorder:      mgr.GetEventRecorder("iteron-manager"),
-		Notifications: w.notifier.Activations(),
-		Cleanup: func(_ context.Context, uid string) error {
-			return hotswap.RemoveActivationState(stateDir, uid, time.Now())
-		},
-	}
-	if err := activations.SetupWithManager(mgr); err != nil {
-		return nil, fmt.Errorf("set up the activation controller: %w", err)
-	}
-	generations := &controllers.GenerationReconciler{Client: mgr.GetClient(), Coordinator: w.coordinator, Notifications: w.notifier.Generations()}
-	if err := generations.SetupWithManager(mgr); err != nil {
-		return nil, fmt.Errorf("set up the generation controller: %w", err)
-	}
-	if w.gateway != nil {
-		if err := mgr.Add(w.gateway); err != nil {
-			return nil, fmt.Errorf("add the gateway: %w", err)
-		}
-	}
-	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
-		return nil, err
-	}
-	if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
-		return nil, err
-	}
-	return mgr, nil
-}

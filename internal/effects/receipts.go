@@ -82,14 +82,20 @@ type ReceiptSummary struct {
 	Total int
 	// Irreversible receipts kept.
 	Irreversible int
-	// Truncated is true when receipts of this generation were evicted: the
-	// recovery evidence is incomplete and no clean rollback may be claimed.
+	// Truncated is true when receipts of this generation were evicted or
+	// lost: the recovery evidence is incomplete and no clean rollback may be
+	// claimed.
 	Truncated bool
+	// IncompleteReason says why the evidence is incomplete ("" when it is
+	// complete, or when it was only evicted).
+	IncompleteReason string
 }
 
 type generationReceipts struct {
 	receipts  []Receipt
 	truncated bool
+	// incomplete says why receipts were lost, when they were.
+	incomplete string
 }
 
 // ReceiptStore keeps receipts for at most MaxReceiptGenerations generations
@@ -206,7 +212,7 @@ func (s *ReceiptStore) Summary(generation string) ReceiptSummary {
 	if !ok {
 		return ReceiptSummary{Truncated: s.evicted[generation]}
 	}
-	sum := ReceiptSummary{Total: len(g.receipts), Truncated: g.truncated}
+	sum := ReceiptSummary{Total: len(g.receipts), Truncated: g.truncated, IncompleteReason: g.incomplete}
 	for _, r := range g.receipts {
 		if r.Class == Irreversible {
 			sum.Irreversible++
@@ -215,14 +221,23 @@ func (s *ReceiptStore) Summary(generation string) ReceiptSummary {
 	return sum
 }
 
-// MarkIncomplete records that a generation's evidence is incomplete (for
-// example after a manager restart lost the in-memory receipts).
-func (s *ReceiptStore) MarkIncomplete(generation string) {
+// MarkIncomplete records that a generation's evidence is incomplete and
+// why (for example after a manager restart lost the in-memory receipts):
+// its summary then says so, however many receipts follow.
+func (s *ReceiptStore) MarkIncomplete(generation, why string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if g, ok := s.gens[generation]; ok {
-		g.truncated = true
-		return
+	g, ok := s.gens[generation]
+	if !ok {
+		if len(s.order) == MaxReceiptGenerations {
+			oldest := s.order[0]
+			s.order = s.order[1:]
+			delete(s.gens, oldest)
+			s.rememberEvicted(oldest)
+		}
+		g = &generationReceipts{}
+		s.gens[generation] = g
+		s.order = append(s.order, generation)
 	}
-	s.rememberEvicted(generation)
+	g.truncated, g.incomplete = true, why
 }

@@ -222,8 +222,15 @@ func TestRetentionIsBoundedAndEvictionMarksEvidenceIncomplete(t *testing.T) {
 	if sum := store.Summary("g1"); sum.Truncated || sum.Total != 1 {
 		t.Fatalf("kept generation summary %+v", sum)
 	}
-	store.MarkIncomplete("g1")
-	if !store.Summary("g1").Truncated {
-		t.Fatal("MarkIncomplete did not mark g1")
+	store.MarkIncomplete("g1", "the manager restarted")
+	if sum := store.Summary("g1"); !sum.Truncated || sum.IncompleteReason != "the manager restarted" || sum.Total != 1 {
+		t.Fatalf("MarkIncomplete: summary %+v, want truncated with the reason and the receipt kept", sum)
+	}
+	store.MarkIncomplete("g-new", "the manager restarted")
+	if err := store.Record(Receipt{ID: "r", Generation: "g-new", Class: Cancelable}); err != nil {
+		t.Fatal(err)
+	}
+	if sum := store.Summary("g-new"); !sum.Truncated || sum.Total != 1 || sum.IncompleteReason == "" {
+		t.Fatalf("a receipt recorded after MarkIncomplete must not make the evidence look complete: %+v", sum)
 	}
 }

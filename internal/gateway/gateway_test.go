@@ -646,8 +646,8 @@ func TestStaleOutputIsDroppedAndTheCallFails(t *testing.T) {
 
 type emptyCoordinator struct{}
 
-func (emptyCoordinator) Dispatcher(string, string, string) (*hotswap.Dispatcher, bool) {
-	return nil, false
+func (emptyCoordinator) Lookup(namespace, name, _ string) (*hotswap.Dispatcher, error) {
+	return nil, &hotswap.CallError{Code: reasons.NotFound, Message: "no activation " + namespace + "/" + name + " on this node"}
 }
 func (emptyCoordinator) Activations() []hotswap.ActivationKey { return nil }
 func (emptyCoordinator) Status(string) (hotswap.ActivationStatus, bool) {

@@ -49,8 +49,9 @@ const maxRequestBytes = protocol.MaxPayloadBytes + 64<<10
 // Coordinator is what the gateway reads of the node-local coordinator;
 // *hotswap.Coordinator is one.
 type Coordinator interface {
-	// Dispatcher returns a module's dispatcher.
-	Dispatcher(namespace, name, module string) (*hotswap.Dispatcher, bool)
+	// Lookup returns a module's dispatcher, or a *hotswap.CallError saying
+	// why there is none (recovering, ledger_corrupt, not_found).
+	Lookup(namespace, name, module string) (*hotswap.Dispatcher, error)
 	// Activations lists the activations the coordinator knows.
 	Activations() []hotswap.ActivationKey
 	// Status snapshots one activation.
@@ -432,9 +433,14 @@ func (s *Server) begin(ctx context.Context, req callRequest, streaming bool) (*i
 		return s.repeat(known, fp, id, req.namespace)
 	}
 
-	d, ok := s.cfg.Coordinator.Dispatcher(req.namespace, req.activation, req.module)
-	if !ok {
-		return nil, false, fail(reasons.NotFound, fmt.Sprintf("no module %s in activation %s/%s on this node", req.module, req.namespace, req.activation))
+	d, err := s.cfg.Coordinator.Lookup(req.namespace, req.activation, req.module)
+	if err != nil {
+		reason, message := reasons.NotFound, err.Error()
+		var ce *hotswap.CallError
+		if errors.As(err, &ce) {
+			reason, message = ce.Code, ce.Message
+		}
+		return nil, false, fail(reason, message)
 	}
 	inv := newInvocation()
 	inv.namespace, inv.activation, inv.module, inv.dispatcher, inv.streaming = req.namespace, req.activation, req.module, d, streaming

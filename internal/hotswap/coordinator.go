@@ -12,6 +12,7 @@ import (
 	"iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/effects"
 	"iteron.dev/operator/internal/ledger"
+	"iteron.dev/operator/internal/reasons"
 )
 
 // Config configures a Coordinator.
@@ -90,6 +91,9 @@ type Desired struct {
 	Key ActivationKey
 	// SpecGeneration is the metadata.generation this was derived from.
 	SpecGeneration int64
+	// Retry is the iteron.dev/retry request acted on: a new value (like a
+	// new spec) tries again what was refused.
+	Retry string
 	// CandidateSHA256 is spec.candidateSHA256.
 	CandidateSHA256 string
 	// Swap is spec.swap.
@@ -111,9 +115,33 @@ type Coordinator struct {
 	snapshots *SnapshotStore
 	receipts  *effects.ReceiptStore
 
+	// started is when the coordinator (the manager) started.
+	started time.Time
+
 	mu          sync.Mutex
 	activations map[string]*activationRuntime
 	closed      bool
+	// recovering is true after a start until every activation of the node
+	// has been prepared (its ledger replayed): until then a call for an
+	// activation or module the coordinator does not know yet is told to
+	// retry, never that it does not exist.
+	recovering bool
+	// expected are the activations still to be prepared while recovering
+	// (nil: not known yet).
+	expected map[string]bool
+}
+
+// recoveryLimit bounds how long the coordinator waits for the activations
+// it expects before it stops saying it is recovering.
+const recoveryLimit = 2 * time.Minute
+
+// Anchor is a ledger position an activation's status recorded (its head):
+// it must be in the chain when the ledger is replayed.
+type Anchor struct {
+	// Sequence of the record.
+	Sequence uint64
+	// RecordSHA256 of the record.
+	RecordSHA256 string
 }
 
 // ErrClosed is returned after Shutdown.
@@ -135,7 +163,7 @@ func New(cfg Config) (*Coordinator, error) {
 	}
 	return &Coordinator{
 		cfg: cfg, snapshots: NewSnapshotStore(cfg.StateDir), receipts: effects.NewReceiptStore(),
-		activations: map[string]*activationRuntime{},
+		activations: map[string]*activationRuntime{}, started: cfg.Now(), recovering: true,
 	}, nil
 }
 
@@ -158,12 +186,65 @@ func (c *Coordinator) Apply(d Desired) error {
 // each module's last committed generation, so that Status reflects the
 // ledger before the controller decides anything. anchor, when set, is the
 // ledger head the activation's status recorded: it must be in the chain.
-func (c *Coordinator) Prepare(key ActivationKey, anchor *ledger.Anchor) error {
+func (c *Coordinator) Prepare(key ActivationKey, anchor *Anchor) error {
 	a, err := c.runtime(key, true)
 	if err != nil {
 		return err
 	}
-	return a.openLedgerAnchored(anchor)
+	var la *ledger.Anchor
+	if anchor != nil {
+		la = &ledger.Anchor{Sequence: anchor.Sequence, RecordSHA256: anchor.RecordSHA256}
+	}
+	err = a.openLedgerAnchored(la)
+	c.prepared(key.UID)
+	return err
+}
+
+// ExpectActivations tells a starting coordinator which activations of its
+// node exist (their UIDs): it reports Recovering until each has been
+// prepared (or removed), or recoveryLimit has passed.
+func (c *Coordinator) ExpectActivations(uids []string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.recovering {
+		return
+	}
+	c.expected = map[string]bool{}
+	for _, uid := range uids {
+		if _, ok := c.activations[uid]; !ok {
+			c.expected[uid] = true
+		}
+	}
+	c.doneRecoveringIfAllPrepared()
+}
+
+func (c *Coordinator) prepared(uid string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.expected != nil {
+		delete(c.expected, uid)
+		c.doneRecoveringIfAllPrepared()
+	}
+}
+
+// doneRecoveringIfAllPrepared ends recovery. Caller holds c.mu.
+func (c *Coordinator) doneRecoveringIfAllPrepared() {
+	if c.recovering && c.expected != nil && len(c.expected) == 0 {
+		c.recovering = false
+		c.cfg.Log.Info("every activation of this node is prepared", "after", c.cfg.Now().Sub(c.started).Round(time.Millisecond))
+	}
+}
+
+// Recovering reports whether the coordinator is still learning this node's
+// activations after a start.
+func (c *Coordinator) Recovering() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.recovering && c.cfg.Now().Sub(c.started) > recoveryLimit {
+		c.recovering = false
+		c.cfg.Log.Info("stopped waiting for the activations expected at start", "missing", len(c.expected))
+	}
+	return c.recovering
 }
 
 // Remove retires every module of the activation in drain order and reaps
@@ -183,25 +264,72 @@ func (c *Coordinator) Remove(key ActivationKey) (removed bool, err error) {
 	return false, nil
 }
 
-// Forget drops a removed activation's runtime state (after its finalizer
-// is gone). It refuses while the activation still has modules.
+// Forget drops a removed activation's runtime state and its files: the
+// ledger is archived (never deleted) and its snapshots removed. It refuses
+// while the activation still has modules. An activation the coordinator
+// does not know (removed before a restart) only has its files dealt with.
 func (c *Coordinator) Forget(uid string) error {
 	c.mu.Lock()
 	a, ok := c.activations[uid]
 	c.mu.Unlock()
-	if !ok {
-		return nil
+	if ok {
+		st := a.status()
+		if !st.Removed {
+			return fmt.Errorf("activation %s/%s is not retired yet", st.Key.Namespace, st.Key.Name)
+		}
+		if err := a.shutdown(context.Background()); err != nil {
+			c.cfg.Log.Info("shutting down a retired activation", "uid", uid, "error", err.Error())
+		}
+		a.forgetMetrics()
+		c.mu.Lock()
+		delete(c.activations, uid)
+		delete(c.expected, uid)
+		c.mu.Unlock()
 	}
-	st := a.status()
-	if !st.Removed {
-		return fmt.Errorf("activation %s/%s is not retired yet", st.Key.Namespace, st.Key.Name)
+	return c.removeState(uid)
+}
+
+// removeState archives an activation's ledger and removes its snapshots.
+func (c *Coordinator) removeState(uid string) error {
+	return RemoveActivationState(c.cfg.StateDir, uid, c.cfg.Now())
+}
+
+// RemoveOrphans archives the ledgers (and removes the snapshots) of
+// activations that no longer exist — deleted while no manager ran: live
+// holds the UIDs of every activation of this node. The coordinator does it,
+// the same way as a finalizer, so nothing else changes the state dir. It
+// returns the UIDs it archived.
+func (c *Coordinator) RemoveOrphans(live map[string]bool) ([]string, error) {
+	uids, err := ledger.ActivationUIDs(c.cfg.StateDir)
+	if err != nil {
+		return nil, err
 	}
-	a.shutdown(context.Background())
-	a.forgetMetrics()
-	c.mu.Lock()
-	delete(c.activations, uid)
-	c.mu.Unlock()
-	return nil
+	snapUIDs, err := c.snapshots.ActivationUIDs()
+	if err != nil {
+		return nil, err
+	}
+	uids = append(uids, snapUIDs...)
+	var removed []string
+	var errs []error
+	seen := map[string]bool{}
+	for _, uid := range uids {
+		if seen[uid] || live[uid] {
+			continue
+		}
+		seen[uid] = true
+		c.mu.Lock()
+		_, running := c.activations[uid]
+		c.mu.Unlock()
+		if running {
+			continue
+		}
+		if err := c.removeState(uid); err != nil {
+			errs = append(errs, fmt.Errorf("activation %s: %w", uid, err))
+			continue
+		}
+		removed = append(removed, uid)
+	}
+	return removed, errors.Join(errs...)
 }
 
 // Status returns a snapshot of one activation, and false when the
@@ -231,6 +359,41 @@ func (c *Coordinator) Dispatcher(namespace, name, module string) (*Dispatcher, b
 		return nil, false
 	}
 	return found.dispatcher(module)
+}
+
+// Lookup returns the dispatcher of a module of an activation (by namespace
+// and name), or a *CallError saying why there is none: recovering (the
+// manager is still replaying this node's activations: retry), ledger_corrupt,
+// or not_found.
+func (c *Coordinator) Lookup(namespace, name, module string) (*Dispatcher, error) {
+	recovering := c.Recovering()
+	c.mu.Lock()
+	var found *activationRuntime
+	for _, a := range c.activations {
+		if a.key.Namespace == namespace && a.key.Name == name {
+			found = a
+		}
+	}
+	c.mu.Unlock()
+	if found == nil {
+		if recovering {
+			return nil, &CallError{Code: reasons.Recovering, Message: fmt.Sprintf("the manager restarted and is still recovering this node's activations; activation %s/%s is not known yet: retry", namespace, name)}
+		}
+		return nil, &CallError{Code: reasons.NotFound, Message: fmt.Sprintf("no activation %s/%s on this node", namespace, name)}
+	}
+	if d, ok := found.dispatcher(module); ok {
+		return d, nil
+	}
+	found.mu.Lock()
+	ledgerErr, applied := found.ledgerErr, found.desired != nil
+	found.mu.Unlock()
+	switch {
+	case ledgerErr != nil:
+		return nil, &CallError{Code: reasons.LedgerCorrupt, Message: fmt.Sprintf("activation %s/%s: the ledger is unusable and nothing runs until an operator resolves it: %v", namespace, name, ledgerErr)}
+	case recovering || !applied:
+		return nil, &CallError{Code: reasons.Recovering, Message: fmt.Sprintf("activation %s/%s is still being recovered; module %s is not known yet: retry", namespace, name, module)}
+	}
+	return nil, &CallError{Code: reasons.NotFound, Message: fmt.Sprintf("no module %s in activation %s/%s on this node", module, namespace, name)}
 }
 
 // Activations lists the keys of the activations the coordinator knows.

@@ -133,9 +133,13 @@ type Dispatcher struct {
 	inFlight *InFlight
 	idle     chan struct{} // closed when the slot empties; replaced when it fills
 	onNoFit  func()
-	kick     chan struct{}
-	stop     chan struct{}
-	stopped  chan struct{}
+	// unavailable, when set, fails calls at once: nothing serves the module
+	// and nothing is being prepared, so waiting out a deadline would only
+	// hide the reason.
+	unavailable *CallError
+	kick        chan struct{}
+	stop        chan struct{}
+	stopped     chan struct{}
 }
 
 // NewDispatcher returns a paused dispatcher with no route; Switch installs
@@ -189,6 +193,10 @@ func (d *Dispatcher) Invoke(ctx context.Context, call Call) (Result, error) {
 	case d.closed:
 		d.mu.Unlock()
 		return Result{}, &CallError{Code: reasons.ActivationFailed, Message: fmt.Sprintf("module %s is retired", d.module), Err: ErrDispatcherClosed}
+	case d.unavailable != nil:
+		err := *d.unavailable
+		d.mu.Unlock()
+		return Result{}, &err
 	case call.PinnedLineage != 0 && d.route != nil && d.route.Lineage != call.PinnedLineage:
 		cur := d.route.Lineage
 		d.mu.Unlock()
@@ -442,6 +450,41 @@ func (d *Dispatcher) Switch(route Route) (previous *Route, err error) {
 	}
 	d.route = &route
 	return previous, nil
+}
+
+// SetUnavailable makes calls fail at once with code and message, the queued
+// ones included: the module has no generation able to serve and none is
+// being prepared. SetAvailable (or a generation becoming active) ends it.
+func (d *Dispatcher) SetUnavailable(code, message string) {
+	d.mu.Lock()
+	d.unavailable = &CallError{Code: code, Message: message}
+	queue := d.queue
+	d.queue = nil
+	d.mu.Unlock()
+	for _, p := range queue {
+		err := CallError{Code: code, Message: message}
+		p.err = &err
+		close(p.done)
+	}
+}
+
+// SetAvailable lets calls wait in the queue again (a generation is being
+// prepared, or serves).
+func (d *Dispatcher) SetAvailable() {
+	d.mu.Lock()
+	d.unavailable = nil
+	d.mu.Unlock()
+}
+
+// Unavailable reports why calls fail at once, or nil when they wait or run.
+func (d *Dispatcher) Unavailable() *CallError {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.unavailable == nil {
+		return nil
+	}
+	err := *d.unavailable
+	return &err
 }
 
 // Resume starts dispatching again.

@@ -258,7 +258,7 @@ func TestARestartWithANarrowerCeilingRefusesTheRelaunch(t *testing.T) {
 	h2.applyWith(SwapPolicy{}, 0, narrowed)
 	st := h2.settle()
 	ms := st.Modules["prompt_system"]
-	if ms.Active != "" || ms.Reason != "authority_changed" {
-		t.Fatalf("relaunch with a changed authority: %+v; want refused with authority_changed", ms)
+	if ms.Serving || ms.Pid != 0 || ms.Phase != iteronv1.PhaseFailed || ms.Reason != "authority_changed" {
+		t.Fatalf("relaunch with a changed authority: %+v; want refused (Failed, nothing serving) with authority_changed", ms)
 	}
 }

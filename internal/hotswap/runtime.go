@@ -60,6 +60,10 @@ type generationRuntime struct {
 	procStartedAt time.Time
 	stderrTail    string
 	stderrDropped int64
+	// drainNote is the cleanup_failed note of the drain in progress.
+	drainNote string
+	// cleanupErr is what disposing the generation's effects failed with.
+	cleanupErr string
 }
 
 // moduleRuntime is one module's live state.
@@ -99,15 +103,22 @@ type activationRuntime struct {
 	key ActivationKey
 	log func(msg string, kv ...any)
 
-	mu        sync.Mutex
-	desired   *Desired
-	removing  bool
-	removed   bool
-	busy      bool
-	led       *ledger.Ledger
+	mu       sync.Mutex
+	desired  *Desired
+	removing bool
+	removed  bool
+	busy     bool
+	led      *ledger.Ledger
+	// opened is set once the ledger was opened and replayed: a later open
+	// (after an append failed) only closes the interrupted transaction.
+	opened bool
+	// ledgerErr is set when the ledger is corrupt: nothing is done until an
+	// operator resolves it.
 	ledgerErr error
-	modules   map[string]*moduleRuntime
-	failed    map[string]Failure // by generation name
+	// health is set while the ledger cannot be written.
+	health  ledgerHealth
+	modules map[string]*moduleRuntime
+	failed  map[string]Failure // by generation name
 	// rCounts seeds the /r<n> numbering of generations recovered from the
 	// ledger (a transaction ID is never reused).
 	rCounts map[string]uint64
@@ -143,13 +154,26 @@ func (a *activationRuntime) setDesired(d Desired) {
 		a.mu.Unlock()
 		return
 	}
-	if a.desired == nil || a.desired.SpecGeneration != d.SpecGeneration {
-		// A new spec may have resolved what refused a relaunch.
+	if a.desired == nil || a.desired.SpecGeneration != d.SpecGeneration || a.desired.Retry != d.Retry {
+		// A new spec, or a retry request, may have resolved what refused a
+		// relaunch: try it again.
 		for _, m := range a.modules {
-			m.dur.committedFailure = nil
+			if m.dur.refused != nil && m.active != nil && m.active.proc == nil {
+				m.dur.refused = nil
+				m.dur.relaunchAt = a.c.cfg.Now()
+				m.active.phase = iteronv1.PhasePreparing
+				m.dispatcher.SetAvailable()
+			}
 		}
 	}
 	d.Modules = slices.Clone(d.Modules)
+	for _, t := range d.Modules {
+		if !t.Keep {
+			// Calls for a module about to be activated wait for it instead
+			// of being told it does not exist.
+			a.module(t.Module)
+		}
+	}
 	a.desired = &d
 	if !a.removing {
 		a.busy = true
@@ -160,7 +184,7 @@ func (a *activationRuntime) setDesired(d Desired) {
 
 // sameDesired reports whether two desired states ask for the same thing.
 func sameDesired(x, y Desired) bool {
-	if x.SpecGeneration != y.SpecGeneration || x.CandidateSHA256 != y.CandidateSHA256 || x.Swap != y.Swap ||
+	if x.SpecGeneration != y.SpecGeneration || x.Retry != y.Retry || x.CandidateSHA256 != y.CandidateSHA256 || x.Swap != y.Swap ||
 		x.CheckpointInterval != y.CheckpointInterval || !slices.Equal(x.ActivateOrder, y.ActivateOrder) ||
 		!slices.Equal(x.DrainOrder, y.DrainOrder) || len(x.Modules) != len(y.Modules) {
 		return false
@@ -245,51 +269,6 @@ func (a *activationRuntime) run() {
 	}
 }
 
-// openLedger opens (creating) the activation's ledger once, closing an
-// interrupted transaction forward. A corrupt ledger stops all work.
-func (a *activationRuntime) openLedger() error {
-	return a.openLedgerAnchored(nil)
-}
-
-// openLedgerAnchored is openLedger with the head the activation's status
-// recorded, which must be in the chain.
-func (a *activationRuntime) openLedgerAnchored(anchor *ledger.Anchor) error {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.led != nil {
-		return nil
-	}
-	if a.ledgerErr != nil {
-		return a.ledgerErr
-	}
-	led, report, err := ledger.OpenActivation(a.c.cfg.StateDir, a.key.UID, ledger.Options{Create: true, Now: a.c.cfg.Now, ObserveSync: a.observeSync, Anchor: anchor})
-	if err != nil {
-		a.ledgerErr = err
-		return err
-	}
-	if report.TornTail != nil {
-		a.log("ledger had a torn tail; truncated", "file", report.TornTail.File, "bytes", report.TornTail.Bytes)
-	}
-	if report.State.Open != nil {
-		rec, err := led.Recover()
-		if err != nil {
-			_ = led.Close()
-			a.ledgerErr = err
-			return err
-		}
-		if rec != nil {
-			a.log("closed an interrupted transaction forward", "transaction", rec.TransactionID, "outcome", rec.Outcome)
-		}
-	}
-	if err := a.recoverFromLedger(led); err != nil {
-		_ = led.Close()
-		a.ledgerErr = err
-		return err
-	}
-	a.led = led
-	return nil
-}
-
 // step does the next unit of work and reports whether it did something
 // (there may be more), and when timed work is next due.
 func (a *activationRuntime) step() (bool, time.Time) {
@@ -298,13 +277,26 @@ func (a *activationRuntime) step() (bool, time.Time) {
 		removing := a.removing
 		a.mu.Unlock()
 		if removing {
-			// Deleting an activation whose ledger is unusable: nothing can
+			// Deleting an activation whose ledger is corrupt: nothing can
 			// be recorded, but every process is still reaped.
 			a.forceRetireAll()
 			return false, time.Time{}
 		}
 		a.log("ledger unusable; not acting on this activation", "error", err.Error())
 		return false, time.Time{}
+	}
+	if ok, probeAt := a.ledgerWritable(); !ok {
+		// Transactions need the ledger: they wait for it to be writable.
+		if a.c.cfg.Now().Before(probeAt) {
+			return false, probeAt
+		}
+		healed := a.probeLedger()
+		a.notify()
+		if !healed {
+			_, probeAt = a.ledgerWritable()
+			return false, probeAt
+		}
+		return true, time.Time{}
 	}
 	a.mu.Lock()
 	removing, desired := a.removing, a.desired
@@ -367,13 +359,7 @@ func (a *activationRuntime) step() (bool, time.Time) {
 			a.setWaiting(m, code, msg)
 			continue
 		}
-		a.mu.Lock()
-		committedFailure := m.dur.committedFailure
-		a.mu.Unlock()
 		switch {
-		case active == nil && committedFailure != nil:
-			a.setWaiting(m, committedFailure.Code, committedFailure.Message)
-			continue
 		case active == nil && committed != nil && committed.Name != t.GenerationName:
 			a.setWaiting(m, reasons.StaleGeneration, fmt.Sprintf("the ledger's last committed generation of %s is %s: it is relaunched before %s", module, committed.Name, t.GenerationName))
 			continue
@@ -382,48 +368,19 @@ func (a *activationRuntime) step() (bool, time.Time) {
 			continue
 		}
 		a.setWaiting(m, "", "")
-		ctx := context.Background()
 		switch {
 		case active == nil && committed != nil:
 			a.relaunchCommitted(desired, m, t, *committed)
 		case active == nil:
-			a.firstActivation(ctx, desired, t)
+			a.firstActivation(desired, t)
 		case desired.Swap.Cold || desired.Swap.Discard || active.target.Plan.ProtocolVersion() == 1 && t.Plan.ProtocolVersion() == 1:
-			a.coldReplace(ctx, desired, t, active)
+			a.swap(desired, t, active, ledger.KindColdReplace)
 		default:
-			a.hotSwap(ctx, desired, t, active)
+			a.swap(desired, t, active, ledger.KindHotSwap)
 		}
 		return true, time.Time{}
 	}
 	return a.durabilityWork(desired, false)
-}
-
-// relaunchCommitted starts the ledger's last committed generation of a
-// module after a manager restart: a relaunch restoring its newest durable
-// snapshot. A changed authority refuses it until the spec changes; any other
-// failure counts as a crash (backoff, crash budget).
-func (a *activationRuntime) relaunchCommitted(d *Desired, m *moduleRuntime, t ModuleTarget, c CommittedGeneration) {
-	g := a.newGeneration(m, t)
-	a.mu.Lock()
-	g.rCount = a.rCounts[g.name] + 1
-	g.committedAuthority = c.AuthoritySHA256
-	renewal := g.rCount
-	m.active = g // so a crash of the relaunched process is seen as one
-	a.mu.Unlock()
-	pf := a.runRelaunch(d, m, g, renewal, c.AuthoritySHA256)
-	if pf == nil {
-		return
-	}
-	a.mu.Lock()
-	if pf.code == reasons.AuthorityChanged {
-		m.active = nil
-		g.phase = iteronv1.PhaseFailed
-		m.dur.committedFailure = &Failure{Module: m.name, GenerationName: g.name, Code: string(pf.code), Message: g.message}
-	} else if m.active == g && g.proc == nil {
-		a.noteCrashOf(m, g, pf)
-	}
-	a.mu.Unlock()
-	a.notify(g.name)
 }
 
 // sameEpochAndAuthority reports whether a target would change nothing.
@@ -453,7 +410,18 @@ func (a *activationRuntime) setWaiting(m *moduleRuntime, code, message string) {
 	a.mu.Lock()
 	changed := m.waitingCode != code || m.waitingMessage != message
 	m.waitingCode, m.waitingMessage = code, message
+	nothingServes := m.active == nil
 	a.mu.Unlock()
+	if nothingServes {
+		// Calls wait for a module that is about to be activated; they fail
+		// at once, with the reason, for one that waits on something that
+		// does not pass by itself.
+		if code != "" && reasons.Stalls(code) {
+			m.dispatcher.SetUnavailable(code, fmt.Sprintf("module %s has no generation that can serve: %s", m.name, message))
+		} else {
+			m.dispatcher.SetAvailable()
+		}
+	}
 	if changed {
 		a.notify()
 	}
@@ -526,8 +494,12 @@ func (a *activationRuntime) retireNext(desired *Desired) bool {
 	if d := a.currentDesired(); d != nil {
 		swap, candidate = d.Swap, d.CandidateSHA256
 	}
-	a.retire(context.Background(), swap, candidate, next, active)
-	return true
+	a.retire(swap, candidate, next, active)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	_, stillThere := a.modules[next.name]
+	// A retirement that had to wait (for the ledger) did nothing yet.
+	return !stillThere || next.active == nil
 }
 
 func (a *activationRuntime) currentDesired() *Desired {
@@ -627,6 +599,9 @@ func (a *activationRuntime) status() ActivationStatus {
 	if a.ledgerErr != nil {
 		st.LedgerError = a.ledgerErr.Error()
 	}
+	if a.health.unwritable != nil {
+		_, st.LedgerUnwritable = a.ledgerProblem()
+	}
 	for name, m := range a.modules {
 		ms := ModuleStatus{Module: name, Phase: iteronv1.PhaseInactive, Reason: m.waitingCode, Message: m.waitingMessage}
 		if c := m.dur.committed; c != nil && m.active == nil {
@@ -641,9 +616,14 @@ func (a *activationRuntime) status() ActivationStatus {
 			if g.proc != nil {
 				ms.Pid = g.proc.Pid()
 			}
-			if g.reason != "" && ms.Reason == "" {
+			ms.Serving = g.proc != nil && g.phase == iteronv1.PhaseActive
+			if g.reason != "" && (ms.Reason == "" || !ms.Serving) {
+				// What keeps the generation from serving comes first.
 				ms.Reason, ms.Message = g.reason, g.message
 			}
+		}
+		if !ms.Serving && ms.Reason == "" && a.health.unwritable != nil && (ms.Active != "" || ms.Committed != nil) {
+			ms.Reason, ms.Message = a.ledgerProblem()
 		}
 		st.Modules[name] = ms
 		for _, g := range m.gens {
@@ -671,7 +651,10 @@ func (a *activationRuntime) generationStatus(g *generationRuntime) GenerationSta
 		gs.StderrTail, gs.StderrDropped = g.proc.StderrTail()
 	}
 	sum := a.c.receipts.Summary(g.name)
-	gs.Receipts = ReceiptCounts{Total: int32(sum.Total), Irreversible: int32(sum.Irreversible), Truncated: sum.Truncated}
+	gs.Receipts = ReceiptCounts{Total: int32(sum.Total), Irreversible: int32(sum.Irreversible), Truncated: sum.Truncated, IncompleteReason: sum.IncompleteReason}
+	if g.cleanupErr != "" && gs.Reason == "" {
+		gs.Reason, gs.Message = reasons.CleanupFailed, "disposing the generation's effects failed: "+g.cleanupErr
+	}
 	return gs
 }
 

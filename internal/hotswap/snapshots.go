@@ -180,6 +180,24 @@ func (s *SnapshotStore) Prune(activationUID, module, kind string, keep int) erro
 	return syncDir(s.dir(activationUID, module))
 }
 
+// ActivationUIDs lists the activations that have snapshots.
+func (s *SnapshotStore) ActivationUIDs() ([]string, error) {
+	entries, err := os.ReadDir(s.root)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var uids []string
+	for _, e := range entries {
+		if e.IsDir() {
+			uids = append(uids, e.Name())
+		}
+	}
+	return uids, nil
+}
+
 // RemoveActivation deletes every snapshot of an activation.
 func (s *SnapshotStore) RemoveActivation(activationUID string) error {
 	return os.RemoveAll(filepath.Join(s.root, activationUID))

@@ -56,9 +56,13 @@ type ActivationStatus struct {
 	Ledger *ledger.Summary
 	// LedgerFile is the ledger's directory.
 	LedgerFile string
-	// LedgerError is set when the ledger is corrupt or frozen: nothing is
-	// done for the activation until an operator resolves it.
+	// LedgerError is set when the ledger is corrupt: nothing is done for
+	// the activation until an operator resolves it.
 	LedgerError string
+	// LedgerUnwritable explains a ledger that cannot be written now (disk
+	// full, I/O error): transactions wait, serving modules keep serving,
+	// and the coordinator resumes once writes succeed.
+	LedgerUnwritable string
 }
 
 // ModuleStatus is one module's runtime state.
@@ -82,6 +86,8 @@ type ModuleStatus struct {
 	// Phase is the active generation's phase, or Inactive/Failed when none
 	// serves.
 	Phase iteronv1.ModulePhase
+	// Serving is true while a process of the active generation serves calls.
+	Serving bool
 	// Reason and Message explain a module that is not Active.
 	Reason, Message string
 	// Pid of the active process.
@@ -129,5 +135,10 @@ type CheckpointInfo struct {
 // ReceiptCounts summarizes a generation's receipts.
 type ReceiptCounts struct {
 	Total, Irreversible int32
-	Truncated           bool
+	// Truncated is true when receipts are missing: evicted, or lost with a
+	// manager restart (IncompleteReason says which).
+	Truncated bool
+	// IncompleteReason says why the evidence is incomplete ("" when it is
+	// complete).
+	IncompleteReason string
 }

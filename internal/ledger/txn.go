@@ -368,22 +368,19 @@ type Recovery struct {
 	Appended []RecordBrief
 }
 
-// Recover closes the open transaction a replay found (spec/wire.md §5)
-// forward: a blocked one with rolled_back; one whose atomic_switch (or, for
-// a retirement, drain) is durable with drain (if missing) and committed;
-// any other with blocked(<next phase>, provider, "provider_failed: host
-// restarted") and rolled_back. It returns nil when nothing is open. The
-// processes of the interrupted transaction are gone with the manager that
-// ran them; the caller relaunches from State.LastCommitted afterwards.
-func (l *Ledger) Recover() (*Recovery, error) {
+// Resume returns the open transaction a replay found, as a Txn that
+// continues where its records stopped, or nil when nothing is open. The
+// caller closes it as it truly ended (a host that rolled back in memory
+// writes blocked + rolled_back even after the switch); Recover closes it by
+// the ledger's own rule when the caller knows nothing more.
+func (l *Ledger) Resume() (*Txn, error) {
 	l.mu.Lock()
+	defer l.mu.Unlock()
 	if err := l.usable(); err != nil {
-		l.mu.Unlock()
 		return nil, err
 	}
 	o := l.v.open
 	if o == nil || o.terminal {
-		l.mu.Unlock()
 		return nil, nil
 	}
 	t := &Txn{
@@ -395,29 +392,54 @@ func (l *Ledger) Recover() (*Recovery, error) {
 	l.epoch++
 	t.epoch = l.epoch
 	l.pending = t
+	return t, nil
+}
+
+// Recover closes the open transaction a replay found (spec/wire.md §5)
+// forward: a blocked one with rolled_back; one whose atomic_switch (or, for
+// a retirement, drain) is durable with drain (if missing) and committed;
+// any other with blocked(<next phase>, provider, "provider_failed: host
+// restarted") and rolled_back. It returns nil when nothing is open. The
+// processes of the interrupted transaction are gone with the manager that
+// ran them; the caller relaunches from State.LastCommitted afterwards.
+func (l *Ledger) Recover() (*Recovery, error) {
+	return l.CloseOpen(func(t *Txn) error {
+		switch {
+		case t.blocked != nil:
+			return t.RollBack()
+		case t.switched || t.applied.has(PhaseDrain):
+			if !t.applied.has(PhaseDrain) {
+				if err := t.Drain(); err != nil {
+					return err
+				}
+			}
+			return t.Commit()
+		default:
+			next := t.grammar.next(t.applied)
+			if err := t.Block(next[0], reasons.ProviderFailed, RecoveryMessage); err != nil {
+				return err
+			}
+			return t.RollBack()
+		}
+	})
+}
+
+// CloseOpen resumes the open transaction a replay found and closes it with
+// close, which must end it; it reports what was appended, or nil when
+// nothing was open.
+func (l *Ledger) CloseOpen(close func(*Txn) error) (*Recovery, error) {
+	l.mu.Lock()
 	first := l.v.next
 	l.mu.Unlock()
-
-	var err error
-	switch {
-	case t.blocked != nil:
-		err = t.RollBack()
-	case t.switched || t.applied.has(PhaseDrain):
-		if !t.applied.has(PhaseDrain) {
-			err = t.Drain()
-		}
-		if err == nil {
-			err = t.Commit()
-		}
-	default:
-		next := t.grammar.next(t.applied)
-		err = t.Block(next[0], reasons.ProviderFailed, RecoveryMessage)
-		if err == nil {
-			err = t.RollBack()
-		}
+	t, err := l.Resume()
+	if err != nil || t == nil {
+		return nil, err
 	}
-	if err != nil {
+	if err := close(t); err != nil {
 		return nil, fmt.Errorf("recover transaction %s: %w", t.id.TransactionID, err)
+	}
+	if t.Outcome() == "" {
+		return nil, fmt.Errorf("recover transaction %s: it is still open after closing", t.id.TransactionID)
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()

@@ -21,20 +21,16 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/fields"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/retry"
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
-	"iteron.dev/operator/controllers"
+	"iteron.dev/operator/cmd/manager/app"
 	"iteron.dev/operator/examples/providers/providertest"
-	"iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/hotswap"
 	"iteron.dev/operator/internal/procexec"
 	"iteron.dev/operator/test/kubeapi"
@@ -51,6 +47,8 @@ type Options struct {
 	StateDir string
 	// AllowedRoots are its --allowed-roots.
 	AllowedRoots []string
+	// Gateway, when set, serves the gateway.
+	Gateway *app.GatewayOptions
 }
 
 // Manager is the controllers running in-process.
@@ -61,14 +59,16 @@ type Manager struct {
 }
 
 // StartManager installs config/rbac and config/admission as shipped and
-// runs both controllers as the manager's service account until ctx ends;
-// Stop then shuts the coordinator down.
+// runs the manager — built by cmd/manager/app, exactly as cmd/manager builds
+// it — as the manager's service account until ctx ends; Stop then waits for
+// it to have stopped every provider.
 func StartManager(ctx context.Context, env *kubeapi.Environment, o Options) (*Manager, error) {
 	level := zapcore.ErrorLevel
 	if os.Getenv("ITERON_TEST_VERBOSE") != "" {
 		level = zapcore.DebugLevel
 	}
-	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(level)))
+	log := zap.New(zap.WriteTo(os.Stderr), zap.Level(level))
+	ctrl.SetLogger(log)
 	for _, f := range []string{"config/rbac/role.yaml", "config/rbac/role_binding.yaml", "config/admission/generation_writers.yaml"} {
 		if err := ApplyFile(env.Client, filepath.Join(env.RepoRoot, f)); err != nil {
 			return nil, err
@@ -76,61 +76,29 @@ func StartManager(ctx context.Context, env *kubeapi.Environment, o Options) (*Ma
 	}
 	cfg := rest.CopyConfig(env.Config)
 	cfg.Impersonate = rest.ImpersonationConfig{UserName: ManagerUser, Groups: []string{"system:serviceaccounts", "system:serviceaccounts:iteron-system", "system:authenticated"}}
-	ex, err := procexec.NewExecutor(procexec.DefaultConfig(filepath.Join(o.StateDir, "procs")))
-	if err != nil {
-		return nil, err
-	}
-	verifier, err := activation.NewVerifier(activation.Config{AllowedRoots: o.AllowedRoots, Ceiling: []string{"read_only", "reversible_local"}})
-	if err != nil {
-		return nil, err
-	}
-	notifier := controllers.NewNotifier()
-	coordinator, err := hotswap.New(hotswap.Config{StateDir: o.StateDir, Launch: hotswap.NewExecutorLauncher(ex), Notify: notifier.Notify, Log: ctrl.Log.WithName("coordinator")})
-	if err != nil {
-		return nil, err
-	}
-	onNode := cache.ByObject{Field: fields.OneTermEqualSelector("spec.nodeName", o.Node)}
-	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
-		Scheme: env.Scheme, Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
-		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{&iteronv1.ImplementationActivation{}: onNode, &iteronv1.Generation{}: onNode}},
+	defaults := procexec.DefaultConfig(filepath.Join(o.StateDir, "procs"))
+	m, err := app.New(cfg, app.Options{
+		NodeName: o.Node, StateDir: o.StateDir, AllowedRoots: o.AllowedRoots, Interpreters: defaults.Interpreters,
+		ProviderUID: defaults.ProviderUID, ProviderGID: defaults.ProviderGID, CapabilityCeiling: []string{"read_only", "reversible_local"},
+		MetricsBindAddress: "0", HealthProbeBindAddress: "0", Gateway: o.Gateway, Log: log,
 	})
 	if err != nil {
 		return nil, err
 	}
-	if err := mgr.Add(notifier); err != nil {
-		return nil, err
-	}
-	act := &controllers.ActivationReconciler{
-		Client: mgr.GetClient(), NodeName: o.Node, Coordinator: coordinator, Resolve: controllers.NewResolver(verifier),
-		Recorder: mgr.GetEventRecorder("iteron-manager"), Notifications: notifier.Activations(),
-		Cleanup: func(_ context.Context, uid string) error {
-			return hotswap.RemoveActivationState(o.StateDir, uid, time.Now())
-		},
-	}
-	if err := act.SetupWithManager(mgr); err != nil {
-		return nil, err
-	}
-	gen := &controllers.GenerationReconciler{Client: mgr.GetClient(), Coordinator: coordinator, Notifications: notifier.Generations()}
-	if err := gen.SetupWithManager(mgr); err != nil {
-		return nil, err
-	}
-	m := &Manager{Coordinator: coordinator, done: make(chan struct{})}
+	mgr := &Manager{Coordinator: m.Coordinator, done: make(chan struct{})}
 	go func() {
-		defer close(m.done)
-		if err := mgr.Start(ctx); err != nil {
+		defer close(mgr.done)
+		if err := m.Run(ctx); err != nil {
 			fmt.Fprintln(os.Stderr, "manager:", err)
 		}
 	}()
-	return m, nil
+	return mgr, nil
 }
 
-// Stop waits for the manager (its ctx must be done) and stops every
+// Stop waits for the manager (its ctx must be done) to have stopped every
 // provider.
 func (m *Manager) Stop() {
 	<-m.done
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	_ = m.Coordinator.Shutdown(ctx)
 }
 
 // ApplyFile creates every object of a multi-document YAML file (an object

@@ -1,0 +1,222 @@
+// Package app builds the iteron-operator manager: the process executor, the
+// verifier, the node-local coordinator, the gateway, both controllers and
+// the start-up recovery, wired into one controller-runtime manager whose
+// cache is scoped to one node. cmd/manager runs it from flags; the test
+// suites run the very same construction in-process, so tests run what users
+// run.
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	iteronv1 "iteron.dev/operator/api/v1alpha1"
+	"iteron.dev/operator/controllers"
+	"iteron.dev/operator/internal/activation"
+	"iteron.dev/operator/internal/gateway"
+	"iteron.dev/operator/internal/hotswap"
+	"iteron.dev/operator/internal/procexec"
+)
+
+// Options configure a manager. cmd/manager fills them from its flags.
+type Options struct {
+	// NodeName is the node whose activations this manager runs.
+	NodeName string
+	// StateDir holds ledgers, snapshots and process records; the caller
+	// holds its lock.
+	StateDir string
+	// AllowedRoots are the directories catalogs and artifact roots must lie
+	// under.
+	AllowedRoots []string
+	// Interpreters a '#!' provider may name.
+	Interpreters []string
+	// ProviderUID and ProviderGID run the providers.
+	ProviderUID, ProviderGID uint32
+	// CapabilityCeiling is what this node admits at most.
+	CapabilityCeiling []string
+	// MetricsBindAddress and HealthProbeBindAddress ("0" disables them).
+	MetricsBindAddress, HealthProbeBindAddress string
+	// Gateway, when set, serves the node-local gateway.
+	Gateway *GatewayOptions
+	// AfterPhase is the coordinator's test hook (fault injection).
+	AfterPhase func(key hotswap.ActivationKey, module, phase string)
+	// Log is the manager's logger.
+	Log logr.Logger
+}
+
+// GatewayOptions configure the gateway.
+type GatewayOptions struct {
+	// Socket is the unix socket path.
+	Socket string
+	// Group owns the socket (mode 0660).
+	Group int
+	// Allow maps callers to namespaces.
+	Allow gateway.Allow
+}
+
+// Manager is a built manager.
+type Manager struct {
+	// Coordinator is the node-local coordinator.
+	Coordinator *hotswap.Coordinator
+	// Manager is the controller-runtime manager.
+	Manager ctrl.Manager
+	// Swept reports the provider groups an earlier manager left behind and
+	// that were killed before anything started.
+	Swept procexec.SweepReport
+	log   logr.Logger
+}
+
+// ShutdownTimeout bounds stopping every provider after the manager stops;
+// it stays under the DaemonSet's terminationGracePeriodSeconds (60).
+const ShutdownTimeout = 45 * time.Second
+
+// New builds a manager. Provider groups an earlier manager of this state
+// dir left behind are killed first.
+func New(cfg *rest.Config, o Options) (*Manager, error) {
+	log := o.Log
+	exec, err := procexec.NewExecutor(procexec.Config{
+		ProviderUID: o.ProviderUID, ProviderGID: o.ProviderGID,
+		Interpreters: o.Interpreters, RecordDir: filepath.Join(o.StateDir, "procs"),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("process executor: %w", err)
+	}
+	sweep, err := exec.Sweep()
+	if err != nil {
+		return nil, fmt.Errorf("sweep leftover providers: %w", err)
+	}
+	verifier, err := activation.NewVerifier(activation.Config{AllowedRoots: o.AllowedRoots, Ceiling: o.CapabilityCeiling})
+	if err != nil {
+		return nil, fmt.Errorf("verifier: %w", err)
+	}
+	notifier := controllers.NewNotifier()
+	coord, err := hotswap.New(hotswap.Config{
+		StateDir: o.StateDir, Launch: hotswap.NewExecutorLauncher(exec),
+		Notify: notifier.Notify, Log: log.WithName("coordinator"), AfterPhase: o.AfterPhase,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("coordinator: %w", err)
+	}
+	scheme, err := newScheme()
+	if err != nil {
+		return nil, err
+	}
+	onThisNode := cache.ByObject{Field: fields.OneTermEqualSelector("spec.nodeName", o.NodeName)}
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		Scheme:                 scheme,
+		Logger:                 log,
+		Metrics:                metricsserver.Options{BindAddress: o.MetricsBindAddress},
+		HealthProbeBindAddress: o.HealthProbeBindAddress,
+		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
+			&iteronv1.ImplementationActivation{}: onThisNode,
+			&iteronv1.Generation{}:               onThisNode,
+		}},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("create manager: %w", err)
+	}
+	if err := mgr.Add(notifier); err != nil {
+		return nil, err
+	}
+	if err := registerMetrics(); err != nil {
+		return nil, err
+	}
+	if err := mgr.Add(&controllers.StartupRecovery{Client: mgr.GetClient(), Cache: mgr.GetCache(), Coordinator: coord, Log: log.WithName("startup")}); err != nil {
+		return nil, err
+	}
+	activations := &controllers.ActivationReconciler{
+		Client: mgr.GetClient(), NodeName: o.NodeName, Coordinator: coord,
+		Resolve:       controllers.NewResolver(verifier),
+		Recorder:      mgr.GetEventRecorder("iteron-manager"),
+		Notifications: notifier.Activations(),
+	}
+	if err := activations.SetupWithManager(mgr); err != nil {
+		return nil, fmt.Errorf("set up the activation controller: %w", err)
+	}
+	generations := &controllers.GenerationReconciler{Client: mgr.GetClient(), Coordinator: coord, Notifications: notifier.Generations()}
+	if err := generations.SetupWithManager(mgr); err != nil {
+		return nil, fmt.Errorf("set up the generation controller: %w", err)
+	}
+	if g := o.Gateway; g != nil {
+		// The gateway listens once the manager starts it, with the
+		// state-dir lock held (a stale socket may only be replaced then).
+		gw, err := gateway.New(gateway.Config{
+			NodeName: o.NodeName, Coordinator: coord, Allow: g.Allow,
+			Socket: g.Socket, SocketGroup: g.Group, Log: log.WithName("gateway"),
+		})
+		if err != nil {
+			return nil, fmt.Errorf("gateway: %w", err)
+		}
+		if err := mgr.Add(gw); err != nil {
+			return nil, fmt.Errorf("add the gateway: %w", err)
+		}
+	}
+	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
+		return nil, err
+	}
+	if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
+		return nil, err
+	}
+	return &Manager{Coordinator: coord, Manager: mgr, Swept: sweep, log: log}, nil
+}
+
+// Run runs the manager until ctx ends, then stops every provider (after
+// checkpointing the Active protocol-2 generations) within ShutdownTimeout.
+func (m *Manager) Run(ctx context.Context) error {
+	runErr := m.Manager.Start(ctx)
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), ShutdownTimeout)
+	defer cancel()
+	if err := m.Coordinator.Shutdown(shutdownCtx); err != nil {
+		m.log.Error(err, "stopping providers")
+	}
+	return runErr
+}
+
+// newScheme knows the built-in types and this repository's API.
+func newScheme() (*runtime.Scheme, error) {
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		return nil, err
+	}
+	if err := iteronv1.AddToScheme(scheme); err != nil {
+		return nil, err
+	}
+	return scheme, nil
+}
+
+var metricsOnce sync.Once
+
+// registerMetrics adds the coordinator's and gateway's collectors to
+// controller-runtime's registry, once per process (tests build several
+// managers in one process).
+func registerMetrics() error {
+	var err error
+	metricsOnce.Do(func() {
+		for _, c := range append(hotswap.Collectors(), gateway.Collectors()...) {
+			if e := metrics.Registry.Register(c); e != nil {
+				var already prometheus.AlreadyRegisteredError
+				if !errors.As(e, &already) {
+					err = fmt.Errorf("register metrics: %w", e)
+				}
+			}
+		}
+	})
+	return err
+}

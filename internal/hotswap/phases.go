@@ -1,0 +1,286 @@
+package hotswap
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	iteronv1 "iteron.dev/operator/api/v1alpha1"
+	"iteron.dev/operator/internal/effects"
+	"iteron.dev/operator/internal/ledger"
+	"iteron.dev/operator/internal/reasons"
+)
+
+// The phases the transaction kinds share. Each returns a phase for the
+// runner; the kinds (first_activation.go, swap.go, renewal.go, relaunch.go,
+// retirement.go) list them.
+
+// verifyPhase checks what the kind must check before anything starts.
+func (r *txnRun) verifyPhase(check func() *phaseFailure) phase {
+	return phase{name: ledger.PhaseVerify, work: func() error {
+		if check != nil {
+			if pf := check(); pf != nil {
+				return pf
+			}
+		}
+		return nil
+	}}
+}
+
+// shadowLoadPhase spawns and loads g's process, tracked in its scope.
+func (r *txnRun) shadowLoadPhase(g *generationRuntime) phase {
+	return phase{name: ledger.PhaseShadowLoad, fallback: reasons.ActivationFailed, work: func() error { return r.launch(g) }}
+}
+
+// quiescePhase stops dispatching and waits for the run in flight, cancelling
+// it (with a receipt on owner) when it outlives the quiesce timeout.
+func (r *txnRun) quiescePhase(owner *generationRuntime, receiptID func(callID string) string, detail string) phase {
+	return phase{name: ledger.PhaseQuiesce, fallback: reasons.DeadlineExceeded, work: func() error {
+		cancelled, err := r.m.dispatcher.Pause(r.ctx, r.desired.Swap.QuiesceTimeout)
+		if cancelled != nil {
+			r.a.recordReceipt(owner, effects.Receipt{
+				ID: receiptID(cancelled.CallID), Kind: effects.ReceiptQuiesceCancel, Class: effects.Cancelable,
+				StartedAt: cancelled.StartedAt, FinishedAt: r.a.c.cfg.Now(),
+				Detail: fmt.Sprintf("run %s cancelled after the %s quiesce timeout: %s", cancelled.CallID, r.desired.Swap.QuiesceTimeout, detail),
+			})
+		}
+		return err
+	}}
+}
+
+// snapshotPhase snapshots the state of from's process (proc) and makes it
+// durable as kind before the record; *st receives it.
+func (r *txnRun) snapshotPhase(from *generationRuntime, proc func() Provider, kind string, st *State) phase {
+	return phase{name: ledger.PhaseSnapshot, fallback: reasons.ProviderFailed,
+		work: func() error {
+			p := proc()
+			if p == nil {
+				return &phaseFailure{ledger.PhaseSnapshot, reasons.ProviderFailed, from.name + " has no process to snapshot"}
+			}
+			s, err := p.Snapshot(r.ctx, from.lineage)
+			if err != nil {
+				return err
+			}
+			if _, err := r.a.storeSnapshot(from, s, kind); err != nil {
+				return &phaseFailure{ledger.PhaseSnapshot, reasons.ProviderFailed, "the snapshot could not be made durable: " + err.Error()}
+			}
+			*st = s
+			return nil
+		},
+		record: func() error { return r.txn.Snapshot(st.StateSHA256) },
+		durable: func() {
+			r.a.mu.Lock()
+			from.stateDigest = st.StateSHA256
+			r.a.mu.Unlock()
+		},
+		touched: []*generationRuntime{from},
+	}
+}
+
+// restorePhase restores *st into g's process.
+func (r *txnRun) restorePhase(g *generationRuntime, st *State) phase {
+	return phase{name: ledger.PhaseRestore, fallback: reasons.ProviderFailed,
+		work:   func() error { return g.proc.Restore(r.ctx, *st) },
+		record: func() error { return r.txn.Restore(st.StateSHA256) },
+		durable: func() {
+			r.a.mu.Lock()
+			g.stateDigest = st.StateSHA256
+			r.a.mu.Unlock()
+		},
+	}
+}
+
+// readinessPhase proves g's process ready for *st; durableAs, when set,
+// makes the restored state durable before the record (a swap's restored
+// state: after a durable switch, recovery goes forward with it).
+func (r *txnRun) readinessPhase(g *generationRuntime, st *State, durableAs string) phase {
+	return phase{name: ledger.PhaseReadiness, fallback: reasons.ProviderFailed, work: func() error {
+		if err := g.proc.Readiness(r.ctx, g.lineage, st.StateSHA256); err != nil {
+			return err
+		}
+		if durableAs != "" {
+			if _, err := r.a.storeSnapshot(g, *st, durableAs); err != nil {
+				return &phaseFailure{ledger.PhaseReadiness, reasons.ProviderFailed, "the restored state could not be made durable: " + err.Error()}
+			}
+		}
+		return nil
+	}}
+}
+
+// switchPhase swaps the module's route to route in one pointer swap. A
+// transaction without a quiesce pauses first. undo puts back what routed
+// before; durable is what the durable switch makes true.
+func (r *txnRun) switchPhase(route func() Route, durable func()) phase {
+	var previous *Route
+	return phase{name: ledger.PhaseAtomicSwitch, fallback: reasons.ActivationFailed,
+		work: func() error {
+			if !r.m.dispatcher.Paused() {
+				if _, err := r.m.dispatcher.Pause(r.ctx, 0); err != nil {
+					return err
+				}
+			}
+			prev, err := r.m.dispatcher.Switch(route())
+			previous = prev
+			return err
+		},
+		undo: func() {
+			back := Route{}
+			if previous != nil {
+				back = *previous
+			}
+			_, _ = r.m.dispatcher.Switch(back)
+		},
+		durable: durable,
+	}
+}
+
+// committedPhase ends the transaction; done is what commits in memory.
+func (r *txnRun) committedPhase(done func()) phase {
+	return phase{name: ledger.PhaseCommitted, durable: func() {
+		r.a.mu.Lock()
+		r.gen.step = iteronv1.StepCommitted
+		r.a.mu.Unlock()
+		if done != nil {
+			done()
+		}
+	}}
+}
+
+// launch starts and loads a generation's process, tracked in its scope.
+func (r *txnRun) launch(g *generationRuntime) error {
+	proc, err := r.a.c.cfg.Launch(r.ctx, g.target.Plan)
+	if err != nil {
+		return fail(ledger.PhaseShadowLoad, err, reasons.ActivationFailed)
+	}
+	r.a.mu.Lock()
+	g.proc = proc
+	g.lastPid = proc.Pid()
+	g.procStartedAt = proc.StartedAt()
+	r.a.mu.Unlock()
+	if err := g.scope.Track(r.ctx, "process", effects.Reversible, func(context.Context) error { return proc.Close() }); err != nil {
+		_ = proc.Close()
+		return fail(ledger.PhaseShadowLoad, err, reasons.ActivationFailed)
+	}
+	if err := proc.Load(r.ctx); err != nil {
+		return fail(ledger.PhaseShadowLoad, err, reasons.ActivationFailed)
+	}
+	return nil
+}
+
+// captureStderr keeps g's process's stderr tail for its status.
+func (r *txnRun) captureStderr(g *generationRuntime) {
+	r.a.mu.Lock()
+	proc := g.proc
+	r.a.mu.Unlock()
+	if proc == nil {
+		return
+	}
+	tail, dropped := proc.StderrTail()
+	r.a.mu.Lock()
+	g.stderrTail, g.stderrDropped = tail, dropped
+	r.a.mu.Unlock()
+}
+
+// markFailed marks a target generation Failed: it is not retried until the
+// controller hands a new attempt (at once when the failure was not the
+// provider's: the ledger could not be written).
+func (r *txnRun) markFailed(pf *phaseFailure, what string) {
+	r.a.mu.Lock()
+	g := r.gen
+	g.phase, g.step = iteronv1.PhaseFailed, iteronv1.StepRolledBack
+	g.reason, g.message = string(pf.code), truncateMessage(fmt.Sprintf("%s %s at %s: %s", g.name, what, pf.phase, pf.message))
+	g.proc = nil
+	r.a.failed[g.name] = Failure{Module: r.m.name, GenerationName: g.name, Code: string(pf.code), Message: g.message,
+		Retryable: pf.code == reasons.LedgerUnwritable}
+	r.a.mu.Unlock()
+	r.a.log("transaction rolled back", "module", r.m.name, "generation", g.name, "phase", pf.phase, "reason", pf.code, "message", pf.message)
+}
+
+// route is the dispatcher route of a generation. Runs of a provider
+// admitted irreversible_external or trust_mutating effects leave a receipt.
+func (a *activationRuntime) route(g *generationRuntime) Route {
+	return a.routeTo(g, g.proc)
+}
+
+// routeTo is g's route served by proc (a renewal routes to its fresh
+// process before it becomes g's).
+func (a *activationRuntime) routeTo(g *generationRuntime, proc Provider) Route {
+	var backend Backend = proc
+	if class, ok := receiptClass(g.target.Plan.AdmittedCapabilities()); ok {
+		backend = &receiptBackend{Backend: proc, a: a, g: g, class: class}
+	}
+	return Route{Lineage: g.lineage, Name: g.name, Epoch: g.target.Epoch, Backend: backend}
+}
+
+// receiptClass is the effect class of a provider's runs, by its admitted
+// capabilities: irreversible_external runs are Irreversible (never reported
+// as rolled back), trust_mutating runs Compensatable.
+func receiptClass(admitted []string) (effects.Class, bool) {
+	switch {
+	case slices.Contains(admitted, "irreversible_external"):
+		return effects.Irreversible, true
+	case slices.Contains(admitted, "trust_mutating"):
+		return effects.Compensatable, true
+	}
+	return 0, false
+}
+
+// receiptBackend records a receipt for every run of a provider whose runs
+// have effects that cannot simply be undone.
+type receiptBackend struct {
+	Backend
+	a     *activationRuntime
+	g     *generationRuntime
+	class effects.Class
+}
+
+func (b *receiptBackend) Run(ctx context.Context, runID string, input []byte, deadline time.Duration, observe func(Observation)) (Observation, error) {
+	started := b.a.c.cfg.Now()
+	obs, err := b.Backend.Run(ctx, runID, input, deadline, observe)
+	detail := "completed"
+	if err != nil {
+		detail = "ended without a terminal observation: " + firstLine(err.Error())
+	}
+	b.a.recordReceipt(b.g, effects.Receipt{ID: "run-" + runID, Kind: effects.ReceiptRun, Class: b.class, StartedAt: started, FinishedAt: b.a.c.cfg.Now(), Detail: detail})
+	return obs, err
+}
+
+// ref is the generation as the ledger names it: from its plan, or from the
+// ledger's own record for a committed generation with no plan in hand.
+func (g *generationRuntime) ref() ledger.GenerationRef {
+	if c := g.recovered; c != nil {
+		return ledger.GenerationRef{Generation: uint64(g.lineage), ImplementationID: c.ImplementationID, ArtifactSHA256: c.ArtifactSHA256}
+	}
+	return ledger.GenerationRef{Generation: uint64(g.lineage), ImplementationID: g.target.Plan.ImplementationID(), ArtifactSHA256: g.target.Plan.ArtifactSHA256()}
+}
+
+// authority is the generation's authority digest.
+func (g *generationRuntime) authority() string {
+	if c := g.recovered; c != nil {
+		return c.AuthoritySHA256
+	}
+	return g.target.Plan.AuthoritySHA256()
+}
+
+// newGeneration makes a generation for a target, Preparing; register adds
+// it to its module once its transaction has begun.
+func (a *activationRuntime) newGeneration(m *moduleRuntime, t ModuleTarget) *generationRuntime {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return &generationRuntime{
+		name: t.GenerationName, module: m.name, lineage: t.Lineage, attempt: t.Attempt, target: t,
+		phase: iteronv1.PhasePreparing, step: iteronv1.StepVerify, startedAt: a.c.cfg.Now(),
+		scope: effects.NewScope(t.GenerationName), rCount: a.rCounts[t.GenerationName],
+	}
+}
+
+// register makes a generation visible in status. Caller holds a.mu.
+func (m *moduleRuntime) register(g *generationRuntime) { m.remember(g) }
+
+// beginFailed handles a transaction that could not begin: the ledger
+// refused (frozen or closed). Nothing was started.
+func (a *activationRuntime) beginFailed(module string, err error) {
+	a.log("cannot begin a transaction", "module", module, "error", err.Error())
+	a.ledgerUnwritable(err)
+}

@@ -1,0 +1,128 @@
+package hotswap
+
+import (
+	"errors"
+	"strings"
+
+	iteronv1 "iteron.dev/operator/api/v1alpha1"
+	"iteron.dev/operator/internal/ledger"
+	"iteron.dev/operator/internal/reasons"
+)
+
+// openLedger opens (creating) the activation's ledger once, closing an
+// interrupted transaction forward. A corrupt ledger stops all work until an
+// operator resolves it; one that cannot be written is probed with backoff.
+func (a *activationRuntime) openLedger() error {
+	return a.openLedgerAnchored(nil)
+}
+
+// openLedgerAnchored is openLedger with the head the activation's status
+// recorded, which must be in the chain.
+func (a *activationRuntime) openLedgerAnchored(anchor *ledger.Anchor) error {
+	a.mu.Lock()
+	if a.led != nil || a.health.unwritable != nil {
+		a.mu.Unlock()
+		return nil
+	}
+	if a.ledgerErr != nil {
+		err := a.ledgerErr
+		a.mu.Unlock()
+		return err
+	}
+	err := a.openAndRecover(anchor)
+	a.mu.Unlock()
+	if err != nil && !errors.Is(err, ledger.ErrCorrupt) {
+		// Not corrupt: the file system refused (disk full, I/O error). The
+		// worker probes until it opens.
+		a.ledgerUnwritable(err)
+		return nil
+	}
+	return err
+}
+
+// openAndRecover replays the ledger, closes an interrupted transaction
+// forward and learns what it recorded. Caller holds a.mu.
+func (a *activationRuntime) openAndRecover(anchor *ledger.Anchor) error {
+	led, report, err := ledger.OpenActivation(a.c.cfg.StateDir, a.key.UID, ledger.Options{Create: true, Now: a.c.cfg.Now, ObserveSync: a.observeSync, Anchor: anchor})
+	if err != nil {
+		if errors.Is(err, ledger.ErrCorrupt) {
+			a.ledgerErr = err
+		}
+		return err
+	}
+	if report.TornTail != nil {
+		a.log("ledger had a torn tail; truncated", "file", report.TornTail.File, "bytes", report.TornTail.Bytes)
+	}
+	if report.State.Open != nil {
+		rec, err := led.Recover()
+		if err != nil {
+			_ = led.Close()
+			if errors.Is(err, ledger.ErrCorrupt) {
+				a.ledgerErr = err
+			}
+			return err
+		}
+		if rec != nil {
+			a.log("closed an interrupted transaction forward", "transaction", rec.TransactionID, "outcome", rec.Outcome)
+		}
+	}
+	if err := a.recoverFromLedger(led); err != nil {
+		_ = led.Close()
+		a.ledgerErr = err
+		return err
+	}
+	a.led, a.opened = led, true
+	return nil
+}
+
+// recoverFromLedger learns, from a ledger opened after a restart, each
+// module's last committed generation (to relaunch it), the /r<n> numbers
+// already used, and the attempts that failed (never retried for the same
+// spec unless they were cut short by the host). Caller holds a.mu.
+func (a *activationRuntime) recoverFromLedger(led *ledger.Ledger) error {
+	st := led.State()
+	for module, c := range st.LastCommitted {
+		if c.Generation == 0 || c.Kind == ledger.KindRetirement {
+			continue
+		}
+		id, err := ledger.ParseTransactionID(c.TransactionID)
+		if err != nil {
+			return err
+		}
+		m := a.module(module)
+		m.dur.committed = &CommittedGeneration{
+			Name:    iteronv1.GenerationName(a.key.Name, module, int64(c.Generation), int32(id.Attempt())),
+			Lineage: int64(c.Generation), Attempt: int32(id.Attempt()),
+			ImplementationID: c.ImplementationID, ArtifactSHA256: c.ArtifactSHA256, AuthoritySHA256: c.AuthoritySHA256,
+		}
+	}
+	if st.Records == 0 {
+		return nil
+	}
+	blocked := map[string]*ledger.Record{}
+	_, err := ledger.Replay(led.Dir(), ledger.VerifyOptions{}, func(r *ledger.Record) error {
+		id, err := ledger.ParseTransactionID(r.TransactionID)
+		if err != nil {
+			return err
+		}
+		name := iteronv1.GenerationName(a.key.Name, r.Module, int64(id.Lineage()), int32(id.Attempt()))
+		a.rCounts[name] = max(a.rCounts[name], id.Renewal())
+		if r.Outcome == ledger.OutcomeBlocked {
+			rec := *r
+			blocked[r.TransactionID] = &rec
+		}
+		if r.Phase == ledger.PhaseRolledBack && id.Renewal() == 0 && r.NewGeneration != 0 {
+			// A first activation, hot swap or cold replace that rolled back:
+			// that attempt failed. One the host cut short (a restart, a
+			// ledger that could not be written) is retried without a request.
+			code, msg := reasons.ProviderFailed, ""
+			if b := blocked[r.TransactionID]; b != nil && b.Reason != nil {
+				code, msg, _ = strings.Cut(*b.Reason, ": ")
+			}
+			a.failed[name] = Failure{Module: r.Module, GenerationName: name, Code: code, Message: truncateMessage(msg),
+				Retryable: msg == ledger.RecoveryMessage || code == reasons.LedgerUnwritable}
+		}
+		return nil
+	})
+	return err
+}

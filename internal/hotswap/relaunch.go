@@ -1,0 +1,223 @@
+package hotswap
+
+import (
+	"fmt"
+	"time"
+
+	iteronv1 "iteron.dev/operator/api/v1alpha1"
+	"iteron.dev/operator/internal/effects"
+	"iteron.dev/operator/internal/ledger"
+	"iteron.dev/operator/internal/reasons"
+)
+
+// Crash policy (DESIGN §8).
+const (
+	// CrashBudget crashes within CrashWindow make a generation Failed.
+	CrashBudget = 5
+	// CrashWindow is the window of CrashBudget.
+	CrashWindow = 10 * time.Minute
+	// firstRelaunchBackoff doubles per crash in the window, up to
+	// maxRelaunchBackoff.
+	firstRelaunchBackoff = 500 * time.Millisecond
+	maxRelaunchBackoff   = 30 * time.Second
+)
+
+// watchProcess marks the generation crashed if its process exits while it
+// is the module's active one and nobody stopped it.
+func (a *activationRuntime) watchProcess(m *moduleRuntime, g *generationRuntime, proc Provider) {
+	go func() {
+		<-proc.Exited()
+		tail, dropped := proc.StderrTail()
+		a.mu.Lock()
+		crashed := m.active == g && g.proc == proc && !a.stopping
+		if crashed {
+			g.stderrTail, g.stderrDropped = tail, dropped
+			a.noteCrash(m, g, "the provider process exited")
+		}
+		a.mu.Unlock()
+		if crashed {
+			a.poke()
+			a.notify(g.name)
+		}
+	}()
+}
+
+// noteCrash records a crash of the active generation (its process exited,
+// or a relaunch failed for a reason that may pass). Within the crash budget
+// it schedules a relaunch with backoff and calls wait for it; past the
+// budget the generation is Failed and calls fail at once. Caller holds a.mu.
+func (a *activationRuntime) noteCrash(m *moduleRuntime, g *generationRuntime, what string) {
+	now := a.c.cfg.Now()
+	g.proc = nil
+	m.dispatcher.PauseNow()
+	a.countCrash(m.name)
+	d := &m.dur
+	kept := d.crashes[:0]
+	for _, t := range d.crashes {
+		if now.Sub(t) < CrashWindow {
+			kept = append(kept, t)
+		}
+	}
+	d.crashes = append(kept, now)
+	if len(d.crashes) >= CrashBudget {
+		g.phase = iteronv1.PhaseFailed
+		g.reason = reasons.ProviderFailed
+		g.message = truncateMessage(fmt.Sprintf("%s: %s; it crashed %d times in %s and is not relaunched again (stderr tail in status)", g.name, what, len(d.crashes), CrashWindow))
+		a.failed[g.name] = Failure{Module: m.name, GenerationName: g.name, Code: g.reason, Message: g.message}
+		d.relaunchAt = time.Time{}
+		m.dispatcher.SetUnavailable(g.reason, g.message)
+		a.log("crash budget exhausted", "module", m.name, "generation", g.name, "crashes", len(d.crashes))
+		return
+	}
+	backoff := min(firstRelaunchBackoff<<(len(d.crashes)-1), maxRelaunchBackoff)
+	d.relaunchAt = now.Add(backoff)
+	g.phase, g.reason = iteronv1.PhasePreparing, reasons.ProviderFailed
+	g.message = truncateMessage(fmt.Sprintf("%s (crash %d of %d allowed in %s); relaunching in %s", what, len(d.crashes), CrashBudget, CrashWindow, backoff))
+	m.dispatcher.SetAvailable()
+	a.log("provider crashed", "module", m.name, "generation", g.name, "relaunchIn", backoff)
+}
+
+// refuseRelaunch records a relaunch refused for a reason that does not
+// pass by itself (the bytes on disk no longer verify, the authority
+// changed): it is not retried as a crash. The generation is Failed with the
+// reason, calls fail at once, and a new spec or a retry request tries
+// again. Caller holds a.mu.
+func (a *activationRuntime) refuseRelaunch(m *moduleRuntime, g *generationRuntime, pf *phaseFailure) {
+	g.proc = nil
+	g.phase, g.reason = iteronv1.PhaseFailed, string(pf.code)
+	g.message = truncateMessage(fmt.Sprintf("relaunch of %s refused at %s: %s (not retried until the spec changes or a retry is requested)", g.name, pf.phase, pf.message))
+	m.dur.relaunchAt = time.Time{}
+	m.dur.refused = &Failure{Module: m.name, GenerationName: g.name, Code: g.reason, Message: g.message}
+	m.dispatcher.PauseNow()
+	m.dispatcher.SetUnavailable(g.reason, g.message)
+	a.log("relaunch refused", "module", m.name, "generation", g.name, "reason", pf.code, "message", pf.message)
+}
+
+// relaunch restarts a crashed active generation (a relaunch transaction):
+// verify → shadow_load → [restore → readiness] → atomic_switch → committed,
+// restoring the newest durable snapshot of its lineage.
+func (a *activationRuntime) relaunch(d *Desired, m *moduleRuntime) {
+	a.mu.Lock()
+	g := m.active
+	m.dur.relaunchAt = time.Time{}
+	a.mu.Unlock()
+	if d == nil {
+		d = &Desired{Key: a.key, Swap: SwapPolicy{Deadline: 30 * time.Second}}
+	}
+	a.runRelaunch(d, m, g, g.committedAuthority)
+}
+
+// relaunchCommitted starts the ledger's last committed generation of a
+// module after a manager restart: a relaunch restoring its newest durable
+// snapshot. Its receipts from before the restart are gone: the evidence is
+// reported incomplete.
+func (a *activationRuntime) relaunchCommitted(d *Desired, m *moduleRuntime, t ModuleTarget, c CommittedGeneration) {
+	g := a.newGeneration(m, t)
+	a.mu.Lock()
+	g.committedAuthority = c.AuthoritySHA256
+	m.register(g)
+	m.active = g // so a crash of the relaunched process is seen as one
+	m.dur.committed = nil
+	a.mu.Unlock()
+	a.c.receipts.MarkIncomplete(g.name, fmt.Sprintf("the manager restarted at %s: receipts recorded before it were lost with it", a.c.started.UTC().Format(time.RFC3339)))
+	a.runRelaunch(d, m, g, c.AuthoritySHA256)
+}
+
+// runRelaunch runs the relaunch transaction of g. authority, when set, is
+// the authority the ledger committed: a plan whose re-intersected authority
+// differs is refused.
+func (a *activationRuntime) runRelaunch(d *Desired, m *moduleRuntime, g *generationRuntime, authority string) {
+	a.mu.Lock()
+	g.rCount++
+	renewal := g.rCount
+	a.mu.Unlock()
+	r, err := a.begin(ledger.KindRelaunch, m, g, nil, renewal, d)
+	if err != nil {
+		a.beginFailed(m.name, err)
+		a.mu.Lock()
+		// Relaunched once the ledger is writable again.
+		m.dur.relaunchAt = a.c.cfg.Now()
+		a.mu.Unlock()
+		return
+	}
+	plan := g.target.Plan
+	m.dispatcher.SetAvailable() // being prepared: calls wait for it
+	r.fresh = func() *effects.EffectScope { return g.scope }
+	var snap State
+	haveSnapshot := false
+	r.run(&transaction{
+		kind: ledger.KindRelaunch,
+		phases: []phase{
+			r.verifyPhase(func() *phaseFailure {
+				if authority != "" && plan.AuthoritySHA256() != authority {
+					return &phaseFailure{ledger.PhaseVerify, reasons.AuthorityChanged, fmt.Sprintf("the node's capability ceiling changed: admitted capabilities are now %v (authority %s), the ledger committed %s", plan.AdmittedCapabilities(), plan.AuthoritySHA256(), authority)}
+				}
+				if plan.ProtocolVersion() == 2 {
+					s, ok, err := a.newestSnapshot(m.name, g)
+					if err != nil {
+						return &phaseFailure{ledger.PhaseVerify, reasons.VerificationFailed, "the newest durable snapshot is unreadable: " + err.Error()}
+					}
+					snap, haveSnapshot = s.protocolState(), ok
+				}
+				a.mu.Lock()
+				g.scope = effects.NewScope(g.name)
+				a.mu.Unlock()
+				return nil
+			}),
+			r.shadowLoadPhase(g),
+			withSkip(r.restorePhase(g, &snap), func() bool { return !haveSnapshot }),
+			withSkip(r.readinessPhase(g, &snap, ""), func() bool { return !haveSnapshot }),
+			r.switchPhase(func() Route { return a.route(g) }, func() {
+				a.mu.Lock()
+				a.activate(m, g, d)
+				a.mu.Unlock()
+				m.dispatcher.Resume()
+			}),
+			r.committedPhase(func() {
+				a.log("generation relaunched", "module", m.name, "generation", g.name, "pid", g.lastPid, "restored", g.stateDigest)
+			}),
+		},
+		failed: func(pf *phaseFailure, _ bool, _ error) {
+			a.mu.Lock()
+			defer a.mu.Unlock()
+			g.proc = nil
+			switch {
+			case m.active != g:
+			case pf.code == reasons.LedgerUnwritable:
+				// Not the provider's fault: relaunched once the ledger is
+				// writable again; until then nothing serves the module.
+				g.phase, g.reason = iteronv1.PhasePreparing, string(pf.code)
+				g.message = truncateMessage(fmt.Sprintf("relaunch of %s waits for the ledger: %s", g.name, pf.message))
+				m.dur.relaunchAt = a.c.cfg.Now()
+				m.dispatcher.PauseNow()
+				m.dispatcher.SetUnavailable(g.reason, g.message)
+			case reasons.Stalls(string(pf.code)):
+				a.refuseRelaunch(m, g, pf)
+			default:
+				a.noteCrash(m, g, fmt.Sprintf("relaunch of %s failed at %s: %s", g.name, pf.phase, pf.message))
+			}
+		},
+	})
+}
+
+// withSkip is p, left out when skip reports true.
+func withSkip(p phase, skip func() bool) phase {
+	p.skip = skip
+	return p
+}
+
+// newestSnapshot is the newest durable snapshot of g's lineage and
+// implementation.
+func (a *activationRuntime) newestSnapshot(module string, g *generationRuntime) (StoredSnapshot, bool, error) {
+	all, err := a.c.snapshots.List(a.key.UID, module)
+	if err != nil {
+		return StoredSnapshot{}, false, err
+	}
+	for i := len(all) - 1; i >= 0; i-- {
+		s := all[i]
+		if s.Lineage == g.lineage && s.ImplementationID == g.target.Plan.ImplementationID() {
+			return s, true, nil
+		}
+	}
+	return StoredSnapshot{}, false, nil
+}
