@@ -123,4 +123,3 @@ func restConfig(kubeconfig string) (*rest.Config, error) {
 	}
 	return ctrl.GetConfig()
 }
-
