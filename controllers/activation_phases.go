@@ -82,6 +82,11 @@ func (r *ActivationReconciler) reconcileGenerations(ctx context.Context, s *acti
 	if err != nil {
 		return err
 	}
+	// The coordinator is always ahead of the Generations' mirrored status:
+	// read it after listing them, so that a Generation already showing
+	// activatedAt is never weighed against an older view that knows no
+	// active generation (which would start a lineage that never runs).
+	s.status, s.haveStatus = r.Coordinator.Status(s.key.UID)
 	retry := s.act.Annotations[iteronv1.AnnotationRetry]
 	retryRequested := retry != "" && retry != s.act.Status.LastHandledRetryAt
 	if !retryRequested {

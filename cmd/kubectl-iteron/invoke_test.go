@@ -112,7 +112,7 @@ func TestInvokeCallsAModuleThroughTheGateway(t *testing.T) {
 		{name: "a namespace the caller may not call is denied", args: args("-n", "team-b"), code: exitInvalid,
 			stderr: `error: permission_denied: uid 0 (gid 0) may not call namespace "team-b" (gRPC PermissionDenied)`},
 		{name: "an unknown activation is not found", args: []string{"invoke", "--socket", socket, "--activation", "nope", "--module", "prompt_system"}, code: exitInvalid,
-			stderr: "error: not_found: no module prompt_system in activation default/nope on this node (gRPC NotFound)"},
+			stderr: "error: not_found: no activation default/nope on this node (gRPC NotFound)"},
 		{name: "a socket nobody listens on fails the call", args: []string{"invoke", "--socket", filepath.Join(filepath.Dir(socket), "none.sock"), "--activation", "stack", "--module", "prompt_system"}, code: exitInvalid,
 			stderr: "(gRPC Unavailable)"},
 		{name: "a missing --activation is a usage error", args: []string{"invoke", "--socket", socket, "--module", "prompt_system"}, code: exitUsage, stderr: "--activation is required"},

@@ -36,6 +36,12 @@ type Config struct {
 	// has stopped (before the drain record). Tests use it to act at an exact
 	// point of a transaction (a call after the switch, a SIGKILL mid-swap).
 	AfterPhase func(key ActivationKey, module, phase string)
+	// RecoverAtStart starts the coordinator recovering, as a manager does
+	// after a (re)start: until ExpectActivations has named this node's
+	// activations and each has been prepared, a call for an activation or
+	// module it does not know yet is told to retry (recovering), never that
+	// it does not exist.
+	RecoverAtStart bool
 }
 
 // OldStopped is the AfterPhase point between stopping a swap's old process
@@ -163,7 +169,7 @@ func New(cfg Config) (*Coordinator, error) {
 	}
 	return &Coordinator{
 		cfg: cfg, snapshots: NewSnapshotStore(cfg.StateDir), receipts: effects.NewReceiptStore(),
-		activations: map[string]*activationRuntime{}, started: cfg.Now(), recovering: true,
+		activations: map[string]*activationRuntime{}, started: cfg.Now(), recovering: cfg.RecoverAtStart,
 	}, nil
 }
 

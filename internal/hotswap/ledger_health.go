@@ -146,6 +146,8 @@ func (a *activationRuntime) probeLedger() bool {
 	a.log("the ledger accepts appends again; waiting work resumes", "unwritableFor", now.Sub(h.since).Round(time.Millisecond))
 	h.unwritable, h.lastProbe, h.pending, h.healedAt = nil, nil, nil, now
 	for _, m := range a.modules {
+		// A renewal that waited for the ledger runs now.
+		m.dur.renewRetryAt = time.Time{}
 		if g := m.active; g != nil && g.proc == nil && g.reason == reasons.LedgerUnwritable {
 			// A relaunch that waited for the ledger runs now.
 			g.message = truncateMessage(fmt.Sprintf("%s is relaunched now that the ledger accepts appends again", g.name))

@@ -30,7 +30,21 @@ func (a *activationRuntime) watchProcess(m *moduleRuntime, g *generationRuntime,
 		tail, dropped := proc.StderrTail()
 		a.mu.Lock()
 		crashed := m.active == g && g.proc == proc && !a.stopping
-		if crashed {
+		switch {
+		case crashed && a.health.unwritable != nil:
+			// Nothing can be relaunched (or renewed) until the ledger
+			// accepts appends: the module serves nothing until then, and
+			// says so. Not counted as a crash: a process that reached its
+			// end of life because no renewal could be recorded did nothing
+			// wrong.
+			g.stderrTail, g.stderrDropped = tail, dropped
+			g.proc = nil
+			g.phase, g.reason = iteronv1.PhasePreparing, reasons.LedgerUnwritable
+			g.message = truncateMessage(fmt.Sprintf("the process of %s ended while the ledger cannot be written (a renewal or relaunch must be recorded first): it is relaunched once the ledger accepts appends again", g.name))
+			m.dur.relaunchAt = a.c.cfg.Now()
+			m.dispatcher.PauseNow()
+			m.dispatcher.SetUnavailable(g.reason, g.message)
+		case crashed:
 			g.stderrTail, g.stderrDropped = tail, dropped
 			a.noteCrash(m, g, "the provider process exited")
 		}

@@ -110,6 +110,7 @@ func New(cfg *rest.Config, o Options) (*Manager, error) {
 	coord, err := hotswap.New(hotswap.Config{
 		StateDir: o.StateDir, Launch: hotswap.NewExecutorLauncher(exec),
 		Notify: notifier.Notify, Log: log.WithName("coordinator"), AfterPhase: o.AfterPhase,
+		RecoverAtStart: true,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("coordinator: %w", err)

@@ -1,0 +1,384 @@
+package hotswap
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	iteronv1 "iteron.dev/operator/api/v1alpha1"
+	"iteron.dev/operator/examples/providers/artifacts"
+	"iteron.dev/operator/examples/providers/providertest"
+	"iteron.dev/operator/internal/ledger"
+	"iteron.dev/operator/internal/reasons"
+	"iteron.dev/operator/test/faultfs"
+)
+
+// The ledger-fault table: for each transaction kind and phase, the ledger's
+// directory sits on a real file system (FUSE) that fails the append
+// carrying that phase with ENOSPC and keeps failing every write (a full
+// disk) until healed. Each cell checks what the runner's one failure policy
+// promises: what served before serves (or, past the point of no return, the
+// transaction stands), nothing the transaction started is left running,
+// the status says ledger_unwritable, and once the disk is healed the
+// coordinator replays the ledger by itself, the transaction is closed
+// truthfully, the ledger verifies and the work goes on.
+//
+// make test runs every phase of the hot swap and one phase of every other
+// kind; ITERON_FAULTS=all (make faults) runs every phase of every kind.
+
+// ledgerFaultCell is one cell of the table.
+type ledgerFaultCell struct {
+	kind  string
+	phase ledger.Phase
+	// forward: the failed record comes after work that cannot be undone;
+	// the transaction stands and is closed forward.
+	forward bool
+}
+
+var ledgerFaultKinds = map[string][]ledger.Phase{
+	"first activation": {ledger.PhaseVerify, ledger.PhaseShadowLoad, ledger.PhaseAtomicSwitch, ledger.PhaseCommitted},
+	"hot swap": {ledger.PhaseVerify, ledger.PhaseShadowLoad, ledger.PhaseQuiesce, ledger.PhaseSnapshot, ledger.PhaseMigrate,
+		ledger.PhaseRestore, ledger.PhaseReadiness, ledger.PhaseAtomicSwitch, ledger.PhaseDrain, ledger.PhaseCommitted},
+	"cold replace": {ledger.PhaseVerify, ledger.PhaseShadowLoad, ledger.PhaseQuiesce, ledger.PhaseAtomicSwitch, ledger.PhaseDrain, ledger.PhaseCommitted},
+	"renewal": {ledger.PhaseVerify, ledger.PhaseShadowLoad, ledger.PhaseQuiesce, ledger.PhaseSnapshot, ledger.PhaseRestore,
+		ledger.PhaseReadiness, ledger.PhaseAtomicSwitch, ledger.PhaseDrain, ledger.PhaseCommitted},
+	"relaunch":   {ledger.PhaseVerify, ledger.PhaseShadowLoad, ledger.PhaseRestore, ledger.PhaseReadiness, ledger.PhaseAtomicSwitch, ledger.PhaseCommitted},
+	"retirement": {ledger.PhaseVerify, ledger.PhaseQuiesce, ledger.PhaseSnapshot, ledger.PhaseDrain, ledger.PhaseCommitted},
+}
+
+// inMakeTest is the one phase of each kind other than the hot swap that
+// make test runs.
+var inMakeTest = map[string]ledger.Phase{
+	"first activation": ledger.PhaseShadowLoad, "cold replace": ledger.PhaseAtomicSwitch, "renewal": ledger.PhaseSnapshot,
+	"relaunch": ledger.PhaseRestore, "retirement": ledger.PhaseQuiesce,
+}
+
+func ledgerFaultCells() []ledgerFaultCell {
+	all := os.Getenv("ITERON_FAULTS") == "all"
+	var cells []ledgerFaultCell
+	for _, kind := range []string{"first activation", "hot swap", "cold replace", "renewal", "relaunch", "retirement"} {
+		for _, p := range ledgerFaultKinds[kind] {
+			if !all && kind != "hot swap" && inMakeTest[kind] != p {
+				continue
+			}
+			forward := p == ledger.PhaseCommitted ||
+				p == ledger.PhaseDrain && (kind == "renewal" || kind == "retirement")
+			cells = append(cells, ledgerFaultCell{kind, p, forward})
+		}
+	}
+	return cells
+}
+
+// recordBytes is what the ledger writes for the phase's record (its outcome
+// after the phase), so a rule fails that one append.
+func recordBytes(p ledger.Phase) string {
+	if p == ledger.PhaseCommitted {
+		return `"phase":"committed","outcome":"committed"`
+	}
+	return fmt.Sprintf(`"phase":%q,"outcome":"applied"`, string(p))
+}
+
+// newFaultyLedgerHarness is a harness whose ledgers directory is a FUSE
+// mount over a backing directory.
+func newFaultyLedgerHarness(t *testing.T) (*harness, *faultfs.FS) {
+	t.Helper()
+	if err := faultfs.Supported(); err != nil {
+		t.Skip(err)
+	}
+	stateDir := t.TempDir()
+	backing := filepath.Join(t.TempDir(), "ledgers")
+	mountpoint := filepath.Join(stateDir, ledger.LedgersDir)
+	for _, d := range []string{backing, mountpoint} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fsys, err := faultfs.Mount(backing, mountpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Registered before the harness, so it runs after the coordinator's
+	// shutdown (cleanups run last-in first-out).
+	t.Cleanup(func() {
+		if err := fsys.Unmount(); err != nil {
+			t.Errorf("unmount: %v", err)
+		}
+	})
+	uidCounter.Lock()
+	uidCounter.n++
+	uid := fmt.Sprintf("%08x-0000-4000-8000-000000000000", 0xb0000000+uidCounter.n)
+	uidCounter.Unlock()
+	return newHarnessAt(t, stateDir, ActivationKey{Namespace: "default", Name: "stack", UID: uid}), fsys
+}
+
+func TestALedgerAppendThatFailsLeavesServiceAsItWasAndResumesOnceWritable(t *testing.T) {
+	for _, cell := range ledgerFaultCells() {
+		t.Run(fmt.Sprintf("%s at %s", cell.kind, cell.phase), func(t *testing.T) {
+			runLedgerFaultCell(t, cell)
+		})
+	}
+}
+
+func runLedgerFaultCell(t *testing.T, cell ledgerFaultCell) {
+	h, fsys := newFaultyLedgerHarness(t)
+	swap := SwapPolicy{Deadline: 20 * time.Second, QuiesceTimeout: time.Second}
+	v2 := providertest.Implement(t, artifacts.Spec{Binary: artifacts.CounterV2})
+	v2b := providertest.Implement(t, artifacts.Spec{Binary: artifacts.CounterV2, ImplementationID: "counter-v2b"})
+	v1 := providertest.Implement(t, artifacts.Spec{Binary: artifacts.CounterV1})
+	v1b := providertest.Implement(t, artifacts.Spec{Binary: artifacts.CounterV1, ImplementationID: "counter-v1b"})
+	arm := func() *faultfs.Fault {
+		return fsys.FailWrites(faultfs.Rule{Path: "ledger-*.jsonl", Contains: recordBytes(cell.phase), Errno: syscall.ENOSPC, Persist: faultfs.Everything})
+	}
+	var (
+		old, next ModuleTarget
+		oldPid    int
+		fault     *faultfs.Fault
+		// count is the counter value the module holds when the fault fires
+		// (every kind but a first activation has served a=5 by then).
+		count = 5
+	)
+	switch cell.kind {
+	case "first activation":
+		fault = arm()
+		next = h.target(v2)
+		h.applyWith(swap, 0, next)
+		count = 0
+	case "hot swap", "cold replace", "relaunch", "retirement":
+		impl, nextImpl := v2, v2b
+		if cell.kind == "cold replace" {
+			impl, nextImpl = v1, v1b
+		}
+		old = h.target(impl)
+		checkpoints := time.Duration(0)
+		if cell.kind == "relaunch" {
+			// A durable snapshot for the relaunch to restore.
+			checkpoints = 200 * time.Millisecond
+		}
+		h.applyWith(swap, checkpoints, old)
+		st := h.settle()
+		oldPid = st.Modules["prompt_system"].Pid
+		h.count("prompt_system", "a", 5)
+		if checkpoints > 0 {
+			counted := time.Now()
+			h.waitStatus("a checkpoint after the call", func(st ActivationStatus) bool {
+				cp := st.Generations[old.GenerationName].LastCheckpoint
+				return cp != nil && cp.At.After(counted)
+			})
+		}
+		fault = arm()
+		switch cell.kind {
+		case "relaunch":
+			killGroup(t, oldPid)
+		case "retirement":
+			h.applyWith(swap, 0)
+		default:
+			next = h.target(nextImpl)
+			h.applyWith(swap, 0, next)
+		}
+	case "renewal":
+		// A 10 s lifetime with a 3 s renewal margin: the renewal is due 7 s
+		// after the start, leaving 3 s to heal the disk before the process
+		// reaches its end of life.
+		old = h.target(providertest.Implement(t, artifacts.Spec{Binary: artifacts.CounterV2, RuntimeDeadlineMs: 10_000}))
+		h.applyWith(SwapPolicy{Deadline: 2 * time.Second, QuiesceTimeout: time.Second}, 0, old)
+		st := h.settle()
+		oldPid = st.Modules["prompt_system"].Pid
+		h.count("prompt_system", "a", 5)
+		fault = arm()
+	}
+	if !fault.WaitFired(30 * time.Second) {
+		t.Fatalf("the %s record was never appended (phases so far: %v)", cell.phase, h.recorded())
+	}
+	st := h.waitStatus("ledger_unwritable in status", func(st ActivationStatus) bool { return st.LedgerUnwritable != "" && !st.Busy })
+	if !strings.Contains(st.LedgerUnwritable, "no space left on device") {
+		t.Errorf("the status does not name the error: %q", st.LedgerUnwritable)
+	}
+	ms := st.Modules["prompt_system"]
+
+	// While the disk is full: what serves, and what is left.
+	switch {
+	case cell.kind == "first activation" && !cell.forward, cell.kind == "relaunch" && !cell.forward:
+		// Nothing serves and nothing can be prepared: calls fail at once
+		// with the reason instead of waiting out their deadline.
+		start := time.Now()
+		_, err := h.invoke("prompt_system", `{"key":"a","add":1}`)
+		var ce *CallError
+		if !errors.As(err, &ce) || ce.Code != reasons.LedgerUnwritable || time.Since(start) > 2*time.Second {
+			t.Fatalf("a call while nothing can serve: %v after %s; want ledger_unwritable at once", err, time.Since(start))
+		}
+		if ms.Serving {
+			t.Fatalf("module %+v serves", ms)
+		}
+	case cell.kind == "retirement" && cell.forward:
+		if _, ok := st.Modules["prompt_system"]; ok {
+			t.Fatalf("a retirement past its drain left the module: %+v", ms)
+		}
+	default:
+		count++
+		if cell.kind == "cold replace" && (cell.phase == ledger.PhaseDrain || cell.phase == ledger.PhaseCommitted) {
+			// No state moves in a cold replace: the new generation, or the
+			// old one relaunched by the rollback, starts afresh.
+			count = 1
+		}
+		out := h.count("prompt_system", "a", 1)
+		if out["count"] != float64(count) {
+			t.Fatalf("while the disk is full the module answered %v; want a=%d", out, count)
+		}
+	}
+	if next.GenerationName != "" {
+		gs := st.Generations[next.GenerationName]
+		switch {
+		case cell.forward:
+			if ms.Active != next.GenerationName || !ms.Serving {
+				t.Fatalf("past the point of no return the new generation must serve: %+v", ms)
+			}
+		default:
+			if gs.Phase != iteronv1.PhaseFailed || gs.Reason != reasons.LedgerUnwritable {
+				t.Fatalf("new generation: %s %q (%s); want Failed ledger_unwritable", gs.Phase, gs.Reason, gs.Message)
+			}
+			if gs.LastPid != 0 && !processGone(gs.LastPid) {
+				t.Fatalf("the new generation's process %d was left running", gs.LastPid)
+			}
+			if old.GenerationName != "" && (ms.Active != old.GenerationName || !ms.Serving) {
+				t.Fatalf("the old generation must serve: %+v", ms)
+			}
+		}
+	}
+
+	// Free the disk: the coordinator replays the ledger by itself.
+	fsys.Heal()
+	st = h.waitStatus("the ledger writable again", func(st ActivationStatus) bool { return st.LedgerUnwritable == "" })
+	recs := h.ledgerRecords() // verifies
+	tx := lastTransactionOf(recs, "prompt_system")
+	switch {
+	case cell.forward:
+		if tail := tx[len(tx)-1]; tail.phase != ledger.PhaseCommitted {
+			t.Fatalf("a transaction past its point of no return must be closed forward; it ends %v", tx)
+		}
+	default:
+		n := len(tx)
+		if n < 2 || tx[n-1].phase != ledger.PhaseRolledBack || tx[n-2].outcome != ledger.OutcomeBlocked || !strings.HasPrefix(tx[n-2].reason, reasons.LedgerUnwritable+": ") {
+			t.Fatalf("the interrupted transaction must close blocked(ledger_unwritable) + rolled_back; it ends %v", tx)
+		}
+	}
+
+	// The work goes on.
+	switch cell.kind {
+	case "first activation", "hot swap", "cold replace":
+		if !cell.forward {
+			f := failureFor(st, next.GenerationName)
+			if f == nil || !f.Retryable {
+				t.Fatalf("the attempt cut short by the ledger must be retryable: %+v", f)
+			}
+			retry := h.targetAt(nextImplOf(cell.kind, v2, v2b, v1b), next.Lineage, next.Attempt+1)
+			h.applyWith(swap, 0, retry)
+			next = retry
+		}
+		st = h.waitStatus("the new generation serving", func(st ActivationStatus) bool {
+			ms := st.Modules["prompt_system"]
+			return ms.Active == next.GenerationName && ms.Serving && !st.Busy
+		})
+	case "renewal":
+		h.waitStatus("a renewal committed", func(st ActivationStatus) bool {
+			return st.Generations[old.GenerationName].Renewals >= 1
+		})
+	case "relaunch":
+		st = h.waitStatus("the generation relaunched", func(st ActivationStatus) bool { return st.Modules["prompt_system"].Serving })
+	case "retirement":
+		st = h.waitStatus("the module retired", func(st ActivationStatus) bool {
+			_, ok := st.Modules["prompt_system"]
+			return !ok && !st.Busy
+		})
+		if !processGone(oldPid) {
+			t.Fatalf("the retired generation's process %d is still running", oldPid)
+		}
+	}
+	if cell.kind != "retirement" {
+		switch {
+		case cell.kind == "first activation" && !cell.forward, cell.kind == "cold replace" && !cell.forward:
+			count = 1 // a fresh generation
+		default:
+			count++
+		}
+		if out := h.count("prompt_system", "a", 1); out["count"] != float64(count) {
+			t.Fatalf("after the ledger recovered the module answered %v; want a=%d", out, count)
+		}
+	}
+	h.ledgerRecords()
+	t.Logf("%s at %s: fault fired (%d writes failed), status named ledger_unwritable, service as expected, healed, ledger verifies, last transaction %v", cell.kind, cell.phase, fault.Count(), tx)
+}
+
+func nextImplOf(kind string, v2, v2b, v1b artifacts.Implementation) artifacts.Implementation {
+	switch kind {
+	case "first activation":
+		return v2
+	case "cold replace":
+		return v1b
+	}
+	return v2b
+}
+
+// recordBrief is one ledger record as the fault table reads it.
+type recordBrief struct {
+	module  string
+	phase   ledger.Phase
+	outcome ledger.Outcome
+	reason  string
+}
+
+func (r recordBrief) String() string {
+	if r.reason != "" {
+		return fmt.Sprintf("%s:%s(%s)", r.phase, r.outcome, r.reason)
+	}
+	return fmt.Sprintf("%s:%s", r.phase, r.outcome)
+}
+
+// ledgerRecords replays and verifies the ledger from disk.
+func (h *harness) ledgerRecords() []recordBrief {
+	h.t.Helper()
+	dir, err := ledger.ActivationDir(h.stateDir, h.key.UID)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	var out []recordBrief
+	if _, err := ledger.Replay(dir, ledger.VerifyOptions{}, func(r *ledger.Record) error {
+		b := recordBrief{module: r.Module, phase: r.Phase, outcome: r.Outcome}
+		if r.Reason != nil {
+			b.reason = *r.Reason
+		}
+		out = append(out, b)
+		return nil
+	}); err != nil {
+		h.t.Fatalf("the ledger does not verify: %v", err)
+	}
+	return out
+}
+
+// lastTransactionOf is the module's last transaction in the ledger.
+func lastTransactionOf(recs []recordBrief, module string) []recordBrief {
+	var mine []recordBrief
+	for _, r := range recs {
+		if r.module == module {
+			mine = append(mine, r)
+		}
+	}
+	for i := len(mine) - 1; i > 0; i-- {
+		if mine[i-1].phase == ledger.PhaseCommitted || mine[i-1].phase == ledger.PhaseRolledBack {
+			return mine[i:]
+		}
+	}
+	return mine
+}
+
+// recorded is the phases the AfterPhase hook saw, for failure messages.
+func (h *harness) recorded() []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return slices.Clone(h.phases)
+}
