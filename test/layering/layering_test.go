@@ -23,9 +23,9 @@ const module = "iteron.dev/operator"
 // internalOrder is the order of the internal packages: each may import only
 // those before it (and api/..., pkg/strictjson, pkg/protocol). Packages on
 // one line are peers: neither imports the other. A package below one of
-// these (internal/procexec/conformance) takes its place in the order and may
-// also import the packages of its own line's entry (internal/procexec).
-// Packages that do not exist yet keep their place.
+// these (internal/procexec/conformance) belongs to its row: it takes the same
+// place in the order and may import the package above it. Packages that do
+// not exist yet keep their place.
 var internalOrder = [][]string{
 	{"internal/reasons"},
 	{"internal/catalog"},
@@ -114,7 +114,7 @@ var table = func() []rule {
 			onlyWhy: "nothing imports controllers but cmd/manager (and the test support and suites under test/)",
 			why: "controllers imports only api/..., pkg/strictjson, pkg/protocol, internal/reasons, " +
 				"the verification packages (internal/catalog, internal/activation, internal/graph), internal/hotswap and internal/fleet"},
-		rule{pkgs: "cmd/manager", imports: append(slices.Clone([]string{"api", "pkg", "internal"}), "controllers"),
+		rule{pkgs: "cmd/manager", imports: []string{"api", "pkg", "internal", "controllers"},
 			why: "cmd/manager imports only api/..., pkg/..., internal/... and controllers; never hack/, test/, examples/ or bench/"},
 		rule{pkgs: "cmd", imports: []string{"api", "pkg", "internal"},
 			why: "a command under cmd/ imports only api/..., pkg/... and internal/... (controllers only in cmd/manager); never hack/, test/, examples/ or bench/"},
