@@ -1,19 +1,174 @@
 #!/usr/bin/env bash
-# Runs `go test -v` over the given packages (default ./...), keeps the whole
-# log in bin/test.log and prints as it goes only what a reader needs: each
-# package's result, each failing test, and the API server version each
-# envtest suite ran against. On failure it prints the log without the noise.
+# Runs `go test -v` over the given packages (default ./...) with an explicit
+# -timeout for every package, keeps the whole log in bin/test.log and prints as
+# it goes only what a reader needs: which packages run with which timeout, each
+# package's result, each failing test, and the API server version each envtest
+# suite ran against. On failure it prints the log without the noise.
+#
+# Light packages run first, in parallel as `go test` runs them (one `go test`
+# per timeout value). The heavy end-to-end packages (those that start a
+# control plane or the real manager) then run one at a time. A package whose
+# test binary links controller-runtime's envtest starts a control plane, so it
+# runs one at a time even when the table below does not name it.
+#
+# Extra `go test` flags come from GO_TEST_FLAGS (after ours, so a -timeout
+# there wins). Arguments are packages.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 log="$root/bin/test.log"
 mkdir -p "$root/bin"
 [ "$#" -gt 0 ] || set -- ./...
-go test -v ${GO_TEST_FLAGS:-} "$@" 2>&1 | tee "$log" |
-  awk '/^(ok|FAIL|panic:)|^--- FAIL|^    --- FAIL|run against kube-apiserver/ { print; fflush() }'
-status=${PIPESTATUS[0]}
+module=iteron.dev/operator
+
+# Timeouts, first match wins. A package is its path in the module; `x/...`
+# matches x and every package below it. `serial` packages run one at a time
+# after the others. A package no row matches gets default_timeout and runs
+# with the light ones. Each timeout is three times the longest run measured
+# (passing or not), rounded up to a whole minute, and at least 3m for a
+# package that starts a control plane (etcd and kube-apiserver start in
+# seconds on an idle machine, far slower on a busy one). The comments give
+# the test binary's times as `go test` reported them in four runs (1 Dec
+# 2026, 2 cores shared with other agents' builds and tests, 1-minute load
+# average 1 to 14).
+default_timeout=3m # the longest light package outside the table: internal/procexec 19-30s
+table=(
+  # package          timeout  mode        measured
+  "internal/hotswap  7m       parallel" # 121-126s
+  "api/v1alpha1      3m       serial"   # 6.8-9.5s
+  "cmd/manager       3m       serial"   # 11.6-17.0s
+  "controllers       6m       serial"   # 30-35s passing; 87s and 109s when one test failed after a 60s wait
+  "test/crash        4m       serial"   # 60-70s
+  "test/doctor       3m       serial"   # 11.5-16.7s
+  "test/e2e          3m       serial"   # 16.7-32.1s
+  "test/gitops       3m       serial"   # 8.1-8.5s
+)
+
+# rule <relative package> prints "<timeout> <mode> <row>" for the first row
+# that matches, or the default.
+rule() {
+  local row pattern timeout mode
+  for row in "${table[@]}"; do
+    read -r pattern timeout mode <<<"$row"
+    if [ "$1" = "$pattern" ] || { [ "${pattern%/...}" != "$pattern" ] &&
+      { [ "$1" = "${pattern%/...}" ] || [ "${1#"${pattern%/...}"/}" != "$1" ]; }; }; then
+      echo "$timeout $mode $pattern"
+      return
+    fi
+  done
+  echo "$default_timeout parallel default"
+}
+
+: >"$log"
+say() { echo "$@" | tee -a "$log"; }
+
+# The packages, and which of them link envtest into their test binary.
+if ! pkgs=$(go list -e "$@"); then
+  say "go list $* failed"
+  exit 1
+fi
+envtest=$(go list -e -test -f '{{if eq .Name "main"}}{{.ImportPath}}{{range .Deps}} {{.}}{{end}}{{end}}' "$@" |
+  awk '$1 ~ /\.test$/ { for (i = 2; i <= NF; i++) if ($i == "sigs.k8s.io/controller-runtime/pkg/envtest") { sub(/\.test$/, "", $1); print $1; break } }')
+
+declare -A light=()  # timeout -> packages (space-separated)
+serial=()            # "timeout package"
+declare -A matched=() # table row -> 1
+n=0
+say "== packages and their -timeout (a row of hack/test.sh, else the default $default_timeout):"
+for pkg in $pkgs; do
+  rel=${pkg#"$module"/}
+  [ "$pkg" = "$module" ] && rel=.
+  read -r timeout mode row <<<"$(rule "$rel")"
+  matched[$row]=1
+  note=""
+  if [ "$mode" = parallel ] && grep -qxF "$pkg" <<<"$envtest"; then
+    mode=serial
+    note=" (links envtest: one at a time; give it a row in hack/test.sh)"
+  fi
+  if [ "$mode" = serial ]; then
+    serial+=("$timeout $pkg")
+  else
+    light[$timeout]+=" $pkg"
+  fi
+  say "   $(printf '%-6s %-8s %s' "$timeout" "$mode" "$rel")$note"
+  n=$((n + 1))
+done
+[ -z "${GO_TEST_FLAGS:-}" ] || say "   GO_TEST_FLAGS, after the -timeout (so a -timeout there wins): $GO_TEST_FLAGS"
+if [ "$*" = ./... ]; then
+  for row in "${table[@]}"; do
+    read -r pattern _ <<<"$row"
+    [ -n "${matched[$pattern]:-}" ] || say "   warning: the table row for $pattern matches no package (renamed? removed?)"
+  done
+fi
+
+# run <log> <description> <go test args...>: one `go test -v`; its whole output
+# is appended to <log>, the lines a reader needs go to the terminal as they
+# come, and its exit status and duration to <log>.rc.
+run() {
+  local out=$1 what=$2 start=$SECONDS rc
+  shift 2
+  echo "== go test $what" | tee -a "$out"
+  go test -v "$@" 2>&1 | tee -a "$out" |
+    awk '/^(ok|FAIL|panic:)|^--- FAIL|^    --- FAIL|run against kube-apiserver/ { print; fflush() }'
+  rc=${PIPESTATUS[0]}
+  echo "$rc $((SECONDS - start)) $what" >"$out.rc"
+}
+packages() { if [ "$1" -eq 1 ]; then echo "1 package"; else echo "$1 packages"; fi; }
+
+# The light packages: one `go test` per timeout, all at the same time (a
+# package with a long timeout mostly waits: run alone, it would add its whole
+# duration). Each writes its own part of the log; the parts are appended in
+# order once all are done.
+parts=$(mktemp -d)
+trap 'rm -rf "$parts"' EXIT
+i=0
+for timeout in $(printf '%s\n' "${!light[@]}" | sort -V); do
+  i=$((i + 1))
+  # shellcheck disable=SC2086 # lists of packages and of flags
+  set -- ${light[$timeout]}
+  what="$(packages $#), in parallel"
+  [ "$#" -gt 1 ] || what=${1#"$module"/}
+  # shellcheck disable=SC2086
+  run "$parts/$(printf 'light%03d' $i)" "-timeout $timeout: $what" \
+    -timeout "$timeout" ${GO_TEST_FLAGS:-} "$@" &
+done
+wait
+for part in "$parts"/light*.rc; do
+  [ -e "$part" ] && cat "${part%.rc}" >>"$log"
+done
+# The heavy packages, one at a time, straight into the log.
+for entry in "${serial[@]}"; do
+  i=$((i + 1))
+  read -r timeout pkg <<<"$entry"
+  # shellcheck disable=SC2086
+  run "$log" "-timeout $timeout: ${pkg#"$module"/}, alone" -timeout "$timeout" ${GO_TEST_FLAGS:-} "$pkg"
+  mv "$log.rc" "$parts/$(printf 'serial%03d' $i).rc"
+done
+
+status=0
+results=()
+for part in "$parts"/light*.rc "$parts"/serial*.rc; do
+  [ -e "$part" ] || continue
+  read -r rc secs what <"$part"
+  results+=("$(printf '%-4s %5ss  %s' "$([ "$rc" -eq 0 ] && echo ok || echo FAIL)" "$secs" "$what")")
+  [ "$rc" -eq 0 ] || status=$rc
+done
+
+# Every package must have reported a result: none is skipped in silence.
+missing=()
+for pkg in $pkgs; do
+  grep -qE "^(ok|FAIL|\?)[[:space:]]+${pkg//./\\.}([[:space:]]|$)" "$log" || missing+=("$pkg")
+done
+
+[ "${#missing[@]}" -eq 0 ] || [ "$status" -ne 0 ] || status=1
 if [ "$status" -ne 0 ]; then
   echo
   echo "go test failed (exit $status); the log without passing-test noise follows (whole log: $log):"
   grep -v -E '^\s*(=== (RUN|PAUSE|CONT|NAME)|--- (PASS|SKIP)|PASS$)' "$log" | tail -400
+fi
+echo
+say "== summary ($n packages, $((SECONDS / 60))m$((SECONDS % 60))s):"
+for r in "${results[@]}"; do say "   $r"; done
+if [ "${#missing[@]}" -gt 0 ]; then
+  say "   FAIL: no result for ${missing[*]}"
 fi
 exit "$status"
