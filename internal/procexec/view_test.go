@@ -174,21 +174,9 @@ func TestAScriptWithAnotherInterpreterIsRefusedBeforeSpawn(t *testing.T) {
 func TestADescendantThatLeftTheGroupIsKilledByTheSubreaper(t *testing.T) {
 	ex := newExecutor(t)
 	p := loaded(t, ex, implement(t, artifacts.Faulty, "--fault", "escape", "--at", "load"))
-	var escapee int
-	for deadline := time.Now().Add(5 * time.Second); escapee == 0 && time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
-		if gc := grandchildren(p.StderrTail()); len(gc) == 1 {
-			escapee = gc[0]
-		}
-	}
-	if escapee == 0 {
-		t.Fatalf("faulty reported no escaped grandchild: %q", p.StderrTail())
-	}
-	st, err := readStat(escapee)
-	if err != nil || st.pgid == p.Pgid() {
-		t.Fatalf("the escapee %d is not outside the group: %+v, %v", escapee, st, err)
-	}
+	escapee := waitEscapee(t, p)
 	p.Close()
-	waitGone(t, 5*time.Second, st.pgid, escapee)
+	waitGone(t, 5*time.Second, escapee, escapee)
 }
 
 // checkNothingInherited checks, from the host, that the provider's fds 0-2
