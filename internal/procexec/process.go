@@ -627,12 +627,15 @@ func (p *Process) teardown(graceful bool) {
 	kickReaper() // descendants that left the group are re-parented now
 
 	// Drain the pipes: they close when the last holder dies; a descendant
-	// that left the group may hold them, so the wait is bounded.
-	drain := time.NewTimer(p.ex.cfg.WaitDelay)
+	// that left the group may hold them, so the wait is bounded. One bound
+	// for both, on a channel that stays closed: a timer's channel fires
+	// once, and the wait for the second pipe would never end.
+	drained := make(chan struct{})
+	drain := time.AfterFunc(p.ex.cfg.WaitDelay, func() { close(drained) })
 	for _, ch := range []chan struct{}{p.stdoutDone, p.stderrDone} {
 		select {
 		case <-ch:
-		case <-drain.C:
+		case <-drained:
 		}
 	}
 	drain.Stop()
