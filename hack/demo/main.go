@@ -25,6 +25,10 @@ import (
 	"syscall"
 	"time"
 
+	"go.uber.org/zap/zapcore"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+
 	"iteron.dev/operator/test/kubeapi"
 )
 
@@ -32,6 +36,15 @@ const (
 	activationName = "stack"
 	namespace      = "default"
 )
+
+// init gives controller-runtime a logger before anything can log through
+// it: envtest does, in step 4, and when that is 30 s or more after the
+// process started (the builds of a first run take minutes) controller-runtime
+// prints a stack trace saying that no logger was set. Its errors go to
+// stderr; its other lines are not part of the narration.
+func init() {
+	ctrllog.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(zapcore.ErrorLevel)))
+}
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

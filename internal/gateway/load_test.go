@@ -19,22 +19,52 @@ import (
 // while loadSwaps hot swaps alternate the counter between two
 // implementations; loadLead is how many calls the workers may run ahead of
 // the next swap's milestone, so that calls keep arriving while it runs.
+// probeSleep is how long the probe call each swap's quiesce finds in flight
+// holds the run slot.
 const (
 	loadWorkers = 8
 	loadCalls   = 200
 	loadSwaps   = 10
 	loadLead    = 48
+	probeSleep  = 200 * time.Millisecond
 )
 
+// quiesceProbe is what one swap's quiesce found in flight, and when.
+type quiesceProbe struct {
+	id string
+	// oldLineage is the generation routed when the swap reached quiesce.
+	oldLineage int64
+	// pauseAt is when quiesce was about to pause dispatching (the probe
+	// already running); quiescedAt and switchedAt are when the quiesce and
+	// atomic_switch records were durable (zero if never).
+	pauseAt, quiescedAt, switchedAt time.Time
+	setupErr                        error
+	// The probe's outcome, as its caller saw it.
+	resp     *gatewayv1.InvokeResponse
+	err      error
+	returned chan struct{}
+}
+
+// The load alone would pass with quiesce's wait removed: a counter run
+// takes microseconds, so none is in flight when a swap pauses, and none is
+// left running when the old process is snapshotted. So each swap, at
+// shadow_load (just before quiesce pauses the dispatcher), also makes a
+// probe call that sleeps probeSleep, and goes on only once the probe runs:
+// quiesce always finds a run in flight, and must wait for it (the probe
+// finishing on the old generation with its terminal observation, before
+// the quiesce record) rather than snapshot under it.
 func TestNoCallIsLostOrDoubledAcrossConsecutiveSwapsUnderLoad(t *testing.T) {
 	var (
-		dmu        sync.Mutex
-		dispatched = map[string][]int64{} // invocation → lineages that took it
+		dmu          sync.Mutex
+		dispatched   = map[string][]int64{}   // invocation → lineages that took it
+		dispatchedAt = map[string]time.Time{} // invocation → when its run started
+		probes       []*quiesceProbe
 	)
 	h := newHarness(t, func(_ *hotswap.Config, c *Config) {
 		c.OnDispatch = func(d Dispatch) {
 			dmu.Lock()
 			dispatched[d.InvocationID] = append(dispatched[d.InvocationID], d.Route.Lineage)
+			dispatchedAt[d.InvocationID] = d.At
 			dmu.Unlock()
 		}
 	})
@@ -45,6 +75,60 @@ func TestNoCallIsLostOrDoubledAcrossConsecutiveSwapsUnderLoad(t *testing.T) {
 	a := newActivation("default", "load")
 	first := h.deploy(a, impls[0], hotswap.SwapPolicy{})
 	h.settle(a, first)
+	disp, _ := h.coord.Dispatcher("default", "load", module)
+
+	h.mu.Lock()
+	h.afterPhase = func(_ hotswap.ActivationKey, _ string, phase string) {
+		now := time.Now()
+		dmu.Lock()
+		n := len(probes)
+		var cur *quiesceProbe
+		if n > 0 {
+			cur = probes[n-1]
+		}
+		dmu.Unlock()
+		switch phase {
+		case "shadow_load":
+			pr := &quiesceProbe{id: fmt.Sprintf("probe-%d", n+1), returned: make(chan struct{})}
+			if r := disp.Route(); r != nil {
+				pr.oldLineage = r.Lineage
+			}
+			dmu.Lock()
+			probes = append(probes, pr)
+			dmu.Unlock()
+			go func() {
+				defer close(pr.returned)
+				pr.resp, pr.err = h.invoke(nil, &gatewayv1.InvokeRequest{
+					Namespace: "default", Activation: "load", Module: module, InvocationId: pr.id,
+					InputJson: fmt.Sprintf(`{"key":"probe","add":1,"sleep_ms":%d}`, probeSleep.Milliseconds()),
+				})
+			}()
+			// The dispatcher is not paused yet: the probe runs after the
+			// calls queued before it. Quiesce must find it running.
+			for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Microsecond) {
+				dmu.Lock()
+				_, running := dispatchedAt[pr.id]
+				dmu.Unlock()
+				if running {
+					break
+				}
+				if time.Now().After(deadline) {
+					pr.setupErr = fmt.Errorf("the probe was not dispatched within 30s")
+					break
+				}
+			}
+			pr.pauseAt = time.Now()
+		case "quiesce":
+			if cur != nil {
+				cur.quiescedAt = now
+			}
+		case "atomic_switch":
+			if cur != nil {
+				cur.switchedAt = now
+			}
+		}
+	}
+	h.mu.Unlock()
 
 	const total = loadWorkers * loadCalls
 	step := int64(total / (loadSwaps + 1))
@@ -114,10 +198,64 @@ func TestNoCallIsLostOrDoubledAcrossConsecutiveSwapsUnderLoad(t *testing.T) {
 	wg.Wait()
 	elapsed := time.Since(start)
 	<-swapsFinished
+	h.mu.Lock()
+	h.afterPhase = nil
+	h.mu.Unlock()
+	for _, pr := range probes {
+		<-pr.returned
+	}
+
+	// Each swap's quiesce: the run in flight when it paused (one run slot:
+	// the last one dispatched before the pause, which must be the probe)
+	// ended on the old generation with its terminal observation, and the
+	// quiesce record waited for it; no other run started on the old
+	// generation after the pause.
+	var waited []string
+	for i, pr := range probes {
+		dmu.Lock()
+		probeAt, probeOn := dispatchedAt[pr.id], dispatched[pr.id]
+		var last string
+		var onOld []string
+		for id, at := range dispatchedAt {
+			if at.Before(pr.pauseAt) && (last == "" || at.After(dispatchedAt[last])) {
+				last = id
+			}
+			// The atomic_switch record comes after the dispatcher resumed
+			// on the new generation: what the pause forbids is another run
+			// on the old one.
+			if !pr.switchedAt.IsZero() && at.After(pr.pauseAt) && slices.Contains(dispatched[id], pr.oldLineage) {
+				onOld = append(onOld, id)
+			}
+		}
+		dmu.Unlock()
+		waited = append(waited, pr.quiescedAt.Sub(probeAt).Round(time.Millisecond).String())
+		switch {
+		case pr.setupErr != nil:
+			t.Errorf("swap %d: %v", i+1, pr.setupErr)
+		case last != pr.id:
+			t.Errorf("swap %d: the run in flight when quiesce paused was %s, not the probe %s", i+1, last, pr.id)
+		case pr.err != nil:
+			t.Errorf("swap %d: the probe %s, running when quiesce paused generation %d, failed: %v", i+1, pr.id, pr.oldLineage, pr.err)
+		case pr.resp.Generation != pr.oldLineage || len(probeOn) != 1 || probeOn[0] != pr.oldLineage:
+			t.Errorf("swap %d: the probe ran on %v and answered from generation %d; want the old generation %d", i+1, probeOn, pr.resp.Generation, pr.oldLineage)
+		case decodeCounter(t, pr.resp.ObservationJson).Count != int64(i+1):
+			t.Errorf("swap %d: the probe's terminal observation %s; want count %d", i+1, pr.resp.ObservationJson, i+1)
+		}
+		if pr.quiescedAt.IsZero() || pr.quiescedAt.Sub(probeAt) < probeSleep {
+			t.Errorf("swap %d: quiesce was recorded %v after the probe started (a run of %v): it did not wait for the run in flight", i+1, pr.quiescedAt.Sub(probeAt), probeSleep)
+		}
+		if len(onOld) != 0 {
+			t.Errorf("swap %d: %v started on generation %d after quiesce paused it", i+1, onOld, pr.oldLineage)
+		}
+	}
+	t.Logf("quiesce: %d swaps each paused with a run of %v in flight; quiesce recorded after it started: %v", len(probes), probeSleep, waited)
 	select {
 	case err := <-swapErr:
 		t.Fatal(err)
 	default:
+	}
+	if len(probes) < loadSwaps {
+		t.Fatalf("%d quiesces seen for %d swaps", len(probes), loadSwaps)
 	}
 
 	failures := 0
@@ -147,15 +285,15 @@ func TestNoCallIsLostOrDoubledAcrossConsecutiveSwapsUnderLoad(t *testing.T) {
 	final, resp := h.count(a, module, "w0", 0)
 	lineages := slices.Sorted(mapKeys(served))
 	t.Logf("load: %d calls by %d workers in %v, %d failed; %d swaps (%d → generation %d); served by generations %v (calls each: %v); counter total %d, want %d",
-		total, loadWorkers, elapsed.Round(time.Millisecond), failures, swapsDone.Load(), first.Lineage, resp.Generation, lineages, counts(served, lineages), final.Total, total)
+		total, loadWorkers, elapsed.Round(time.Millisecond), failures, swapsDone.Load(), first.Lineage, resp.Generation, lineages, counts(served, lineages), final.Total, total+len(probes))
 	if failures != 0 {
 		t.Fatalf("%d calls failed", failures)
 	}
 	if resp.Generation != 1+loadSwaps {
 		t.Fatalf("the module ends on generation %d; want %d after %d swaps", resp.Generation, 1+loadSwaps, loadSwaps)
 	}
-	if final.Total != total {
-		t.Fatalf("counter total %d after %d calls across %d swaps: state lost or doubled", final.Total, total, loadSwaps)
+	if final.Total != int64(total+len(probes)) {
+		t.Fatalf("counter total %d after %d calls and %d probes across %d swaps: state lost or doubled", final.Total, total, len(probes), loadSwaps)
 	}
 	for g := int64(1); g <= 1+loadSwaps; g++ {
 		if served[g] == 0 {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -55,6 +56,15 @@ func startAndWait(input string, deadline time.Duration) func(t *testing.T, p *Pr
 		}
 		_, err = run.Result()
 		return err
+	}
+}
+
+// escapedThen waits for the grandchild faulty forked out of its group (at
+// load) and checks it leads a group of its own before going on.
+func escapedThen(next func(t *testing.T, p *Process) error) func(t *testing.T, p *Process) error {
+	return func(t *testing.T, p *Process) error {
+		waitEscapee(t, p)
+		return next(t, p)
 	}
 }
 
@@ -200,6 +210,21 @@ func faultCases() []faultCase {
 					t.Fatalf("left behind %v, faulty's grandchildren %v", td.LeftBehind, gc)
 				}
 			}},
+		// A grandchild that left the group (setsid) survives the group
+		// kill: the subreaper, which inherits it when the provider dies,
+		// kills it.
+		{name: "an escaped grandchild holding no pipe dies with a crashing provider", argv: []string{"--fault", "escape", "--at", "load", "--fault", "crash", "--at", "start"},
+			drive: loadThen(escapedThen(startAndWait(counterInput, time.Second))), kind: KindExited, op: "start", reason: reasons.ProviderFailed},
+		{name: "an escaped grandchild holding stdout and stderr dies with a hung provider", argv: []string{"--fault", "escape", "--at", "load", "--hold-pipes", "--fault", "hang", "--at", "start"},
+			drive: loadThen(escapedThen(startAndWait(counterInput, 400*time.Millisecond))), kind: KindTimeout, op: "start", reason: reasons.DeadlineExceeded},
+		{name: "an escaped grandchild holding stdout and stderr is killed after a clean stop", argv: []string{"--fault", "escape", "--at", "load", "--hold-pipes"},
+			drive: loadThen(escapedThen(func(t *testing.T, p *Process) error { return p.Stop(ctx(t), "test") })),
+			check: func(t *testing.T, p *Process, err error) {
+				// Not of the group, so not reported as left in it.
+				if td := p.Teardown(); len(td.LeftBehind) != 0 {
+					t.Fatalf("left behind %v: the escapee is not in the group", td.LeftBehind)
+				}
+			}},
 		{name: "a stderr flood is kept to its newest bytes and never a fault", argv: []string{"--fault", "stderr-flood", "--at", "start", "--size", "300000"},
 			drive: loadThen(func(t *testing.T, p *Process) error {
 				if err := startAndWait(counterInput, 5*time.Second)(t, p); err != nil {
@@ -221,9 +246,10 @@ func faultCases() []faultCase {
 
 // TestEveryFaultEndsInItsTypedErrorAndLeavesNothing drives each fault of
 // faulty (and the limits the host enforces) and checks the typed error, that
-// no process of the group is left (grandchildren included), that no
-// goroutine is left but the permanent spawner and reaper, and that the pipes
-// are closed. With -v it prints the table of the acceptance criteria.
+// no process of the group is left (grandchildren included) nor any
+// grandchild that left the group, that no goroutine is left but the
+// permanent spawner and reaper, and that the pipes are closed. With -v it
+// prints the table of the acceptance criteria.
 func TestEveryFaultEndsInItsTypedErrorAndLeavesNothing(t *testing.T) {
 	ex := newExecutor(t)
 	var table []string
@@ -244,6 +270,13 @@ func TestEveryFaultEndsInItsTypedErrorAndLeavesNothing(t *testing.T) {
 				t.Fatalf("Launch: %v", err)
 			}
 			leader := p.Pid()
+			t.Cleanup(func() {
+				// A failing run must not leave the group behind. While it
+				// has members, its pgid cannot name another group.
+				if len(p.Remaining()) != 0 {
+					syscall.Kill(-p.Pgid(), syscall.SIGKILL)
+				}
+			})
 			err = tc.drive(t, p)
 			f, isFault := AsFault(err)
 			switch {
@@ -264,6 +297,7 @@ func TestEveryFaultEndsInItsTypedErrorAndLeavesNothing(t *testing.T) {
 				}
 			}
 			p.Close()
+			closed := time.Now()
 			group := append([]int{leader}, grandchildren(p.StderrTail())...)
 			gone := len(alive(p.Pgid(), group...)) == 0 && len(p.Remaining()) == 0
 			if !gone {
@@ -273,6 +307,41 @@ func TestEveryFaultEndsInItsTypedErrorAndLeavesNothing(t *testing.T) {
 					detail = append(detail, fmt.Sprintf("%d: %+v %v", pid, st, err))
 				}
 				t.Errorf("processes of the group left: %v (remaining in pgid %d: %v; teardown %+v)", alive(p.Pgid(), group...), p.Pgid(), detail, p.Teardown())
+			}
+			// The group kill ends the group at once; what the kill timeout
+			// bounds is only a process in uninterruptible sleep. A teardown
+			// that needed it (the group outlived the kill and was ended by
+			// the sweep's later kill, or never) did not kill the group.
+			td := p.Teardown()
+			if len(td.Unreaped) != 0 || td.Reaped >= ex.Config().KillTimeout {
+				gone = false
+				t.Errorf("the group was reaped %v after the teardown began (unreaped: %v): not by its kill, which takes milliseconds, but after the %v kill timeout",
+					td.Reaped, td.Unreaped, ex.Config().KillTimeout)
+			}
+			// An escapee is killed by the subreaper once it is re-parented
+			// (on the leader's SIGCHLD or the teardown's kick), not by the
+			// group kill: wait for it, within less than the reaper's 5 s
+			// backstop scan.
+			escaped := escapees(p.StderrTail())
+			var escapedLeft []int
+			for {
+				escapedLeft = escapedLeft[:0]
+				for _, pid := range escaped {
+					escapedLeft = append(escapedLeft, alive(pid, pid)...)
+				}
+				if len(escapedLeft) == 0 || time.Since(closed) > 2*time.Second {
+					break
+				}
+				time.Sleep(time.Millisecond)
+			}
+			escapedGone := "-"
+			if len(escaped) != 0 {
+				escapedGone = fmt.Sprintf("%d, gone %v after Close", len(escaped), time.Since(closed).Round(time.Millisecond))
+				if len(escapedLeft) != 0 {
+					gone = false
+					escapedGone = fmt.Sprintf("%d, %v still there after 2s", len(escaped), escapedLeft)
+					t.Errorf("escaped descendants %v still exist 2s after Close", escapedLeft)
+				}
 			}
 			leak := leakedGoroutines()
 			if leak != nil {
@@ -290,10 +359,10 @@ func TestEveryFaultEndsInItsTypedErrorAndLeavesNothing(t *testing.T) {
 			if leak != nil {
 				leaked = strings.Count(leak.Error(), "Goroutine ")
 			}
-			table = append(table, fmt.Sprintf("| %s | %s | %d | %s | %d |", tc.name, typed, len(group), yesNo(gone), leaked))
+			table = append(table, fmt.Sprintf("| %s | %s | %d | %v | %s | %s | %d |", tc.name, typed, len(group), td.Reaped.Round(time.Millisecond), escapedGone, yesNo(gone), leaked))
 		})
 	}
-	t.Logf("\n| fault | typed error | group size | group gone | goroutines leaked |\n|---|---|---|---|---|\n%s", strings.Join(table, "\n"))
+	t.Logf("\n| fault | typed error | group size | group reaped in | escaped | all gone | goroutines leaked |\n|---|---|---|---|---|---|---|\n%s", strings.Join(table, "\n"))
 }
 
 func yesNo(b bool) string {

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -113,16 +114,55 @@ func isProcess(pid int) bool {
 	return strings.Contains(string(b), "\nTgid:\t"+strconv.Itoa(pid)+"\n")
 }
 
-var grandchildRE = regexp.MustCompile(`faulty: (?:escaped )?grandchild (\d+)`)
+var (
+	grandchildRE = regexp.MustCompile(`faulty: grandchild (\d+)`)
+	escapeeRE    = regexp.MustCompile(`faulty: escaped grandchild (\d+)`)
+)
 
-// grandchildren parses the pids faulty reports on stderr.
-func grandchildren(stderr []byte) []int {
+// grandchildren parses the pids of the grandchildren faulty reports on
+// stderr that stayed in its group.
+func grandchildren(stderr []byte) []int { return pidsOf(grandchildRE, stderr) }
+
+// escapees parses the pids of the grandchildren faulty reports on stderr
+// that left its group (setsid: each leads a session and a group of its own).
+func escapees(stderr []byte) []int { return pidsOf(escapeeRE, stderr) }
+
+func pidsOf(re *regexp.Regexp, stderr []byte) []int {
 	var pids []int
-	for _, m := range grandchildRE.FindAllSubmatch(stderr, -1) {
+	for _, m := range re.FindAllSubmatch(stderr, -1) {
 		pid, _ := strconv.Atoi(string(m[1]))
 		pids = append(pids, pid)
 	}
 	return pids
+}
+
+// waitEscapee waits for faulty to report the grandchild that left its
+// group, checks while it lives that it leads a group of its own (so that a
+// test that finds it gone after the teardown has something to show), and
+// kills it at the end of the test if it is still there.
+func waitEscapee(t *testing.T, p *Process) int {
+	t.Helper()
+	var pid int
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		if e := escapees(p.StderrTail()); len(e) == 1 {
+			pid = e[0]
+			break
+		}
+	}
+	if pid == 0 {
+		t.Fatalf("faulty reported no escaped grandchild: %q", p.StderrTail())
+	}
+	st, err := readStat(pid)
+	if err != nil || st.pgid != pid || st.pgid == p.Pgid() {
+		t.Fatalf("the escapee %d does not lead a group outside %d: %+v, %v", pid, p.Pgid(), st, err)
+	}
+	t.Cleanup(func() {
+		// A failing run must not leave it sleeping forever.
+		if len(alive(pid, pid)) != 0 {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+	})
+	return pid
 }
 
 // waitGone polls until none of pids exists in group pgid, or fails.

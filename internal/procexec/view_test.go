@@ -175,21 +175,43 @@ func TestAScriptWithAnotherInterpreterIsRefusedBeforeSpawn(t *testing.T) {
 func TestADescendantThatLeftTheGroupIsKilledByTheSubreaper(t *testing.T) {
 	ex := newExecutor(t)
 	p := loaded(t, ex, implement(t, artifacts.Faulty, "--fault", "escape", "--at", "load"))
-	var escapee int
-	for deadline := time.Now().Add(5 * time.Second); escapee == 0 && time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
-		if gc := grandchildren(p.StderrTail()); len(gc) == 1 {
-			escapee = gc[0]
-		}
-	}
-	if escapee == 0 {
-		t.Fatalf("faulty reported no escaped grandchild: %q", p.StderrTail())
-	}
-	st, err := readStat(escapee)
-	if err != nil || st.pgid == p.Pgid() {
-		t.Fatalf("the escapee %d is not outside the group: %+v, %v", escapee, st, err)
-	}
+	escapee := waitEscapee(t, p)
 	p.Close()
-	waitGone(t, 5*time.Second, st.pgid, escapee)
+	waitGone(t, 5*time.Second, escapee, escapee)
+}
+
+// TestCloseReturnsAfterWaitDelayWhileAnEscapeeHoldsBothPipes runs the
+// provider as the manager's own uid: the subreaper then cannot tell its
+// escaped descendant from the manager's own children and leaves it alone
+// (reaper.go), so the escapee keeps stdout and stderr open after the group
+// is gone. Draining them is bounded by WaitDelay, both of them: Close
+// returns.
+func TestCloseReturnsAfterWaitDelayWhileAnEscapeeHoldsBothPipes(t *testing.T) {
+	cfg := DefaultConfig(t.TempDir())
+	cfg.ProviderUID, cfg.ProviderGID = uint32(os.Geteuid()), uint32(os.Getegid())
+	ex, err := NewExecutor(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := loaded(t, ex, implement(t, artifacts.Faulty, "--fault", "escape", "--at", "load", "--hold-pipes"))
+	escapee := waitEscapee(t, p)
+	closed := make(chan time.Duration, 1)
+	go func() {
+		t0 := time.Now()
+		p.Close()
+		closed <- time.Since(t0)
+	}()
+	bound := ex.Config().WaitDelay + 5*time.Second
+	select {
+	case took := <-closed:
+		t.Logf("Close returned after %v (WaitDelay %v); teardown %+v", took, ex.Config().WaitDelay, p.Teardown())
+	case <-time.After(bound):
+		syscall.Kill(escapee, syscall.SIGKILL) // closes the pipes, which ends the teardown
+		t.Fatalf("Close did not return within %v while escapee %d held stdout and stderr (it returned %v after the escapee was killed)", bound, escapee, <-closed)
+	}
+	if len(alive(escapee, escapee)) == 0 {
+		t.Fatalf("the escapee %d was killed: the bound on draining the pipes was not exercised", escapee)
+	}
 }
 
 // checkNothingInherited checks, from the host, that the provider's fds 0-2

@@ -5,7 +5,7 @@
 //
 // Usage:
 //
-//	faulty [--fault KIND --at OP [--skip N] [--always] [--size N] [--children N] [--once-marker PATH]]...
+//	faulty [--fault KIND --at OP [--skip N] [--always] [--size N] [--children N] [--hold-pipes] [--once-marker PATH]]...
 //
 // OP is load, start, cancel, stop, snapshot, migrate, restore or readiness.
 // A fault fires at the first request for OP (after skipping N of them), or
@@ -24,7 +24,8 @@
 //	stderr-flood         write --size bytes (default 1 MiB) to stderr, then answer normally
 //	fork-grandchild      fork --children grandchildren (default 1) in the group that ignore
 //	                     SIGTERM and hold stdout and stderr, then answer normally
-//	escape               fork a grandchild that leaves the group (setsid), then answer normally
+//	escape               fork a grandchild that leaves the group (setsid) holding no pipe (or,
+//	                     with --hold-pipes, holding stdout and stderr), then answer normally
 package main
 
 import (
@@ -53,6 +54,7 @@ type fault struct {
 	always     bool
 	size       int
 	children   int
+	holdPipes  bool
 	onceMarker string
 	seen       int
 	fired      bool
@@ -119,6 +121,8 @@ func parse(args []string) ([]*fault, error) {
 			cur.size, err = num()
 		case "--children":
 			cur.children, err = num()
+		case "--hold-pipes":
+			cur.holdPipes = true
 		case "--once-marker":
 			cur.onceMarker, err = val()
 		default:
@@ -131,6 +135,9 @@ func parse(args []string) ([]*fault, error) {
 	for _, f := range faults {
 		if f.at == "" {
 			return nil, fmt.Errorf("--fault %s needs --at", f.kind)
+		}
+		if f.holdPipes && f.kind != "escape" {
+			return nil, fmt.Errorf("--hold-pipes is for --fault escape, not %s", f.kind)
 		}
 	}
 	return faults, nil
@@ -254,6 +261,11 @@ func act(f *fault, op protocol.Operation) {
 		cmd := exec.Command("/proc/self/exe", "--grandchild")
 		cmd.Env = []string{}
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+		if f.holdPipes {
+			// The host's ends then see no EOF until the escapee dies,
+			// whatever happens to the group.
+			cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+		}
 		if err := cmd.Start(); err != nil {
 			fmt.Fprintf(os.Stderr, "faulty: escape: %v\n", err)
 			os.Exit(4)

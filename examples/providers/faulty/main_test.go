@@ -7,8 +7,8 @@ import (
 )
 
 func TestFaultyArgumentsAreParsedStrictly(t *testing.T) {
-	f, err := parse(strings.Fields("--fault fork-grandchild --at load --children 3 --fault crash --at start --skip 2 --always"))
-	if err != nil || len(f) != 2 || f[0].children != 3 || f[1].skip != 2 || !f[1].always || f[1].at != "start" {
+	f, err := parse(strings.Fields("--fault fork-grandchild --at load --children 3 --fault crash --at start --skip 2 --always --fault escape --at load --hold-pipes"))
+	if err != nil || len(f) != 3 || f[0].children != 3 || f[1].skip != 2 || !f[1].always || f[1].at != "start" || !f[2].holdPipes || f[0].holdPipes {
 		t.Fatalf("parse: %+v, %v", f, err)
 	}
 	for _, bad := range []string{
@@ -19,6 +19,7 @@ func TestFaultyArgumentsAreParsedStrictly(t *testing.T) {
 		"--fault crash --at load --skip -1",
 		"--fault crash --at load --size",
 		"--fault crash --at load --color red",
+		"--fault hang --at load --hold-pipes", // only an escapee holds the pipes this way
 	} {
 		if _, err := parse(strings.Fields(bad)); err == nil {
 			t.Errorf("parse(%q) succeeded", bad)
