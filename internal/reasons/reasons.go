@@ -110,8 +110,9 @@ type Reason struct {
 	// reason ("" when the table has none).
 	BlockKind string
 	// Blocks reports whether a transaction may be blocked with this reason
-	// (cleanup_failed is only a drain note, rollback_failed an outcome, and
-	// ledger_unwritable can never be written).
+	// (cleanup_failed is only a drain note, rollback_failed an outcome; a
+	// ledger_unwritable block is written once the ledger accepts appends
+	// again, to close the transaction the failure interrupted).
 	Blocks bool
 	// GRPC is the gateway's status code for a call that fails for this
 	// reason before reaching a provider.
@@ -159,8 +160,8 @@ var table = []Reason{
 		Meaning: "a post-switch rollback could not restore the old generation: the module serves nothing"},
 	{Code: LedgerCorrupt, BlockKind: BlockValidation, Blocks: true, GRPC: codes.Unavailable, Stalling: true,
 		Meaning: "the ledger does not replay or verify; nothing is done for the activation until an operator resolves it"},
-	{Code: LedgerUnwritable, GRPC: codes.Unavailable, Stalling: true,
-		Meaning: "a ledger append failed (disk full, I/O error); transactions wait, other modules keep serving, and the manager replays the ledger once writes succeed again"},
+	{Code: LedgerUnwritable, BlockKind: BlockProvider, Blocks: true, GRPC: codes.Unavailable, Stalling: true,
+		Meaning: "a ledger append failed (disk full, I/O error); transactions wait, other modules keep serving, and the manager replays the ledger once writes succeed again, then records the interrupted transaction's end"},
 	{Code: QueueFull, GRPC: codes.ResourceExhausted,
 		Meaning: "the module's bounded call queue is full"},
 	{Code: Recovering, GRPC: codes.Unavailable,

@@ -86,7 +86,7 @@ func TestTheDesignTableHolds(t *testing.T) {
 		{CleanupFailed, iteronv1.ReasonCleanupFailed, "", false, codes.Unknown, codes.Unknown, false},
 		{RollbackFailed, iteronv1.ReasonRollbackFailed, "", false, codes.Unavailable, codes.Unavailable, true},
 		{LedgerCorrupt, iteronv1.ReasonLedgerCorrupt, BlockValidation, true, codes.Unavailable, codes.Unavailable, true},
-		{LedgerUnwritable, iteronv1.ReasonLedgerUnwritable, "", false, codes.Unavailable, codes.Unavailable, true},
+		{LedgerUnwritable, iteronv1.ReasonLedgerUnwritable, BlockProvider, true, codes.Unavailable, codes.Unavailable, true},
 		{QueueFull, iteronv1.ReasonQueueFull, "", false, codes.ResourceExhausted, codes.ResourceExhausted, false},
 		{Recovering, iteronv1.ReasonRecovering, "", false, codes.Unavailable, codes.Unavailable, false},
 		{NotFound, "", "", false, codes.NotFound, codes.NotFound, false},

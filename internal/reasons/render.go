@@ -45,7 +45,8 @@ func Markdown() []byte {
 		fmt.Fprintf(&b, "| `%s` | %s | %s | %s | %s | %s |\n", r.Code, cond, kind, grpc, stalls, r.Meaning)
 	}
 	b.WriteString("\nA `cleanup_failed` note rides on a `drain` record whose outcome is `applied`; `rollback_failed` is\n")
-	b.WriteString("the outcome of a `rolled_back` record; `ledger_unwritable` is never written to the ledger it names.\n")
+	b.WriteString("the outcome of a `rolled_back` record. A `ledger_unwritable` block is written once the ledger accepts\n")
+	b.WriteString("appends again: it closes the transaction that the failed append interrupted.\n")
 	return b.Bytes()
 }
 
