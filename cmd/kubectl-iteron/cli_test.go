@@ -129,15 +129,20 @@ func TestDigestArtifactPrintsTheVerifiersDigest(t *testing.T) {
 	if err := os.Symlink(exe, link); err != nil {
 		t.Fatal(err)
 	}
+	dirLink := filepath.Join(s.dir, "dir-link")
+	if err := os.Symlink(filepath.Dir(exe), dirLink); err != nil {
+		t.Fatal(err)
+	}
 	tests := []struct {
 		name string
 		args []string
 		code int
 		err  string
 	}{
-		{"a symlink is invalid", []string{"digest", "artifact", link}, 1, "symlink"},
+		{"a symlink is invalid, naming its target", []string{"digest", "artifact", link}, 1, link + " is a symlink to " + exe},
+		{"a symlinked directory above the file is invalid, as the manager refuses it", []string{"digest", "artifact", filepath.Join(dirLink, filepath.Base(exe))}, 1, dirLink + " is a symlink to " + filepath.Dir(exe)},
 		{"a directory is invalid", []string{"digest", "artifact", s.dir}, 1, "not a regular file"},
-		{"a missing file is a usage error", []string{"digest", "artifact", exe + ".missing"}, 2, "no such file"},
+		{"a missing file is a usage error", []string{"digest", "artifact", exe + ".missing"}, 2, "does not exist"},
 		{"no file is a usage error", []string{"digest", "artifact"}, 2, "accepts 1 arg"},
 	}
 	for _, tc := range tests {
@@ -170,6 +175,14 @@ func TestDigestManifestPrintsEachManifestDigest(t *testing.T) {
 	if code != 1 || !strings.Contains(errOut, `no implementation "absent"`) {
 		t.Fatalf("absent ID: exit %d, err %q", code, errOut)
 	}
+	link := filepath.Join(s.dir, "catalog-link.json")
+	if err := os.Symlink(s.catalog, link); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut = runCLI(t, "", "digest", "manifest", link)
+	if code != 1 || out != "" || !strings.Contains(errOut, link+" is a symlink to "+s.catalog) || !strings.Contains(errOut, "the manager reads no file through a symlink") {
+		t.Fatalf("a symlinked catalog, which the manager refuses: exit %d, out %q, err %q", code, out, errOut)
+	}
 	bad := writeFile(t, filepath.Join(s.dir, "bad.json"), `{"schema_version":1,"implementations":[{"implementation_id":"x","argv":[1]}]}`)
 	code, _, errOut = runCLI(t, "", "digest", "manifest", bad)
 	if code != 1 || !strings.Contains(errOut, "implementations[0].argv[0]: ") {
@@ -180,7 +193,7 @@ func TestDigestManifestPrintsEachManifestDigest(t *testing.T) {
 func TestValidateAcceptsAValidDocumentInEitherForm(t *testing.T) {
 	s := twoModules(t)
 	doc := s.document(t, "doc.json", nil)
-	code, out, errOut := runCLI(t, "", "validate", doc)
+	code, out, errOut := runCLI(t, "", "validate", "--allowed-roots", s.dir, doc)
 	if code != 0 || errOut != "" || !strings.Contains(out, "ok  prompt_system prompt-fast 1.0.0") || !strings.Contains(out, "ok  context_assembly context-fast") {
 		t.Fatalf("exit %d, out %q, err %q", code, out, errOut)
 	}
@@ -195,7 +208,7 @@ func TestValidateAcceptsAValidDocumentInEitherForm(t *testing.T) {
 	if code != 0 || out2 != out {
 		t.Fatalf("YAML form: exit %d, out %q, err %q", code, out2, errOut)
 	}
-	code, jsonOut, _ := runCLI(t, "", "validate", "-o", "json", doc)
+	code, jsonOut, _ := runCLI(t, "", "validate", "--allowed-roots", s.dir, "-o", "json", doc)
 	var report struct {
 		Modules []moduleReport `json:"modules"`
 	}
@@ -224,16 +237,16 @@ func TestValidateNamesTheFieldOfEveryFailure(t *testing.T) {
 		stderr []string
 	}{
 		{name: "a symlinked catalog fails its source, naming the raw field",
-			args: []string{"validate", symlinked}, code: 1,
+			args: []string{"validate", "--allowed-roots", s.dir, symlinked}, code: 1,
 			stderr: []string{"context_assembly: verification_failed: sources[1].catalog_path: " + link + " is a symlink", "1 of 2 modules not admitted"}},
 		{name: "the same failure in YAML names the spec field",
-			args: []string{"validate", yamlDoc}, code: 1,
+			args: []string{"validate", "--allowed-roots", s.dir, yamlDoc}, code: 1,
 			stderr: []string{"spec.sources[1].catalogPath: " + link + " is a symlink"}},
 		{name: "a path outside --allowed-roots fails",
 			args: []string{"validate", "--allowed-roots", filepath.Join(s.dir, "artifacts"), s.document(t, "d.json", nil)}, code: 1,
 			stderr: []string{"sources[0].catalog_path: " + s.catalog + " is outside the allowed roots"}},
 		{name: "a failed dependency gates its consumer, naming the chain",
-			args: []string{"validate", s.document(t, "gated.json", func(src []activation.Source) { src[0].ManifestSHA256 = src[1].ManifestSHA256 })}, code: 1,
+			args: []string{"validate", "--allowed-roots", s.dir, s.document(t, "gated.json", func(src []activation.Source) { src[0].ManifestSHA256 = src[1].ManifestSHA256 })}, code: 1,
 			stderr: []string{"prompt_system: verification_failed: sources[0].manifest_sha256:", "context_assembly: dependency_unsatisfied: context_assembly needs prompt_system (not admitted: verification_failed: sources[0].manifest_sha256"}},
 		{name: "a duplicate key fails the whole document",
 			stdin: `{"schema_version":1,"schema_version":1}`, args: []string{"validate", "-"}, code: 1,
@@ -262,10 +275,26 @@ func TestValidateNamesTheFieldOfEveryFailure(t *testing.T) {
 	}
 }
 
+func TestValidateDefaultsToTheManagersAllowedRoots(t *testing.T) {
+	s := twoModules(t)
+	doc := s.document(t, "doc.json", nil)
+	code, _, errOut := runCLI(t, "", "validate", doc)
+	if code != 1 || !strings.Contains(errOut, "sources[0].catalog_path: "+s.catalog+" is outside the allowed roots (/var/lib/iteron/providers)") {
+		t.Fatalf("without --allowed-roots: exit %d, err %q", code, errOut)
+	}
+	cmd := newValidateCmd()
+	if got := cmd.Flags().Lookup("allowed-roots").DefValue; got != "["+activation.DefaultAllowedRoot+"]" {
+		t.Fatalf("--allowed-roots defaults to %s, the manager to %s", got, activation.DefaultAllowedRoot)
+	}
+	if !strings.Contains(cmd.Long, activation.DefaultAllowedRoot) {
+		t.Fatalf("validate's help does not name its default allowed root:\n%s", cmd.Long)
+	}
+}
+
 func TestValidateUsesACustomGraph(t *testing.T) {
 	s := newStack(t, implSpec{id: "a", module: "alpha", content: "a"})
 	doc := s.document(t, "doc.json", nil)
-	code, _, errOut := runCLI(t, "", "validate", doc)
+	code, _, errOut := runCLI(t, "", "validate", "--allowed-roots", s.dir, doc)
 	if code != 1 || !strings.Contains(errOut, `sources[0].module: "alpha" is not a module of the seam graph`) {
 		t.Fatalf("built-in graph: exit %d, err %q", code, errOut)
 	}
@@ -277,12 +306,12 @@ func TestValidateUsesACustomGraph(t *testing.T) {
 	}
 	g, _ := json.Marshal(map[string]any{"schema_version": 2, "modules": []any{entry}})
 	graphFile := writeFile(t, filepath.Join(s.dir, "graph.json"), string(g))
-	code, out, errOut := runCLI(t, "", "validate", "--graph", graphFile, doc)
+	code, out, errOut := runCLI(t, "", "validate", "--allowed-roots", s.dir, "--graph", graphFile, doc)
 	if code != 0 || !strings.Contains(out, "ok  alpha a") {
 		t.Fatalf("custom graph: exit %d, out %q, err %q", code, out, errOut)
 	}
 	bad := writeFile(t, filepath.Join(s.dir, "bad-graph.json"), `{"schema_version":3,"modules":[]}`)
-	code, _, errOut = runCLI(t, "", "validate", "--graph", bad, doc)
+	code, _, errOut = runCLI(t, "", "validate", "--allowed-roots", s.dir, "--graph", bad, doc)
 	if code != 1 || !strings.Contains(errOut, "schema_version: seam graph schema version 3") {
 		t.Fatalf("bad graph: exit %d, err %q", code, errOut)
 	}
@@ -370,7 +399,7 @@ func TestPlanShowsWhatAnApplyWouldDo(t *testing.T) {
 	old := write("old.json", "ps", "ca", "mr", "te")
 	next := write("new.json", "ps", "ca2", "mr")
 
-	code, out, errOut := runCLI(t, "", "plan", "--from", old, "--to", next)
+	code, out, errOut := runCLI(t, "", "plan", "--allowed-roots", s.dir, "--from", old, "--to", next)
 	want := `added:          []
 removed:        [tool_exposure]
 reloaded:       [context_assembly memory_recall]
@@ -385,13 +414,13 @@ capabilities not admitted:
 		t.Fatalf("exit %d, err %q, out:\n%s\nwant:\n%s", code, errOut, out, want)
 	}
 
-	code, out, _ = runCLI(t, "", "plan", "--to", old)
+	code, out, _ = runCLI(t, "", "plan", "--allowed-roots", s.dir, "--to", old)
 	if code != 0 || !strings.Contains(out, "added:          [prompt_system context_assembly memory_recall tool_exposure]") ||
 		!strings.Contains(out, "  context_assembly: irreversible_external") {
 		t.Fatalf("first activation: exit %d, out:\n%s", code, out)
 	}
 
-	code, out, _ = runCLI(t, "", "plan", "--from", old, "--to", old)
+	code, out, _ = runCLI(t, "", "plan", "--allowed-roots", s.dir, "--from", old, "--to", old)
 	if code != 0 || !strings.Contains(out, "activate order: []") || !strings.Contains(out, "unchanged:      [prompt_system context_assembly memory_recall tool_exposure]") {
 		t.Fatalf("no-op: exit %d, out:\n%s", code, out)
 	}
@@ -400,7 +429,7 @@ capabilities not admitted:
 	if err := os.WriteFile(filepath.Join(s.dir, "artifacts", "ca2", "provider"), []byte("tampered"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	code, out, errOut = runCLI(t, "", "plan", "-o", "json", "--from", old, "--to", next)
+	code, out, errOut = runCLI(t, "", "plan", "--allowed-roots", s.dir, "-o", "json", "--from", old, "--to", next)
 	var report planReport
 	if err := json.Unmarshal([]byte(out), &report); err != nil {
 		t.Fatalf("json: %v\n%s", err, out)
@@ -411,11 +440,11 @@ capabilities not admitted:
 		t.Fatalf("blocked: exit %d, report %+v, err %q", code, report, errOut)
 	}
 
-	code, _, errOut = runCLI(t, "", "plan", "--from", old)
+	code, _, errOut = runCLI(t, "", "plan", "--allowed-roots", s.dir, "--from", old)
 	if code != 2 || !strings.Contains(errOut, "--to is required") {
 		t.Fatalf("missing --to: exit %d, err %q", code, errOut)
 	}
-	code, _, errOut = runCLI(t, `{"schema_version":1,"extra":1}`, "plan", "--from", "-", "--to", next)
+	code, _, errOut = runCLI(t, `{"schema_version":1,"extra":1}`, "plan", "--allowed-roots", s.dir, "--from", "-", "--to", next)
 	if code != 1 || !strings.Contains(errOut, "--from -: extra: unknown field") {
 		t.Fatalf("bad --from: exit %d, err %q", code, errOut)
 	}

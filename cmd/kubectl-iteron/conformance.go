@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/go-json-experiment/json/jsontext"
@@ -27,9 +28,11 @@ func newConformanceCmd() *cobra.Command {
 		module, implID  string
 		timeout         time.Duration
 		input           string
+		cancelInput     string
 		uid, gid        int
 		interpreters    []string
 		stderrBytes     int64
+		trace           bool
 	)
 	cmd := &cobra.Command{
 		Use:   "conformance <executable> --protocol 1|2 --module <module> [-- argv...]",
@@ -37,9 +40,12 @@ func newConformanceCmd() *cobra.Command {
 		Long: `conformance hashes the executable itself and runs it exactly as the executor runs a
 verified provider (sealed copy, no shell, empty environment, own process group,
 provider uid/gid, NoNewPrivs, no capabilities), then drives it: load; start with
-a minimal input and observe to the terminal observation; start a second run and
-cancel it; for protocol 2 snapshot, migrate, restore and readiness; then stop.
-Each violation is reported with its operation and the offending frame.
+--input and observe to the terminal observation; start a second run (with
+--cancel-input) and cancel it; for protocol 2 snapshot, migrate, restore and
+readiness; then stop. Each violation is reported with its operation and the offending frame. With
+--trace every frame exchanged is printed as it crosses the pipe: "> " and the
+line the host wrote to the provider's stdin, "< " and a line the provider
+wrote to its stdout (docs/reference/protocol.md describes each).
 
 Exit status: 0 conformant, 1 violations found, 2 usage.`,
 		Args: cobra.MinimumNArgs(1),
@@ -73,6 +79,13 @@ Exit status: 0 conformant, 1 violations found, 2 usage.`,
 			if err := protocol.ValidPayload(in, protocol.MaxPayloadBytes); err != nil {
 				return usage(fmt.Errorf("--input: %v", err))
 			}
+			cancelIn := in
+			if cmd.Flags().Changed("cancel-input") {
+				cancelIn = jsontext.Value(cancelInput)
+				if err := protocol.ValidPayload(cancelIn, protocol.MaxPayloadBytes); err != nil {
+					return usage(fmt.Errorf("--cancel-input: %v", err))
+				}
+			}
 			if uid < 0 || gid < 0 {
 				return usage(errors.New("--uid and --gid must be non-negative"))
 			}
@@ -101,20 +114,32 @@ Exit status: 0 conformant, 1 violations found, 2 usage.`,
 				return err
 			}
 			defer os.RemoveAll(records)
+			out := cmd.OutOrStdout()
 			cfg := procexec.DefaultConfig(records)
 			cfg.ProviderUID, cfg.ProviderGID = uint32(uid), uint32(gid)
 			cfg.Interpreters = interpreters
+			if trace {
+				var mu sync.Mutex
+				cfg.Trace = func(toProvider bool, frame []byte) {
+					dir := "< "
+					if toProvider {
+						dir = "> "
+					}
+					mu.Lock()
+					defer mu.Unlock()
+					fmt.Fprintf(out, "%s%s\n", dir, frame)
+				}
+			}
 			ex, err := procexec.NewExecutor(cfg)
 			if err != nil {
 				return err
 			}
-			out := cmd.OutOrStdout()
 			fmt.Fprintf(out, "conformance of %s (protocol %d, module %s, %s, uid %d gid %d)\n", exe, protocolVersion, module, digest, uid, gid)
 			ctx := cmd.Context()
 			if ctx == nil {
 				ctx = context.Background()
 			}
-			rep := conformance.Run(ctx, ex, plan, conformance.Options{Timeout: timeout, Input: in})
+			rep := conformance.Run(ctx, ex, plan, conformance.Options{Timeout: timeout, Input: in, CancelInput: cancelIn})
 			printReport(out, rep)
 			if !rep.Conformant() {
 				return invalid(fmt.Errorf("%d violation(s)", len(rep.Violations)))
@@ -132,11 +157,13 @@ Exit status: 0 conformant, 1 violations found, 2 usage.`,
 	f.StringVar(&module, "module", "", "module to drive the provider as, e.g. prompt_system (required)")
 	f.StringVar(&implID, "implementation-id", "conformance", "implementation ID the requests carry")
 	f.DurationVar(&timeout, "timeout", 5*time.Second, "bound of each operation and run")
-	f.StringVar(&input, "input", "{}", "JSON input of the observed and the cancelled run")
+	f.StringVar(&input, "input", "{}", "JSON input of the observed run (and of the cancelled one, without --cancel-input)")
+	f.StringVar(&cancelInput, "cancel-input", "", "JSON input of the run that is cancelled (default: --input); a slow run shows how the provider honours cancel")
 	f.IntVar(&uid, "uid", defUID, "uid to run the provider as")
 	f.IntVar(&gid, "gid", defGID, "gid to run the provider as")
 	f.StringSliceVar(&interpreters, "interpreters", []string{"/bin/sh"}, "interpreters a #! script may name")
 	f.Int64Var(&stderrBytes, "stderr-bytes", 64<<10, "stderr the provider may write (evidence_limits.stderr_bytes); more is a violation")
+	f.BoolVar(&trace, "trace", false, "print every frame exchanged: '> ' host to provider, '< ' provider to host")
 	return cmd
 }
 

@@ -29,10 +29,10 @@ func newConvertCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "convert [--to yaml|json] [--name N --node-name NODE [--namespace NS]] <file|->",
 		Short: "Convert between a raw activation document (JSON) and an ImplementationActivation (YAML)",
-		Long: `Convert a raw activation document (spec/wire.md §3, snake_case JSON) into an
-ImplementationActivation in YAML — --name and --node-name are required, since
-the raw document has neither — or an ImplementationActivation (YAML or JSON)
-into the raw document. Both sides are parsed strictly. Spec fields the raw
+		Long: `Convert a raw activation document (docs/reference/activation.md, snake_case
+JSON) into an ImplementationActivation in YAML — --name and --node-name are
+required, since the raw document has neither — or an ImplementationActivation
+(YAML or JSON) into the raw document. Both sides are parsed strictly. Spec fields the raw
 document has no place for (nodeName, capabilityCeiling, swap, checkpoint, …)
 are dropped, each named on stderr. --to defaults to the other form.`,
 		Args: cobra.ExactArgs(1),

@@ -26,12 +26,21 @@ func newDigestManifestCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "manifest [--manifest] <catalog.json|manifest.json|-> [implementation_id]",
 		Short: "Print the canonical manifest digest of each implementation in a catalog (or of one)",
-		Long: `Parse a catalog strictly (every rule of spec/wire.md §2, the whole catalog
-rejected if one manifest is invalid or it is not dependency-closed) and print
-"sha256:<hex>  <implementation_id>" for each manifest, or only the digest of
-the one named. With --manifest the file is a single manifest object.`,
+		Long: `Parse a catalog strictly (every rule of docs/reference/catalog.md, the whole
+catalog rejected if one manifest is invalid or it is not dependency-closed)
+and print "sha256:<hex>  <implementation_id>" for each manifest, or only the
+digest of the one named. With --manifest the file is a single manifest object.
+
+A catalog reached through a symlink (at any component of its path) is
+refused, naming the link and its target, as the manager refuses it: digest
+the target and name that path in the activation.`,
 		Args: cobra.RangeArgs(1, 2),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if args[0] != "-" {
+				if err := refuseSymlinks(args[0]); err != nil {
+					return err
+				}
+			}
 			data, err := readInput(cmd, args[0])
 			if err != nil {
 				return err
@@ -87,9 +96,13 @@ func newDigestArtifactCmd() *cobra.Command {
 		Long: `Hash a regular file of at most 256 MiB through a fixed 64 KiB buffer, as the
 verifier does, and print "sha256:<hex>" (the form of an activation's
 artifact_sha256) or, with --bare, the 64 hex digits alone (the form of a
-manifest's artifact_sha256). A symlink is refused.`,
+manifest's artifact_sha256). A path through a symlink (at any component) is
+refused, naming the link and its target, as the manager refuses it.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := refuseSymlinks(args[0]); err != nil {
+				return err
+			}
 			d, err := activation.ArtifactDigest(args[0])
 			switch {
 			case errors.Is(err, os.ErrNotExist) || errors.Is(err, os.ErrPermission):
@@ -106,4 +119,20 @@ manifest's artifact_sha256). A symlink is refused.`,
 	}
 	cmd.Flags().BoolVar(&bare, "bare", false, "print the bare hex digest (a manifest's artifact_sha256)")
 	return cmd
+}
+
+// refuseSymlinks refuses a path the manager's verifier would refuse for a
+// symlink, so that digest never prints a digest the activation cannot use.
+// A missing file is a usage error, as when it is opened.
+func refuseSymlinks(path string) error {
+	err := activation.CheckNoSymlinks(path)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, activation.ErrSymlink):
+		return invalid(fmt.Errorf("%w: the manager reads no file through a symlink; digest the target and name it in the activation", err))
+	case errors.Is(err, activation.ErrNotFound):
+		return usage(err)
+	}
+	return invalid(err)
 }

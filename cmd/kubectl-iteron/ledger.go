@@ -30,9 +30,10 @@ func newLedgerVerifyCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "verify <file|dir>",
 		Short: "Replay a ledger and check every rule; exit 1 with the rule and sequence on stderr",
-		Long: `Replays a ledger read-only and checks every rule of spec/wire.md §5: canonical
-strict JSON, sequence, hash chain, record hashes, the transaction grammar of the
-file's schema (iteron-operator-ledger/1 or the family's iteron-hotswap-ledger/1).
+		Long: `Replays a ledger read-only and checks every rule of docs/reference/ledger.md:
+canonical strict JSON, sequence, hash chain, record hashes, the transaction
+grammar of the file's schema (iteron-operator-ledger/1 or the family's
+iteron-hotswap-ledger/1).
 A directory is verified from its oldest retained segment; a single file must be a
 complete ledger. A torn tail is reported, never repaired. An open last
 transaction of iteron-operator-ledger/1 is allowed (the manager closes it on

@@ -25,8 +25,8 @@ import (
 const maxInputBytes = 1 << 20
 
 // verifyFlags are the node settings validate and plan verify under; their
-// defaults are the manager's, except that the offline CLI restricts no roots
-// unless asked.
+// defaults are the manager's, allowed roots included: an offline check that
+// passed what the manager refuses would only move the failure to the node.
 type verifyFlags struct {
 	allowedRoots []string
 	ceiling      string
@@ -34,7 +34,8 @@ type verifyFlags struct {
 }
 
 func (f *verifyFlags) register(cmd *cobra.Command) {
-	cmd.Flags().StringSliceVar(&f.allowedRoots, "allowed-roots", nil, "comma-separated directories every catalog and artifact root must lie under (default: no restriction)")
+	cmd.Flags().StringSliceVar(&f.allowedRoots, "allowed-roots", []string{activation.DefaultAllowedRoot},
+		"comma-separated directories every catalog and artifact root must lie under; pass the manager's --allowed-roots (the default is the manager's default)")
 	cmd.Flags().StringVar(&f.ceiling, "capability-ceiling", catalog.DefaultCeiling, "the node's capability ceiling, comma-separated")
 	cmd.Flags().StringVar(&f.graphFile, "graph", "", "a custom seam graph file (default: the built-in graph)")
 }
@@ -87,8 +88,8 @@ type loadedActivation struct {
 	object *v1alpha1.ImplementationActivation // nil for a raw document
 }
 
-// loadActivation reads either form: a raw JSON document (spec/wire.md §3,
-// strict) or an ImplementationActivation in YAML or JSON (recognised by its
+// loadActivation reads either form: a raw JSON document
+// (docs/reference/activation.md, strict) or an ImplementationActivation in YAML or JSON (recognised by its
 // apiVersion/kind). Errors name the field in the form read.
 func loadActivation(cmd *cobra.Command, path string) (*loadedActivation, error) {
 	data, err := readInput(cmd, path)
@@ -241,8 +242,10 @@ func newValidateCmd() *cobra.Command {
 		Use:   "validate [flags] <document.json|activation.yaml|->",
 		Short: "Verify an activation offline: strict parsing, paths, symlinks, digests, capabilities, graph",
 		Long: `Verify an activation exactly as the manager would, against the files on this
-machine: a raw activation document (spec/wire.md §3, strict JSON) or an
-ImplementationActivation (YAML or JSON). Every source is checked; each failure
+machine: a raw activation document (docs/reference/activation.md, strict
+JSON) or an ImplementationActivation (YAML or JSON). Paths must lie under
+--allowed-roots, whose default is the manager's (/var/lib/iteron/providers):
+pass the manager's value when it runs with another. Every source is checked; each failure
 is printed on stderr naming its field (sources[2].catalog_path: … for a raw
 document, spec.sources[2].catalogPath: … for an ImplementationActivation).
 

@@ -1,12 +1,19 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
+	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
+	"sigs.k8s.io/yaml"
+
+	"iteron.dev/operator/api/v1alpha1"
 	"iteron.dev/operator/examples/providers/artifacts"
+	"iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/catalog"
 	"iteron.dev/operator/pkg/strictjson"
 )
@@ -18,10 +25,7 @@ func TestTheGeneratorWritesCatalogsWhoseDigestsMatchTheBytes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	saved := os.Stdout
-	os.Stdout = f
-	err = run(out, []string{"prompt_system", "tool_exposure"}, true)
-	os.Stdout = saved
+	err = run(f, out, []string{"prompt_system", "tool_exposure"}, true, activationOptions{})
 	f.Close()
 	if err != nil {
 		t.Fatal(err)
@@ -64,10 +68,77 @@ func TestTheGeneratorWritesCatalogsWhoseDigestsMatchTheBytes(t *testing.T) {
 			t.Fatalf("%s is not in %s", s.ImplementationID, s.CatalogPath)
 		}
 	}
-	if err := run("", nil, false); err == nil {
+	if err := run(io.Discard, "", nil, false, activationOptions{}); err == nil {
 		t.Fatal("a missing -out was accepted")
 	}
-	if err := run(out, []string{"Bad-Module"}, false); err == nil {
+	if err := run(io.Discard, out, []string{"Bad-Module"}, false, activationOptions{}); err == nil {
 		t.Fatal("a bad module was accepted")
+	}
+}
+
+// TestTheActivationItPrintsVerifiesAsIs: -activation prints YAML that the
+// CLI's strict parser reads and the manager's verifier admits, with the
+// allowed root being the layout directory — ready to apply.
+func TestTheActivationItPrintsVerifiesAsIs(t *testing.T) {
+	out := t.TempDir()
+	var buf bytes.Buffer
+	act := activationOptions{Name: "stack", Namespace: "default", Node: "worker-1", Use: "prompt_system=counter-v2,context_assembly=stateless"}
+	if err := run(&buf, out, []string{"prompt_system", "context_assembly"}, false, act); err != nil {
+		t.Fatal(err)
+	}
+	j, err := yaml.YAMLToJSONStrict(buf.Bytes())
+	if err != nil {
+		t.Fatalf("not strict YAML: %v\n%s", err, buf.String())
+	}
+	var obj v1alpha1.ImplementationActivation
+	if err := catalog.DecodeStrict(j, &obj, 1<<20, ""); err != nil {
+		t.Fatalf("not an ImplementationActivation: %v\n%s", err, buf.String())
+	}
+	if obj.Name != "stack" || obj.Namespace != "default" || obj.Spec.NodeName != "worker-1" || len(obj.Spec.Sources) != 2 ||
+		obj.Spec.Sources[0].ImplementationID != "counter-v2.prompt_system" || obj.Spec.Sources[1].ImplementationID != "stateless.context_assembly" {
+		t.Fatalf("unexpected activation:\n%s", buf.String())
+	}
+	doc, err := activation.DocumentFromSpec(&obj.Spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := activation.NewVerifier(activation.Config{AllowedRoots: []string{out}, Ceiling: []string{"read_only"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := v.Verify(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := len(res.Verified()); got != 2 {
+		t.Fatalf("%d of 2 sources verified", got)
+	}
+
+	for _, tc := range []struct{ name, use string }{
+		{"an unknown example", "counter-v9"},
+		{"the faulty example without -faulty", "faulty"},
+		{"a module not laid out", "prompt_system=counter-v1,memory_recall=counter-v1"},
+		{"a module left without an example", "prompt_system=counter-v1"},
+		{"a pair without =", "prompt_system=counter-v1,stateless"},
+	} {
+		t.Run(tc.name+" is refused before anything is built", func(t *testing.T) {
+			bad := act
+			bad.Use = tc.use
+			err := run(io.Discard, t.TempDir(), []string{"prompt_system", "context_assembly"}, false, bad)
+			if err == nil || !strings.Contains(err.Error(), "-use") {
+				t.Fatalf("got %v, want an error naming -use", err)
+			}
+		})
+	}
+}
+
+func TestYAMLScalarsReadBackAsTheSameString(t *testing.T) {
+	for _, s := range []string{"worker-1", "/var/lib/iteron/providers", "true", "1234", "a b", "no", "x:y", ""} {
+		var back string
+		if err := yaml.Unmarshal([]byte("v: "+yamlScalar(s)), &struct {
+			V *string `json:"v"`
+		}{&back}); err != nil || back != s {
+			t.Errorf("%q written as %s reads back as %q (%v)", s, yamlScalar(s), back, err)
+		}
 	}
 }

@@ -41,6 +41,22 @@ var (
 	ErrDigestMismatch = errors.New("digest mismatch")
 )
 
+// Phrases of Error.Detail that tools match on: the doctor gives different
+// advice for a path outside the allowed roots (move the files or change
+// --allowed-roots) and for a symlink (name its target). They are written
+// here once so that the verifier and its readers cannot drift apart.
+const (
+	// PhraseOutsideAllowedRoots follows the path and precedes the roots in
+	// parentheses: "/srv/x is outside the allowed roots (/var/lib/iteron/providers)".
+	PhraseOutsideAllowedRoots = "is outside the allowed roots"
+	// PhraseSymlinkTo joins a symlink and its target: "/srv/p is a symlink
+	// to /data/p". A path that resolves elsewhere through a link higher up
+	// reads "/srv/p/x resolves to /data/p/x through a symlink".
+	PhraseSymlinkTo = "is a symlink to"
+	// PhraseResolvesThroughSymlink ends "<path> resolves to <target>".
+	PhraseResolvesThroughSymlink = "through a symlink"
+)
+
 // Error is a verification failure: the field path as the user wrote it
 // (sources[2].catalog_path in a raw document, spec.sources[2].catalogPath in
 // an ImplementationActivation), what is wrong, and the DESIGN §8 reason code.

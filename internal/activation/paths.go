@@ -8,6 +8,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"iteron.dev/operator/internal/reasons"
 )
 
 // checkCanonicalPath is the Go twin of the CRD's CEL path rule, run against
@@ -68,7 +70,7 @@ func walkComponents(p, from string) (fs.FileInfo, *pathError) {
 		case err != nil:
 			return nil, &pathError{cur, err, "cannot stat " + cur + ": " + errText(err)}
 		case info.Mode()&fs.ModeSymlink != 0:
-			return nil, &pathError{cur, ErrSymlink, cur + " is a symlink"}
+			return nil, &pathError{cur, ErrSymlink, symlinkDetail(cur)}
 		case i < len(parts)-1 && !info.IsDir():
 			return nil, &pathError{cur, ErrNotDirectory, cur + " is not a directory"}
 		}
@@ -99,7 +101,39 @@ func checkEvalSymlinks(p string) *pathError {
 		return &pathError{p, ErrNotFound, "cannot resolve " + p + ": " + errText(err)}
 	}
 	if resolved != p {
-		return &pathError{p, ErrSymlink, p + " resolves to " + resolved + " through a symlink"}
+		return &pathError{p, ErrSymlink, p + " resolves to " + resolved + " " + PhraseResolvesThroughSymlink}
+	}
+	return nil
+}
+
+// symlinkDetail says that link is a symlink and names what it points at:
+// the canonical target when it resolves (that is the path a source could
+// name instead), else the link's text as written.
+func symlinkDetail(link string) string {
+	if target, err := filepath.EvalSymlinks(link); err == nil {
+		return link + " " + PhraseSymlinkTo + " " + target
+	}
+	if text, err := os.Readlink(link); err == nil {
+		return link + " " + PhraseSymlinkTo + " " + text + " (which does not resolve)"
+	}
+	return link + " is a symlink"
+}
+
+// CheckNoSymlinks refuses a path the verifier would refuse for a symlink:
+// path (made absolute against the working directory) must exist and no
+// component of it may be a symlink. The error names the first link and its
+// target. The CLI's digest commands use it, so that they never print a
+// digest for a catalog or executable the manager will not read.
+func CheckNoSymlinks(path string) error {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return err
+	}
+	if _, pe := walkComponents(abs, "/"); pe != nil {
+		return &Error{Code: reasons.VerificationFailed, Detail: pe.detail, Err: pe.sentinel}
+	}
+	if pe := checkEvalSymlinks(abs); pe != nil {
+		return &Error{Code: reasons.VerificationFailed, Detail: pe.detail, Err: pe.sentinel}
 	}
 	return nil
 }

@@ -17,11 +17,17 @@ import (
 	"iteron.dev/operator/pkg/protocol"
 )
 
+// DefaultAllowedRoot is the manager's default --allowed-roots, and so the
+// default of the CLI's validate and plan: a check offline that passes what
+// the manager would refuse is no check.
+const DefaultAllowedRoot = "/var/lib/iteron/providers"
+
 // Config configures a Verifier.
 type Config struct {
 	// AllowedRoots are canonical absolute directories every catalog and
 	// artifact root must lie under (the manager's --allowed-roots). Empty
-	// means no restriction: the offline CLI's default.
+	// means no restriction (tests that verify files in a temporary
+	// directory); the manager and the CLI default to DefaultAllowedRoot.
 	AllowedRoots []string
 	// Ceiling is the node's capability ceiling (--capability-ceiling); an
 	// activation may only narrow it.
@@ -238,7 +244,7 @@ func (v *Verifier) verifySource(doc *Document, i int, ceiling []string) (*Verifi
 			return nil, failf(field(p.key), ErrNotCanonical, "%q %s: paths must be absolute and canonical", p.value, reason)
 		}
 		if !underRoots(p.value, v.roots) {
-			return nil, failf(field(p.key), ErrOutsideAllowedRoots, "%s is outside the allowed roots (%s)", p.value, strings.Join(v.roots, ", "))
+			return nil, failf(field(p.key), ErrOutsideAllowedRoots, "%s %s (%s)", p.value, PhraseOutsideAllowedRoots, strings.Join(v.roots, ", "))
 		}
 	}
 	for _, d := range []struct {

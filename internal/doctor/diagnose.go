@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
+	verifier "iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/catalog"
 	"iteron.dev/operator/internal/ledger"
 	"iteron.dev/operator/internal/reasons"
@@ -408,7 +409,7 @@ func (d *diagnosis) notActive(md ModuleDiagnosis) Finding {
 	}
 	switch md.Reason {
 	case reasons.VerificationFailed, reasons.SchemaMismatch, reasons.UnsupportedVersion:
-		f.Hint = fmt.Sprintf("The source does not verify against the files on node %s. On the node, `kubectl iteron digest artifact <executable>` and `kubectl iteron digest manifest <catalog>` print the digests to compare with spec.sources[]; `kubectl iteron validate` checks the whole document.", d.act.Spec.NodeName)
+		f.Hint = verificationHint(md.Message, d.act.Spec.NodeName)
 	case reasons.AuthorityChanged:
 		f.Hint = "The node's capability ceiling changed since the generation was admitted; a relaunch with other authority is refused. Restore the ceiling, or change the spec (a new attempt is verified afresh)."
 	case reasons.LedgerCorrupt:
@@ -418,6 +419,56 @@ func (d *diagnosis) notActive(md ModuleDiagnosis) Finding {
 		f.Commands = []string{d.retryCommand()}
 	}
 	return f
+}
+
+// verificationHint is the advice for a source that does not verify, fitted
+// to what the verifier found: a path outside the allowed roots is fixed by
+// moving the files or widening the manager's --allowed-roots, a symlink by
+// naming its target (the manager follows none), anything else by comparing
+// digests. Digest advice for a path problem would send the reader to a
+// command that cannot help.
+func verificationHint(message, node string) string {
+	field := messageField(message)
+	switch {
+	case strings.Contains(message, verifier.PhraseOutsideAllowedRoots):
+		return fmt.Sprintf("%s names a path outside the allowed roots of the manager on node %s. Move the catalog and artifact root under an allowed root and change the source's paths to match, or add their directory to the manager's --allowed-roots (the DaemonSet's args); --allowed-roots may not overlap --state-dir. `kubectl iteron validate --allowed-roots <the manager's roots>` checks the result offline.", field, node)
+	case strings.Contains(message, verifier.PhraseSymlinkTo):
+		link, target := splitAround(message, " "+verifier.PhraseSymlinkTo+" ")
+		return fmt.Sprintf("%s reaches its file through a symlink: %s points to %s, and the manager follows no symlink. Name the target's path in the source instead (it must still lie under the allowed roots), or replace the link on node %s by the file or directory itself.", field, link, target, node)
+	case strings.Contains(message, verifier.PhraseResolvesThroughSymlink):
+		path, rest := splitAround(message, " resolves to ")
+		target := strings.TrimSuffix(rest, " "+verifier.PhraseResolvesThroughSymlink)
+		return fmt.Sprintf("%s reaches its file through a symlink: %s resolves to %s, and the manager follows no symlink. Name %s in the source instead (it must still lie under the allowed roots), or replace the link on node %s by the directory itself.", field, path, target, target, node)
+	}
+	return fmt.Sprintf("The source does not verify against the files on node %s. On the node, `kubectl iteron digest artifact <executable>` and `kubectl iteron digest manifest <catalog>` print the digests to compare with spec.sources[]; `kubectl iteron validate` checks the whole document.", node)
+}
+
+// messageField is the field a verification message starts with
+// ("spec.sources[0].catalogPath: …"), or "The source" when it names none.
+func messageField(message string) string {
+	if i := strings.Index(message, ": "); i > 0 && strings.HasPrefix(message, "spec.") && !strings.Contains(message[:i], " ") {
+		return message[:i]
+	}
+	return "The source"
+}
+
+// splitAround returns the word before sep (the path, after any "field: "
+// prefix) and the word after it (up to the next space), as the verifier
+// writes them: "<field>: <path> <sep> <target>".
+func splitAround(message, sep string) (before, after string) {
+	i := strings.Index(message, sep)
+	if i < 0 {
+		return "", ""
+	}
+	before = message[:i]
+	if j := strings.LastIndex(before, " "); j >= 0 {
+		before = before[j+1:]
+	}
+	after = message[i+len(sep):]
+	if j := strings.IndexByte(after, ' '); j >= 0 {
+		after = after[:j]
+	}
+	return before, after
 }
 
 // isTransactionFailure reports a reason that a failed transaction leaves

@@ -1,6 +1,8 @@
 package doctor
 
 import (
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -9,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
+	verifier "iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/reasons"
 )
 
@@ -446,6 +449,67 @@ func TestDiagnoseNode(t *testing.T) {
 			}
 			if r.Deleting != nil && !strings.Contains(f.Summary, "deletion requested 5m0s ago") {
 				t.Fatalf("summary %q does not say how long the deletion has waited", f.Summary)
+			}
+		})
+	}
+}
+
+func TestVerificationAdviceFitsTheProblem(t *testing.T) {
+	// A real symlink, checked by the verifier's own code: the message the
+	// doctor reads is the one the manager writes.
+	dir := t.TempDir()
+	target := filepath.Join(dir, "real.json")
+	if err := os.WriteFile(target, []byte("{}"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(dir, "link.json")
+	if err := os.Symlink(target, link); err != nil {
+		t.Fatal(err)
+	}
+	symlinkErr := verifier.CheckNoSymlinks(link)
+	if symlinkErr == nil {
+		t.Fatal("CheckNoSymlinks accepted a symlink")
+	}
+	for _, tc := range []struct {
+		name, message string
+		want          []string
+		notWant       []string
+	}{
+		{
+			name:    "a path outside the allowed roots: move the files or change --allowed-roots",
+			message: "spec.sources[0].catalogPath: /srv/p/c.json " + verifier.PhraseOutsideAllowedRoots + " (/var/lib/iteron/providers)",
+			want:    []string{"spec.sources[0].catalogPath", "outside the allowed roots", "Move the catalog and artifact root", "--allowed-roots"},
+			notWant: []string{"digest"},
+		},
+		{
+			name:    "a symlink: name its target",
+			message: "spec.sources[0].catalogPath: " + symlinkErr.Error(),
+			want:    []string{"spec.sources[0].catalogPath", link + " points to " + target, "Name the target's path"},
+			notWant: []string{"digest"},
+		},
+		{
+			name:    "a path that resolves through a symlink higher up: name where it resolves",
+			message: "spec.sources[1].artifactRoot: /srv/p/a resolves to /data/p/a " + verifier.PhraseResolvesThroughSymlink,
+			want:    []string{"spec.sources[1].artifactRoot", "/srv/p/a resolves to /data/p/a", "Name /data/p/a in the source"},
+			notWant: []string{"digest"},
+		},
+		{
+			name:    "a digest that differs: compare digests",
+			message: "spec.sources[0].artifactSHA256: executable /x hashes to sha256:11, not sha256:22",
+			want:    []string{"kubectl iteron digest artifact"},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			hint := verificationHint(tc.message, "worker-1")
+			for _, w := range tc.want {
+				if !strings.Contains(hint, w) {
+					t.Errorf("hint lacks %q:\n%s", w, hint)
+				}
+			}
+			for _, w := range tc.notWant {
+				if strings.Contains(hint, w) {
+					t.Errorf("hint has %q:\n%s", w, hint)
+				}
 			}
 		})
 	}

@@ -120,6 +120,9 @@ func (p *Process) exchange(ctx context.Context, payload protocol.RequestPayload,
 		deadline = d
 	}
 	p.stdin.SetWriteDeadline(deadline)
+	if trace := p.ex.cfg.Trace; trace != nil {
+		trace(true, line[:len(line)-1])
+	}
 	if _, err := p.stdin.Write(line); err != nil {
 		if errors.Is(err, os.ErrDeadlineExceeded) {
 			return nil, p.kill(&Fault{Kind: KindTimeout, Op: string(op), Detail: fmt.Sprintf("the provider did not read the request within %v", timeout), Err: err})
@@ -214,6 +217,9 @@ func (p *Process) readStdout() {
 				p.fail(&Fault{Kind: KindExited, Op: p.currentOp(), Detail: "reading stdout: " + err.Error(), Err: err})
 			}
 			return
+		}
+		if trace := p.ex.cfg.Trace; trace != nil {
+			trace(false, line)
 		}
 		if f := p.handleLine(line); f != nil {
 			if f.At.IsZero() {

@@ -44,6 +44,13 @@ type Config struct {
 	// later launches of the same digest (renewals, relaunches); 0 keeps
 	// none, and every launch copies and hashes the file.
 	ExecutableCacheBytes int64
+	// Trace, when set, sees every frame exchanged with every provider, in
+	// the order of the exchange: a request (toProvider) just before it is
+	// written, a provider's line as soon as it is read, before it is
+	// judged. frame excludes the newline and is valid only during the call.
+	// `kubectl iteron conformance --trace` prints them; the manager sets
+	// none (frames carry run inputs and state).
+	Trace func(toProvider bool, frame []byte)
 }
 
 // DefaultExecutableCacheBytes is DefaultConfig's executable cache bound.
