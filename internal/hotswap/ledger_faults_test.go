@@ -127,7 +127,7 @@ func TestALedgerAppendThatFailsLeavesServiceAsItWasAndResumesOnceWritable(t *tes
 
 func runLedgerFaultCell(t *testing.T, cell ledgerFaultCell) {
 	h, fsys := newFaultyLedgerHarness(t)
-	swap := SwapPolicy{Deadline: 20 * time.Second, QuiesceTimeout: time.Second}
+	swap := SwapPolicy{Deadline: 20 * time.Second, QuiesceTimeout: time.Second, Cold: cell.kind == "cold replace"}
 	v2 := providertest.Implement(t, artifacts.Spec{Binary: artifacts.CounterV2})
 	v2b := providertest.Implement(t, artifacts.Spec{Binary: artifacts.CounterV2, ImplementationID: "counter-v2b"})
 	v1 := providertest.Implement(t, artifacts.Spec{Binary: artifacts.CounterV1})
@@ -182,11 +182,12 @@ func runLedgerFaultCell(t *testing.T, cell ledgerFaultCell) {
 			h.applyWith(swap, 0, next)
 		}
 	case "renewal":
-		// A 10 s lifetime with a 3 s renewal margin: the renewal is due 7 s
-		// after the start, leaving 3 s to heal the disk before the process
-		// reaches its end of life.
-		old = h.target(providertest.Implement(t, artifacts.Spec{Binary: artifacts.CounterV2, RuntimeDeadlineMs: 10_000}))
-		h.applyWith(SwapPolicy{Deadline: 2 * time.Second, QuiesceTimeout: time.Second}, 0, old)
+		// A 20 s lifetime with a 6 s renewal margin: the renewal is due 14 s
+		// after the start, leaving 6 s to heal the disk before the process
+		// reaches its end of life. Within the margin no call fits the
+		// process, so none is made while the disk is full.
+		old = h.target(providertest.Implement(t, artifacts.Spec{Binary: artifacts.CounterV2, RuntimeDeadlineMs: 20_000}))
+		h.applyWith(SwapPolicy{Deadline: 5 * time.Second, QuiesceTimeout: time.Second}, 0, old)
 		st := h.settle()
 		oldPid = st.Modules["prompt_system"].Pid
 		h.count("prompt_system", "a", 5)
@@ -200,9 +201,27 @@ func runLedgerFaultCell(t *testing.T, cell ledgerFaultCell) {
 		t.Errorf("the status does not name the error: %q", st.LedgerUnwritable)
 	}
 	ms := st.Modules["prompt_system"]
+	// The transaction the failed append belonged to.
+	txTarget, renewal := next, uint64(0)
+	if txTarget.GenerationName == "" {
+		txTarget, renewal = old, 1 // a renewal, relaunch or retirement of old: its /r1
+	}
+	id, err := ledger.NewTransactionID(h.key.UID, "prompt_system", uint64(txTarget.Lineage), uint64(txTarget.Attempt), renewal)
+	if err != nil {
+		t.Fatal(err)
+	}
+	failedTxn := id.String()
 
 	// While the disk is full: what serves, and what is left.
 	switch {
+	case cell.kind == "renewal" && cell.forward:
+		if ms.Pid == oldPid || !ms.Serving || !processGone(oldPid) {
+			t.Fatalf("a renewal past its drain must leave the fresh process serving and the old (pid %d) gone: %+v", oldPid, ms)
+		}
+	case cell.kind == "renewal":
+		if ms.Pid != oldPid || !ms.Serving {
+			t.Fatalf("the renewal must leave the old process (pid %d) serving: %+v", oldPid, ms)
+		}
 	case cell.kind == "first activation" && !cell.forward, cell.kind == "relaunch" && !cell.forward:
 		// Nothing serves and nothing can be prepared: calls fail at once
 		// with the reason instead of waiting out their deadline.
@@ -254,17 +273,27 @@ func runLedgerFaultCell(t *testing.T, cell ledgerFaultCell) {
 	// Free the disk: the coordinator replays the ledger by itself.
 	fsys.Heal()
 	st = h.waitStatus("the ledger writable again", func(st ActivationStatus) bool { return st.LedgerUnwritable == "" })
-	recs := h.ledgerRecords() // verifies
-	tx := lastTransactionOf(recs, "prompt_system")
-	switch {
+	var tx []recordBrief
+	for _, r := range h.ledgerRecords() { // verifies
+		if r.txn == failedTxn {
+			tx = append(tx, r)
+		}
+	}
+	switch n := len(tx); {
+	case cell.phase == ledger.PhaseVerify:
+		// Its first record never became durable: the transaction never
+		// started, as far as the ledger is concerned.
+		if n != 0 {
+			t.Fatalf("a transaction whose first record failed must leave no record; it left %v", tx)
+		}
 	case cell.forward:
-		if tail := tx[len(tx)-1]; tail.phase != ledger.PhaseCommitted {
-			t.Fatalf("a transaction past its point of no return must be closed forward; it ends %v", tx)
+		if n == 0 || tx[n-1].phase != ledger.PhaseCommitted {
+			t.Fatalf("a transaction past its point of no return must be closed forward; it is %v", tx)
 		}
 	default:
-		n := len(tx)
-		if n < 2 || tx[n-1].phase != ledger.PhaseRolledBack || tx[n-2].outcome != ledger.OutcomeBlocked || !strings.HasPrefix(tx[n-2].reason, reasons.LedgerUnwritable+": ") {
-			t.Fatalf("the interrupted transaction must close blocked(ledger_unwritable) + rolled_back; it ends %v", tx)
+		if n < 2 || tx[n-1].phase != ledger.PhaseRolledBack || tx[n-2].outcome != ledger.OutcomeBlocked || tx[n-2].phase != cell.phase ||
+			!strings.HasPrefix(tx[n-2].reason, reasons.LedgerUnwritable+": ") {
+			t.Fatalf("the interrupted transaction must close blocked(%s, ledger_unwritable) + rolled_back; it is %v", cell.phase, tx)
 		}
 	}
 
@@ -326,6 +355,7 @@ func nextImplOf(kind string, v2, v2b, v1b artifacts.Implementation) artifacts.Im
 
 // recordBrief is one ledger record as the fault table reads it.
 type recordBrief struct {
+	txn     string
 	module  string
 	phase   ledger.Phase
 	outcome ledger.Outcome
@@ -348,7 +378,7 @@ func (h *harness) ledgerRecords() []recordBrief {
 	}
 	var out []recordBrief
 	if _, err := ledger.Replay(dir, ledger.VerifyOptions{}, func(r *ledger.Record) error {
-		b := recordBrief{module: r.Module, phase: r.Phase, outcome: r.Outcome}
+		b := recordBrief{txn: r.TransactionID, module: r.Module, phase: r.Phase, outcome: r.Outcome}
 		if r.Reason != nil {
 			b.reason = *r.Reason
 		}
@@ -358,22 +388,6 @@ func (h *harness) ledgerRecords() []recordBrief {
 		h.t.Fatalf("the ledger does not verify: %v", err)
 	}
 	return out
-}
-
-// lastTransactionOf is the module's last transaction in the ledger.
-func lastTransactionOf(recs []recordBrief, module string) []recordBrief {
-	var mine []recordBrief
-	for _, r := range recs {
-		if r.module == module {
-			mine = append(mine, r)
-		}
-	}
-	for i := len(mine) - 1; i > 0; i-- {
-		if mine[i-1].phase == ledger.PhaseCommitted || mine[i-1].phase == ledger.PhaseRolledBack {
-			return mine[i:]
-		}
-	}
-	return mine
 }
 
 // recorded is the phases the AfterPhase hook saw, for failure messages.

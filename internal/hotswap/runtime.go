@@ -248,6 +248,10 @@ func (a *activationRuntime) run() {
 			}
 			did, n := a.step()
 			next = n
+			if writable, probeAt := a.ledgerWritable(); !writable {
+				// Whatever the step was about, the ledger probe is due.
+				next = earliest(next, probeAt)
+			}
 			if !did {
 				break
 			}
@@ -592,9 +596,7 @@ func (a *activationRuntime) status() ActivationStatus {
 		sum := a.led.Summary()
 		st.Ledger = &sum
 		st.LedgerFile = a.led.Dir()
-		if err := a.led.Err(); err != nil {
-			st.LedgerError = err.Error()
-		}
+
 	}
 	if a.ledgerErr != nil {
 		st.LedgerError = a.ledgerErr.Error()
