@@ -38,6 +38,7 @@ table=(
   "cmd/manager       3m       serial"   # 11.6-17.0s
   "controllers       6m       serial"   # 30-35s passing; 87s and 109s when one test failed after a 60s wait
   "test/crash        4m       serial"   # 60-70s
+  "test/docs         4m       serial"   # 13-44s (runs the guides: its own local control plane, manager and providers)
   "test/doctor       3m       serial"   # 11.5-16.7s
   "test/e2e          3m       serial"   # 16.7-32.1s
   "test/gitops       3m       serial"   # 8.1-8.5s
