@@ -37,7 +37,7 @@ table=(
   "api/v1alpha1      3m       serial"   # 6.8-9.5s
   "cmd/manager       3m       serial"   # 11.6-17.0s
   "controllers       6m       serial"   # 30-35s passing; 87s and 109s when one test failed after a 60s wait
-  "test/crash        9m       serial"   # 160-167s (3 runs: the ledger-fault subset 72-81s, SIGKILL at 11 points 58-63s)
+  "test/crash        9m       serial"   # 159-170s (6 runs, load 14-17: the ledger-fault subset 72-81s, SIGKILL at 11 points 56-66s)
   "test/doctor       3m       serial"   # 11.5-16.7s
   "test/e2e          3m       serial"   # 16.7-32.1s
   "test/gitops       3m       serial"   # 8.1-8.5s
