@@ -679,6 +679,11 @@ func (s *Server) moduleUnavailable(namespace, activation, module string) error {
 	if ms.Phase == iteronv1.PhaseFailed {
 		return fail(reasons.ProviderFailed, fmt.Sprintf("module %s has failed", module))
 	}
+	if st.LedgerUnwritable != "" {
+		// Nothing can be prepared until the ledger accepts appends again
+		// (a first activation cut short by the ledger waits for it).
+		return fail(reasons.LedgerUnwritable, fmt.Sprintf("module %s has no active generation: %s", module, st.LedgerUnwritable))
+	}
 	return fail(reasons.ActivationFailed, fmt.Sprintf("module %s has no active generation", module))
 }
 
