@@ -516,7 +516,9 @@ func TestReconcilingIsTrueWhileSomethingIsLeftToDo(t *testing.T) {
 
 func TestDegradedSaysPartOfTheActivationDoesNotServeAsDesired(t *testing.T) {
 	healthy := wantCondition{metav1.ConditionFalse, iteronv1.ReasonSucceeded, []string{"every module serves its desired generation"}}
-	progressing := wantCondition{metav1.ConditionFalse, iteronv1.ReasonProgressing, []string{"transactions are in progress"}}
+	progressing := func(msg string) wantCondition {
+		return wantCondition{metav1.ConditionFalse, iteronv1.ReasonProgressing, []string{"no module has a problem; " + msg}}
+	}
 	runConditionTable(t, []conditionCase{
 		{"an activation serving its desired state is not Degraded", world(), nil, healthy},
 		{"a corrupt ledger is Degraded", world(corruptLedger), nil,
@@ -530,8 +532,9 @@ func TestDegradedSaysPartOfTheActivationDoesNotServeAsDesired(t *testing.T) {
 		{"a module waiting for its dependency is Degraded with that reason", world(waitsForDependency), nil,
 			wantCondition{metav1.ConditionTrue, iteronv1.ReasonDependencyUnsatisfied, nil}},
 		{"an API refusal alone does not make the activation Degraded (what serves, serves)", world(), errDenied, healthy},
-		{"an API refusal while a module is not serving its target yet is not Degraded, but progressing", world(notYetActive), errDenied, progressing},
-		{"a running transaction is not Degraded", world(busy), nil, progressing},
+		{"an API refusal while a module is not serving its target yet is not Degraded, and names the module (not transactions that do not run)",
+			world(notYetActive), errDenied, progressing("module prompt_system is not serving its desired generation yet")},
+		{"a running transaction is not Degraded", world(busy), nil, progressing("transactions in progress")},
 		{"a Generation lagging is not Degraded", world(generationShows(sysG1, iteronv1.PhaseDraining, iteronv1.StepDrain)), nil, healthy},
 	}, degradedCondition)
 }
