@@ -576,6 +576,9 @@ func TestReadyWaitsForEveryModuleAndEveryGeneration(t *testing.T) {
 			wantCondition{metav1.ConditionTrue, iteronv1.ReasonSucceeded, nil}},
 		{"a paused activation whose modules serve stays Ready", world(paused), nil,
 			wantCondition{metav1.ConditionTrue, iteronv1.ReasonSucceeded, []string{"all 2 modules Active"}}},
+		{"a paused activation whose swap finished after the pause is not Ready until its Generations show it",
+			world(paused, generationShows(sysG2, iteronv1.PhasePreparing, iteronv1.StepReadiness)), nil,
+			notReady(iteronv1.ReasonProgressing, "Generation "+sysG2)},
 	}, readyCondition)
 }
 

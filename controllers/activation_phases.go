@@ -361,15 +361,17 @@ func (r *ActivationReconciler) ownedGenerations(ctx context.Context, act *iteron
 // Failed Generations per module (newest first); the targets, the active
 // generations and anything still in flight are never deleted.
 func (r *ActivationReconciler) reconcileHistory(ctx context.Context, s *activationScope) error {
-	if !s.resolved || s.res.DocumentError != nil {
-		return nil
-	}
-	limit := int(ptr.Deref(s.act.Spec.GenerationHistoryLimit, 10))
+	// Listed even when nothing is pruned (paused): Ready waits for what
+	// the Generations show.
 	gens, err := r.ownedGenerations(ctx, s.act)
 	if err != nil {
 		return err
 	}
 	s.gens = gens
+	if !s.resolved || s.res.DocumentError != nil {
+		return nil
+	}
+	limit := int(ptr.Deref(s.act.Spec.GenerationHistoryLimit, 10))
 	keep := map[string]bool{}
 	for _, t := range s.targets {
 		keep[t.GenerationName] = true
@@ -465,7 +467,8 @@ func (r *ActivationReconciler) summarize(s *activationScope, reconcileErr error)
 	if st.Ledger != nil {
 		act.Status.Ledger = ledgerStatus(st)
 	}
-	if s.resolved {
+	switch {
+	case s.resolved:
 		act.Status.Modules = moduleStatuses(s)
 		// The plan is the RuntimePlan of the spec when it was first acted
 		// on; it stays until the spec changes (transactions finishing do
@@ -473,6 +476,16 @@ func (r *ActivationReconciler) summarize(s *activationScope, reconcileErr error)
 		if s.plan != nil && (act.Status.Plan == nil || act.Status.Plan.SpecGeneration != act.Generation) {
 			act.Status.Plan = s.plan
 		}
+	case s.haveStatus:
+		// Paused: the spec is not acted on, but what runs is still
+		// mirrored (a transaction that was running when the pause came
+		// finishes), module by module as status lists them.
+		mirror := *s
+		mirror.res = Resolution{}
+		for _, ms := range act.Status.Modules {
+			mirror.res.Modules = append(mirror.res.Modules, ResolvedModule{Module: ms.Module, Epoch: ms.Epoch})
+		}
+		act.Status.Modules = moduleStatuses(&mirror)
 	}
 	r.recordTransitions(s)
 	s.lagging = generationsLag(s)
