@@ -257,7 +257,7 @@ func degradedCondition(sum summary) metav1.Condition {
 		return condition(iteronv1.ConditionDegraded, true, p.conditionReason(), p.message)
 	}
 	if sum.notReady != "" || sum.busy {
-		return condition(iteronv1.ConditionDegraded, false, iteronv1.ReasonProgressing, "no module has a problem; transactions are in progress")
+		return condition(iteronv1.ConditionDegraded, false, iteronv1.ReasonProgressing, "no module has a problem; "+progressMessage(sum))
 	}
 	return condition(iteronv1.ConditionDegraded, false, iteronv1.ReasonSucceeded, "every module serves its desired generation")
 }
