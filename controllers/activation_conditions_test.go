@@ -596,6 +596,12 @@ func TestGenerationsLagNamesTheFirstGenerationThatDoesNotShowWhatTheCoordinatorD
 		{"an active Generation whose status was never written lags", world(generationShows(sysG2, "", "")),
 			"(it shows nothing nothing)"},
 		{"an active Generation at rolled_back does not lag", world(generationShows(sysG2, iteronv1.PhaseActive, iteronv1.StepRolledBack)), ""},
+		{"an active Generation in the middle of a renewal does not lag (it serves throughout)",
+			world(generationShows(sysG2, iteronv1.PhaseActive, iteronv1.StepQuiesce), func(s *activationScope) {
+				gs := s.status.Generations[sysG2]
+				gs.Step = iteronv1.StepQuiesce
+				s.status.Generations[sysG2] = gs
+			}), ""},
 		{"a drained Generation still Active lags", world(generationShows(sysG1, iteronv1.PhaseActive, iteronv1.StepCommitted)),
 			"Generation " + sysG1 + " does not show Inactive yet (it shows Active committed)"},
 		{"a failed Generation still Preparing lags", world(swapFailed(reasons.ProviderFailed, false), generationShows(sysG3, iteronv1.PhasePreparing, iteronv1.StepMigrate)),

@@ -585,9 +585,11 @@ func generationsLag(s *activationScope) string {
 		case active[g.Name] && gs.Phase == iteronv1.PhaseActive:
 			// A renewal moves the active generation through its steps while
 			// it serves: only a transaction that ended must show as ended.
-			final := gs.Step == iteronv1.StepCommitted || gs.Step == iteronv1.StepRolledBack
-			if st.Phase != iteronv1.PhaseActive || final && st.Step != gs.Step {
-				return fmt.Sprintf("Generation %s does not show Active at %s yet (it shows %s %s)", g.Name, gs.Step, orNone(string(st.Phase)), orNone(string(st.Step)))
+			ended := func(step iteronv1.GenerationStep) bool {
+				return step == iteronv1.StepCommitted || step == iteronv1.StepRolledBack
+			}
+			if st.Phase != iteronv1.PhaseActive || ended(gs.Step) && !ended(st.Step) {
+				return fmt.Sprintf("Generation %s does not show Active at a final step yet (it shows %s %s)", g.Name, orNone(string(st.Phase)), orNone(string(st.Step)))
 			}
 		case gs.Phase == iteronv1.PhaseInactive || gs.Phase == iteronv1.PhaseFailed:
 			if st.Phase != gs.Phase {
