@@ -641,6 +641,7 @@ func TestObservedGenerationAdvancesOnlyAtARestingState(t *testing.T) {
 		{"a retried API error is not resting", world(), errConflict, false, 0},
 		{"a retried error of no phase is not resting", world(), errPlain, false, 0},
 		{"a running transaction is not resting and looks again", world(busy), nil, false, 10 * time.Second},
+		{"Stalled while a transaction still runs (a rollback in progress) is not resting", world(ledgerUnwritable, busy), nil, false, 10 * time.Second},
 		{"a spec not yet handed to the coordinator is not resting", world(notApplied), nil, false, 10 * time.Second},
 		{"a module waiting for its dependency is not resting", world(waitsForDependency), nil, false, 0},
 		{"a module not serving its target yet is not resting", world(notYetActive), nil, false, 0},

@@ -157,6 +157,11 @@ func (a *activationRuntime) begin(kind ledger.Kind, m *moduleRuntime, gen *gener
 	dl, _ := ctx.Deadline()
 	a.mu.Lock()
 	gen.txnID = id.String()
+	if kind != ledger.KindRenewal {
+		// Status is not at rest while a transaction runs (a renewal is
+		// routine and changes nothing a reader waits for).
+		a.busy = true
+	}
 	a.mu.Unlock()
 	return &txnRun{a: a, m: m, txn: txn, gen: gen, deadline: dl, lastAt: a.c.cfg.Now(), desired: d, ctx: ctx, cancel: cancel,
 		fresh: func() *effects.EffectScope { return nil }, serving: func() *Route { return nil }}, nil
