@@ -89,28 +89,10 @@ func recordBytes(p ledger.Phase) string {
 // mount over a backing directory.
 func newFaultyLedgerHarness(t *testing.T) (*harness, *faultfs.FS) {
 	t.Helper()
-	if err := faultfs.Supported(); err != nil {
-		t.Skip(err)
-	}
 	stateDir := t.TempDir()
-	backing := filepath.Join(t.TempDir(), "ledgers")
-	mountpoint := filepath.Join(stateDir, ledger.LedgersDir)
-	for _, d := range []string{backing, mountpoint} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	fsys, err := faultfs.Mount(backing, mountpoint)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Registered before the harness, so it runs after the coordinator's
-	// shutdown (cleanups run last-in first-out).
-	t.Cleanup(func() {
-		if err := fsys.Unmount(); err != nil {
-			t.Errorf("unmount: %v", err)
-		}
-	})
+	// Mounted before the harness starts, so it is unmounted after the
+	// coordinator's shutdown.
+	fsys := faultfs.Over(t, filepath.Join(stateDir, ledger.LedgersDir))
 	uidCounter.Lock()
 	uidCounter.n++
 	uid := fmt.Sprintf("%08x-0000-4000-8000-000000000000", 0xb0000000+uidCounter.n)

@@ -201,24 +201,6 @@ func cfGeneration(t *testing.T, name string) *iteronv1.Generation {
 	return &g
 }
 
-// cfWaitGeneration waits until the Generation called name satisfies cond.
-func cfWaitGeneration(t *testing.T, name, what string, cond func(*iteronv1.Generation) bool) *iteronv1.Generation {
-	t.Helper()
-	deadline := time.Now().Add(90 * time.Second)
-	for {
-		var g iteronv1.Generation
-		err := env.Client.Get(context.Background(), keyOf(ns, name), &g)
-		if err == nil && cond(&g) {
-			return &g
-		}
-		if time.Now().After(deadline) {
-			b, _ := json.MarshalIndent(g.Status, "", "  ")
-			t.Fatalf("Generation %s never became %s (%v):\n%s", name, what, err, b)
-		}
-		time.Sleep(150 * time.Millisecond)
-	}
-}
-
 // cfDump registers a cleanup that, when the test failed, logs what
 // a reader needs: the activation's status, its Generations, the ledger.
 // Registered after the manager's start, it runs before the manager's

@@ -64,7 +64,7 @@ func TestReceiptsLostWithARestartAreReportedIncompleteNeverAsACleanZero(t *testi
 			t.Fatalf("call %d: %v", i, r)
 		}
 	}
-	before := cfWaitGeneration(t, name, "showing 3 irreversible receipts", func(g *iteronv1.Generation) bool {
+	before := waitGeneration(t, name, "showing 3 irreversible receipts", func(g *iteronv1.Generation) bool {
 		r := g.Status.Receipts
 		return r != nil && r.Total == 3 && r.Irreversible == 3
 	})
@@ -83,7 +83,7 @@ func TestReceiptsLostWithARestartAreReportedIncompleteNeverAsACleanZero(t *testi
 	restartedAt := time.Now()
 	step("manager stopped")
 	n.start(t, "", cfIrreversibleCeiling)
-	after := cfWaitGeneration(t, name, "relaunched with incomplete evidence", func(g *iteronv1.Generation) bool {
+	after := waitGeneration(t, name, "relaunched with incomplete evidence", func(g *iteronv1.Generation) bool {
 		return g.Status.Phase == iteronv1.PhaseActive && g.Status.Pid > 0 && g.Status.Pid != oldPid && g.Status.Receipts != nil && g.Status.Receipts.Truncated
 	})
 	if r := after.Status.Receipts; !strings.Contains(r.IncompleteReason, "the manager restarted at") {
@@ -94,7 +94,7 @@ func TestReceiptsLostWithARestartAreReportedIncompleteNeverAsACleanZero(t *testi
 	if r := n.cfCall(t, got, "a", 1, 10*time.Second); !r.ok {
 		t.Fatalf("call after the restart: %v", r)
 	}
-	relaunched := cfWaitGeneration(t, name, "counting the receipt of the call after the restart", func(g *iteronv1.Generation) bool {
+	relaunched := waitGeneration(t, name, "counting the receipt of the call after the restart", func(g *iteronv1.Generation) bool {
 		return g.Status.Receipts != nil && g.Status.Receipts.Total == 1
 	})
 	if r := relaunched.Status.Receipts; !r.Truncated || r.Irreversible != 1 || r.IncompleteReason != after.Status.Receipts.IncompleteReason {
@@ -112,7 +112,7 @@ func TestReceiptsLostWithARestartAreReportedIncompleteNeverAsACleanZero(t *testi
 	if r := n.cfCall(t, got, "a", 1, 10*time.Second); !r.ok {
 		t.Fatalf("call on the new generation: %v", r)
 	}
-	fresh := cfWaitGeneration(t, got.Status.Modules[0].GenerationName, "counting its receipt", func(g *iteronv1.Generation) bool {
+	fresh := waitGeneration(t, got.Status.Modules[0].GenerationName, "counting its receipt", func(g *iteronv1.Generation) bool {
 		return g.Status.Receipts != nil && g.Status.Receipts.Total == 1
 	})
 	if r := fresh.Status.Receipts; r.Truncated || r.IncompleteReason != "" || r.Irreversible != 1 {

@@ -171,7 +171,7 @@ func TestARelaunchRefusedAfterAFailedSwapIsWhatStatusDoctorAndCallsSay(t *testin
 			x.Status.Modules[0].Phase == iteronv1.PhaseActive && x.Status.Modules[0].GenerationName == v2Gen &&
 			x.Status.ObservedGeneration == x.Generation && cfCondition(x, iteronv1.ConditionReconciling).Status == metav1.ConditionFalse
 	})
-	cfWaitGeneration(t, v2Gen, "Active again", func(g *iteronv1.Generation) bool {
+	waitGeneration(t, v2Gen, "Active again", func(g *iteronv1.Generation) bool {
 		return g.Status.Phase == iteronv1.PhaseActive && g.Status.Pid > 0 && g.Status.Pid != pid
 	})
 	r = n.cfCall(t, back, "a", 1, 10*time.Second)

@@ -362,7 +362,7 @@ func lfRun(t *testing.T, c lfCell) lfRow {
 		// The Generation's mirrored status names the serving process: the
 		// one that served before, or another (relaunched, renewed, new).
 		which := map[bool]string{true: "the process that served before", false: "another process"}[x.sameProcess]
-		g := lfWaitGeneration(t, x.servingGen, fmt.Sprintf("Active with %s (pid %d before)", which, oldPid), func(g *iteronv1.Generation) bool {
+		g := waitGeneration(t, x.servingGen, fmt.Sprintf("Active with %s (pid %d before)", which, oldPid), func(g *iteronv1.Generation) bool {
 			return g.Status.Phase == iteronv1.PhaseActive && g.Status.Pid > 0 && (int(g.Status.Pid) == oldPid) == x.sameProcess
 		})
 		servingPid = int(g.Status.Pid)
@@ -411,7 +411,7 @@ func lfRun(t *testing.T, c lfCell) lfRow {
 	row.groups = fmt.Sprintf("%d seen, %d left (%d gone: %s)", len(seen), len(want), len(gone), strings.Join(gone, " "))
 	t.Logf("provider groups: %s; checked in %s", row.groups, took.Round(time.Millisecond))
 	if x.failedGen != "" {
-		g := lfWaitGeneration(t, x.failedGen, "Failed ledger_unwritable", func(g *iteronv1.Generation) bool {
+		g := waitGeneration(t, x.failedGen, "Failed ledger_unwritable", func(g *iteronv1.Generation) bool {
 			return g.Status.Phase == iteronv1.PhaseFailed && g.Status.Reason == reasons.LedgerUnwritable
 		})
 		t.Logf("the failed generation %s: %s %s (%s)", g.Name, g.Status.Phase, g.Status.Reason, g.Status.Message)
@@ -433,7 +433,7 @@ func lfRun(t *testing.T, c lfCell) lfRow {
 			return readyWith(lfModule, x.finalImpl)(a) && a.Status.Modules[0].GenerationName == x.finalGen
 		})
 		if c.kind == "renewal" {
-			lfWaitGeneration(t, x.finalGen, "renewed", func(g *iteronv1.Generation) bool { return g.Status.Renewals >= 1 })
+			waitGeneration(t, x.finalGen, "renewed", func(g *iteronv1.Generation) bool { return g.Status.Renewals >= 1 })
 		}
 	}
 	resumed := time.Since(healed)
@@ -463,7 +463,7 @@ func lfRun(t *testing.T, c lfCell) lfRow {
 	n.start(t, "")
 	var restarted lfAnswer
 	if x.finalGen != "" {
-		lfWaitGeneration(t, x.finalGen, "relaunched by the restarted manager", func(g *iteronv1.Generation) bool {
+		waitGeneration(t, x.finalGen, "relaunched by the restarted manager", func(g *iteronv1.Generation) bool {
 			return g.Status.Phase == iteronv1.PhaseActive && g.Status.Pid > 0 && int(g.Status.Pid) != prePid
 		})
 		final = waitFor(t, a, "Ready after the restart", func(a *iteronv1.ImplementationActivation) bool {
@@ -526,23 +526,7 @@ func lfRun(t *testing.T, c lfCell) lfRow {
 // managers (cleanups run last-in first-out).
 func lfMountLedgers(t *testing.T, n *nodeState) *faultfs.FS {
 	t.Helper()
-	backing := n.stateDir + "-ledgers"
-	mountpoint := filepath.Join(n.stateDir, ledger.LedgersDir)
-	for _, d := range []string{backing, mountpoint} {
-		if err := os.MkdirAll(d, 0o700); err != nil {
-			t.Fatal(err)
-		}
-	}
-	fsys, err := faultfs.Mount(backing, mountpoint)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := fsys.Unmount(); err != nil {
-			t.Errorf("unmount %s: %v", mountpoint, err)
-		}
-	})
-	return fsys
+	return faultfs.Over(t, filepath.Join(n.stateDir, ledger.LedgersDir))
 }
 
 // lfRecordBytes is what the ledger writes for the phase's record (its
@@ -652,28 +636,10 @@ func firstWords(s string, n int) string {
 	return strings.Join(f, " ")
 }
 
-// lfWaitGeneration waits (bounded) for a Generation's mirrored status.
-func lfWaitGeneration(t *testing.T, name, what string, cond func(*iteronv1.Generation) bool) *iteronv1.Generation {
-	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		var g iteronv1.Generation
-		err := env.Client.Get(context.Background(), keyOf(ns, name), &g)
-		if err == nil && cond(&g) {
-			return &g
-		}
-		if time.Now().After(deadline) {
-			b, _ := json.MarshalIndent(g.Status, "", "  ")
-			t.Fatalf("Generation %s never became %s (%v):\n%s", name, what, err, b)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
 // lfGenerationPid waits for an Active generation's pid in its status.
 func lfGenerationPid(t *testing.T, name string) int {
 	t.Helper()
-	g := lfWaitGeneration(t, name, "Active with a pid", func(g *iteronv1.Generation) bool {
+	g := waitGeneration(t, name, "Active with a pid", func(g *iteronv1.Generation) bool {
 		return g.Status.Phase == iteronv1.PhaseActive && g.Status.Pid > 0
 	})
 	return int(g.Status.Pid)

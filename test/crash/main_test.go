@@ -443,3 +443,22 @@ func deleteActivation(t *testing.T, a *iteronv1.ImplementationActivation) {
 func keyOf(namespace, name string) client.ObjectKey {
 	return client.ObjectKey{Namespace: namespace, Name: name}
 }
+
+// waitGeneration waits (bounded) until the Generation called name satisfies
+// cond, and prints its status when it never does.
+func waitGeneration(t *testing.T, name, what string, cond func(*iteronv1.Generation) bool) *iteronv1.Generation {
+	t.Helper()
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		var g iteronv1.Generation
+		err := env.Client.Get(context.Background(), keyOf(ns, name), &g)
+		if err == nil && cond(&g) {
+			return &g
+		}
+		if time.Now().After(deadline) {
+			b, _ := json.MarshalIndent(g.Status, "", "  ")
+			t.Fatalf("Generation %s never became %s (%v):\n%s", name, what, err, b)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
