@@ -2,6 +2,7 @@ package crash
 
 import (
 	"os"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -18,18 +19,13 @@ import (
 // TestARestartBeforeTheLedgerHealsClosesTheInterruptedSwapTruthfully is
 // what an operator does on a full disk: stop the manager while the ledger
 // cannot be written, free space, start it again. The manager that failed
-// the append never wrote how the swap really ended (it keeps that in
-// memory until a probe can append it); the next one closes the swap by the
-// ledger's recovery rule. The swap must still be closed as it ended —
-// rolled back — and nothing a call did while the disk was full may be
-// lost. Only with ITERON_FAULTS=all (make faults).
-//
-// At drain this fails today (a known defect, skipped unless
-// ITERON_FAULTS_KNOWN_DEFECTS=1): the atomic_switch record is durable, the
-// drain record is not, the post-switch rollback relaunched the old
-// generation and it served; after the restart the recovery rule closes the
-// swap forward (drain + committed), relaunches the new generation from
-// its restored state and the call answered by the old generation is lost.
+// the append could not write how the swap really ended into the ledger; it
+// kept that durably beside it (the pending close), and the next manager
+// closes the swap that way rather than by the ledger's recovery rule — at
+// drain, where the atomic_switch record is durable and the rule would close
+// the swap forward, reviving the generation the rollback disposed. The swap
+// must be closed as it ended — rolled back — and nothing a call did while
+// the disk was full may be lost. Only with ITERON_FAULTS=all (make faults).
 func TestARestartBeforeTheLedgerHealsClosesTheInterruptedSwapTruthfully(t *testing.T) {
 	if os.Getenv("ITERON_FAULTS") != "all" {
 		t.Skip("ITERON_FAULTS=all (make faults) runs it")
@@ -39,9 +35,6 @@ func TestARestartBeforeTheLedgerHealsClosesTheInterruptedSwapTruthfully(t *testi
 	}
 	for _, phase := range []ledger.Phase{ledger.PhaseSnapshot, ledger.PhaseDrain} {
 		t.Run(string(phase), func(t *testing.T) {
-			if phase == ledger.PhaseDrain && os.Getenv("ITERON_FAULTS_KNOWN_DEFECTS") != "1" {
-				t.Skip("known defect: a swap whose drain record failed is closed forward by the next manager although it rolled back (set ITERON_FAULTS_KNOWN_DEFECTS=1 to run)")
-			}
 			n := newNode(t)
 			fsys := lfMountLedgers(t, n)
 			name := "lf-restart-" + map[ledger.Phase]string{ledger.PhaseSnapshot: "snapshot", ledger.PhaseDrain: "drain"}[phase]
@@ -80,7 +73,8 @@ func TestARestartBeforeTheLedgerHealsClosesTheInterruptedSwapTruthfully(t *testi
 			tx := lfRecords(t, n, got, lfTxn(t, got, 2, 1, 0))
 			t.Logf("after the restart: %s; the interrupted swap: %v", ans, tx)
 			k := len(tx)
-			if k < 2 || tx[k-1].phase != ledger.PhaseRolledBack || tx[k-2].outcome != ledger.OutcomeBlocked || tx[k-2].phase != phase {
+			if k < 2 || tx[k-1].phase != ledger.PhaseRolledBack || tx[k-2].outcome != ledger.OutcomeBlocked || tx[k-2].phase != phase ||
+				!strings.HasPrefix(tx[k-2].reason, reasons.LedgerUnwritable+": ") {
 				t.Errorf("the swap rolled back while the disk was full; the ledger closes it %v", tx)
 			}
 			if retried := iteronv1.GenerationName(name, lfModule, 2, 2); got.Status.Modules[0].GenerationName != retried {
