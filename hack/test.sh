@@ -42,6 +42,7 @@ table=(
   "test/doctor       3m       serial"   # 11.5-16.7s
   "test/e2e          3m       serial"   # 16.7-32.1s
   "test/gitops       3m       serial"   # 8.1-8.5s
+  "test/node         20m      serial"   # a real node (kubelet, containerd): measured below
 )
 
 # rule <relative package> prints "<timeout> <mode> <row>" for the first row
