@@ -125,7 +125,7 @@ build containerd-shim-runc-v2 "$ctrd" "$CONTAINERD_VERSION" "$CONTAINERD_VERSION
   CGO_ENABLED=0 go install -trimpath -tags "no_grpc urfave_cli_no_docs" -ldflags "$ctrd_ldflags"
 build runc github.com/opencontainers/runc "$RUNC_VERSION" "runc version ${RUNC_VERSION#v}" \
   install_build runc "github.com/opencontainers/runc@$RUNC_VERSION" \
-  CGO_ENABLED=1 go install -trimpath -tags "seccomp urfave_cli_no_docs" \
+  CGO_ENABLED=1 go install -trimpath -tags "seccomp netgo osusergo urfave_cli_no_docs" \
   -ldflags "-s -w -X main.version=${RUNC_VERSION#v} -X main.gitCommit=module-proxy -extldflags -static"
 for bin in bridge host-local loopback; do
   dir=main/$bin

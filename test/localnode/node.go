@@ -89,6 +89,8 @@ type Node struct {
 	exited   map[string]error
 	stopOnce sync.Once
 	stopErr  error
+	// sandboxIDs are the pod sandboxes containerd had when Stop began.
+	sandboxIDs []string
 }
 
 // Start starts the node and returns when its Node object is Ready and
@@ -682,6 +684,10 @@ func (n *Node) printTails(lines int) {
 func (n *Node) Stop() error {
 	n.stopOnce.Do(func() {
 		start := time.Now()
+		sandboxes, _ := filepath.Glob(filepath.Join(n.Root, "containerd", "*", "io.containerd.grpc.v1.cri", "sandboxes", "*"))
+		for _, sb := range sandboxes {
+			n.sandboxIDs = append(n.sandboxIDs, filepath.Base(sb))
+		}
 		var buf bytes.Buffer
 		n.stopErr = teardown(io.MultiWriter(n.log, &buf), n.rec)
 		if n.nsFD >= 0 {
@@ -777,8 +783,12 @@ func (n *Node) Leftovers() ([]string, error) {
 			left = append(left, "symlink "+l)
 		}
 	}
-	results, _ := filepath.Glob(filepath.Join("/var/lib/cni/results", cniNetwork+"-*"))
-	for _, r := range results {
+	leftResults, _ := filepath.Glob(filepath.Join("/var/lib/cni/results", cniNetwork+"-*"))
+	for _, id := range n.sandboxIDs {
+		more, _ := filepath.Glob(filepath.Join("/var/lib/cni/results", "*-"+id+"-*"))
+		leftResults = append(leftResults, more...)
+	}
+	for _, r := range leftResults {
 		left = append(left, "libcni result "+r)
 	}
 	for _, d := range n.rec.CreatedDirs {

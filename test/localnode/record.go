@@ -181,23 +181,26 @@ func teardown(log io.Writer, r *record) error {
 			fmt.Fprintf(log, "localnode: teardown: %s: %v\n", what, err)
 		}
 	}
-	// 1. The recorded processes, newest first: SIGTERM, then SIGKILL.
-	var alive []proc
+	// 1. The recorded processes, newest first (kube-proxy and the kubelet
+	// before containerd, the API server before etcd): SIGTERM, then SIGKILL
+	// after a short grace (a test node needs no orderly shutdown, and the
+	// API server's can take a minute).
 	for i := len(r.Procs) - 1; i >= 0; i-- {
 		p := r.Procs[i]
-		if sameProcess(p) {
-			_ = syscall.Kill(p.Pid, syscall.SIGTERM)
-			alive = append(alive, p)
+		if !sameProcess(p) {
+			continue
 		}
-	}
-	deadline := time.Now().Add(15 * time.Second)
-	for _, p := range alive {
+		_ = syscall.Kill(p.Pid, syscall.SIGTERM)
+		deadline := time.Now().Add(5 * time.Second)
 		for sameProcess(p) && time.Now().Before(deadline) {
 			time.Sleep(50 * time.Millisecond)
 		}
 		if sameProcess(p) {
-			fmt.Fprintf(log, "localnode: teardown: %s (pid %d) ignored SIGTERM: SIGKILL\n", p.Name, p.Pid)
+			fmt.Fprintf(log, "localnode: teardown: %s (pid %d) still runs 5s after SIGTERM: SIGKILL\n", p.Name, p.Pid)
 			_ = syscall.Kill(p.Pid, syscall.SIGKILL)
+			for try := 0; sameProcess(p) && try < 100; try++ {
+				time.Sleep(50 * time.Millisecond)
+			}
 		}
 	}
 	// 2. Every process left in the node's pids cgroup: its descendants
@@ -373,9 +376,8 @@ func removeHostFiles(r *record) error {
 			}
 		}
 	}
-	results, _ := filepath.Glob(filepath.Join("/var/lib/cni/results", cniNetwork+"-*"))
-	for _, f := range results {
-		if err := os.Remove(f); err != nil {
+	for _, f := range cniResults(r.Root) {
+		if err := os.Remove(f); err != nil && !os.IsNotExist(err) {
 			errs = append(errs, err)
 		}
 	}
@@ -386,4 +388,17 @@ func removeHostFiles(r *record) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// cniResults lists libcni's cached results (/var/lib/cni/results/<network>-
+// <sandbox id>-<interface>) of the node: those of its bridge network, and
+// those of containerd's loopback network for the sandboxes in its state.
+func cniResults(root string) []string {
+	files, _ := filepath.Glob(filepath.Join("/var/lib/cni/results", cniNetwork+"-*"))
+	sandboxes, _ := filepath.Glob(filepath.Join(root, "containerd", "*", "io.containerd.grpc.v1.cri", "sandboxes", "*"))
+	for _, sb := range sandboxes {
+		more, _ := filepath.Glob(filepath.Join("/var/lib/cni/results", "*-"+filepath.Base(sb)+"-*"))
+		files = append(files, more...)
+	}
+	return files
 }

@@ -14,12 +14,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
 	"iteron.dev/operator/test/kubeapi"
@@ -27,6 +29,11 @@ import (
 )
 
 const ns = "default"
+
+func init() {
+	// controller-runtime's client logs nothing this test needs.
+	ctrllog.SetLogger(logr.Discard())
+}
 
 func TestTheManagerRunsAsADaemonSetPodOnARealNode(t *testing.T) {
 	repo, err := kubeapi.RepoRoot()
@@ -68,11 +75,6 @@ func TestTheManagerRunsAsADaemonSetPodOnARealNode(t *testing.T) {
 		pod.Name, pod.Spec.NodeName, pod.Status.PodIP, pod.Spec.ServiceAccountName, pod.Status.ContainerStatuses[0].Image, pod.Status.ContainerStatuses[0].ImageID)
 	c.state(t, "1. config/default applied: the DaemonSet is Ready")
 
-	// The shipped admission policy is in force: an administrator cannot
-	// write a Generation, only the manager's service account can (and it
-	// does, below).
-	c.generationWritesAreRefusedToOthers(t)
-
 	// 2. An activation with providers from the hostPath root → Active.
 	v1 := c.impl(t, "prompt_system", "counter-v1")
 	v2 := c.impl(t, "prompt_system", "counter-v2")
@@ -84,6 +86,10 @@ func TestTheManagerRunsAsADaemonSetPodOnARealNode(t *testing.T) {
 		t.Logf("activation %s Active: %d modules, ledger %d records, head %s", name, a.Status.ActiveCount, a.Status.Ledger.Records, a.Status.Ledger.HeadSHA256)
 	}
 	c.state(t, "2. the activation is Active")
+
+	// The manager wrote those Generations as its service account; the
+	// shipped admission policy refuses the same write to an administrator.
+	c.generationWritesAreRefusedToOthers(t, name)
 
 	// 3. Calls through the hostPath gateway socket, from this machine.
 	c.expectCount(t, name, `{"key":"a","add":2}`, 2, "1.0.0")
@@ -272,21 +278,59 @@ func dsReady(ds *appsv1.DaemonSet) error {
 	return nil
 }
 
-// generationWritesAreRefusedToOthers: the admission policy of config/admission
-// refuses an administrator's Generation.
-func (c *cluster) generationWritesAreRefusedToOthers(t *testing.T) {
+// generationWritesAreRefusedToOthers: the manager (its service account)
+// wrote the activation's Generations; the admission policy of
+// config/admission refuses an administrator a copy of one, and a change to
+// one.
+func (c *cluster) generationWritesAreRefusedToOthers(t *testing.T, activation string) {
 	t.Helper()
-	g := &iteronv1.Generation{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "not-by-the-manager"}}
-	g.Spec.ActivationName = "none"
-	err := c.client.Create(context.Background(), g)
+	ctx := context.Background()
+	var list iteronv1.GenerationList
+	if err := c.client.List(ctx, &list, client.InNamespace(ns)); err != nil {
+		t.Fatal(err)
+	}
+	var mine *iteronv1.Generation
+	for i := range list.Items {
+		if list.Items[i].Spec.ActivationName == activation {
+			mine = &list.Items[i]
+		}
+	}
+	if mine == nil {
+		t.Fatalf("the manager wrote no Generation for %s%s", activation, c.diagnostics())
+	}
+	managed := map[string]bool{}
+	for _, f := range mine.ManagedFields {
+		managed[f.Manager] = true
+	}
+	t.Logf("Generation %s was written by %v (the manager, as system:serviceaccount:iteron-system:iteron-manager: the admission policy lets only it)", mine.Name, keys(managed))
+	const policy = "Generations are written only by system:serviceaccount:iteron-system:iteron-manager"
+	cp := &iteronv1.Generation{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: mine.Name + "-copy"}, Spec: mine.Spec}
+	err := c.client.Create(ctx, cp)
 	if err == nil {
-		_ = c.client.Delete(context.Background(), g)
+		_ = c.client.Delete(ctx, cp)
 		t.Fatal("an administrator created a Generation: the admission policy of config/admission is not in force")
 	}
-	if !strings.Contains(err.Error(), "Generations are written only by system:serviceaccount:iteron-system:iteron-manager") {
+	if !strings.Contains(err.Error(), policy) {
 		t.Fatalf("creating a Generation as an administrator failed, but not by the admission policy: %v", err)
 	}
-	t.Logf("admission policy in force: %v", err)
+	changed := mine.DeepCopy()
+	if changed.Labels == nil {
+		changed.Labels = map[string]string{}
+	}
+	changed.Labels["iteron.dev/test"] = "changed-by-an-administrator"
+	if err := c.client.Update(ctx, changed); err == nil || !strings.Contains(err.Error(), policy) {
+		t.Fatalf("an administrator's change to Generation %s: %v; want the admission policy's refusal", mine.Name, err)
+	}
+	t.Logf("admission policy in force: an administrator's create and update are refused: %v", err)
+}
+
+func keys(m map[string]bool) []string {
+	var out []string
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
 }
 
 // probesAndMetricsAnswer: the pod is Ready (the readiness probe passes) and
@@ -484,6 +528,16 @@ func (c *cluster) teardownLocal(t *testing.T, sysctlsBefore map[string]string) {
 		return
 	}
 	n := c.local
+	// A positive control: one loopback connection of this process, which
+	// the "test-to-loopback" rule must count (so the rules see this
+	// process's sockets at all).
+	if lis, err := net.Listen("tcp", "127.0.0.1:0"); err == nil {
+		if conn, err := net.Dial("tcp", lis.Addr().String()); err == nil {
+			_, _ = conn.Write([]byte("probe"))
+			conn.Close()
+		}
+		lis.Close()
+	}
 	counters, text, cerr := n.PacketCounters()
 	if t.Failed() {
 		t.Logf("the test failed: the node's state before teardown:%s", c.diagnostics())
@@ -495,6 +549,9 @@ func (c *cluster) teardownLocal(t *testing.T, sysctlsBefore map[string]string) {
 		t.Errorf("packet counters: %v", cerr)
 	} else {
 		t.Logf("nft counters in the root network namespace (this test's sockets, and any packet to or from the node's ranges):\n%s", text)
+		if counters["test-to-loopback"] == 0 {
+			t.Errorf("the loopback probe was not counted: the counting rules do not see this test's sockets")
+		}
 		for _, k := range []string{"test-to-elsewhere", "test-to-elsewhere6", "any-to-node-ranges", "forwarded-from-node-ranges", "forwarded-to-node-ranges"} {
 			if counters[k] != 0 {
 				t.Errorf("%d packets counted by %q in the root network namespace: this test sent traffic outside loopback", counters[k], k)
