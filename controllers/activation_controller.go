@@ -106,6 +106,7 @@ func (r *ActivationReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 	}
 	for _, phase := range []func(context.Context, *activationScope) error{
 		r.reconcileResolve,
+		r.reconcilePaused,
 		r.reconcileGenerations,
 		r.reconcileApply,
 		r.reconcileHistory,

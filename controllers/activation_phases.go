@@ -3,6 +3,7 @@ package controllers
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -69,6 +70,51 @@ func (r *ActivationReconciler) reconcileResolve(ctx context.Context, s *activati
 	}
 	s.res = r.Resolve(ctx, &s.act.Spec)
 	s.resolved = true
+	return nil
+}
+
+// reconcilePaused keeps serving what served while the activation is
+// paused: spec changes wait, but after a manager restart nothing runs until
+// the ledger's last committed generations are relaunched (their Generation
+// objects' sources verified again). Modules that run are kept as they are.
+func (r *ActivationReconciler) reconcilePaused(ctx context.Context, s *activationScope) error {
+	if !s.act.Spec.Paused || !s.haveStatus || s.status.AppliedSpecGeneration != 0 {
+		return nil
+	}
+	var relaunch []string
+	for module, ms := range s.status.Modules {
+		if ms.Committed != nil && ms.Active == "" {
+			relaunch = append(relaunch, module)
+		}
+	}
+	if len(relaunch) == 0 {
+		return nil
+	}
+	gens, err := r.ownedGenerations(ctx, s.act)
+	if err != nil {
+		return apiRefusal("list Generations", err)
+	}
+	d := desiredOf(s)
+	for _, module := range slices.Sorted(maps.Keys(s.status.Modules)) {
+		ms := s.status.Modules[module]
+		t := hotswap.ModuleTarget{Module: module, Keep: true}
+		if ms.Committed != nil && ms.Active == "" {
+			target, _, failure := r.committedTarget(ctx, s, ResolvedModule{Module: module}, ms.Committed, gens)
+			if failure != nil {
+				r.Recorder.Eventf(s.act, nil, corev1.EventTypeWarning, reasonOf(failure.Code), "Relaunch", "module %s: %s", module, failure.Message)
+			} else {
+				t = *target
+				d.ActivateOrder = append(d.ActivateOrder, module)
+			}
+		}
+		d.Modules = append(d.Modules, t)
+	}
+	d.DrainOrder = slices.Clone(d.ActivateOrder)
+	slices.Reverse(d.DrainOrder)
+	if err := r.Coordinator.Apply(d); err != nil {
+		return &phaseError{reason: "CoordinatorError", err: fmt.Errorf("hand the paused activation's relaunches to the node's coordinator: %w", err)}
+	}
+	s.status, s.haveStatus = r.Coordinator.Status(s.key.UID)
 	return nil
 }
 
@@ -217,7 +263,7 @@ func (r *ActivationReconciler) desiredGeneration(ctx context.Context, s *activat
 // reconcile swaps it to the new spec.
 func (r *ActivationReconciler) committedTarget(ctx context.Context, s *activationScope, rm ResolvedModule, c *hotswap.CommittedGeneration, gens []iteronv1.Generation) (*hotswap.ModuleTarget, *iteronv1.Generation, *hotswap.Failure) {
 	t := &hotswap.ModuleTarget{Module: rm.Module, GenerationName: c.Name, Lineage: c.Lineage, Attempt: c.Attempt, DependsOn: rm.DependsOn}
-	if rm.Plan.ImplementationID() == c.ImplementationID && rm.Plan.ArtifactSHA256() == c.ArtifactSHA256 {
+	if rm.Plan != nil && rm.Plan.ImplementationID() == c.ImplementationID && rm.Plan.ArtifactSHA256() == c.ArtifactSHA256 {
 		t.Plan, t.Epoch = *rm.Plan, rm.Epoch
 		return t, nil, nil
 	}
@@ -415,17 +461,7 @@ func (r *ActivationReconciler) reconcileApply(ctx context.Context, s *activation
 	if !s.resolved || s.res.DocumentError != nil {
 		return nil
 	}
-	spec := s.act.Spec
-	d := hotswap.Desired{
-		Key: s.key, SpecGeneration: s.act.Generation, Retry: s.act.Annotations[iteronv1.AnnotationRetry], CandidateSHA256: spec.CandidateSHA256,
-		Swap: hotswap.SwapPolicy{
-			Deadline:       time.Duration(max(spec.Swap.DeadlineSeconds, 1)) * time.Second,
-			QuiesceTimeout: time.Duration(ptr.Deref(spec.Swap.QuiesceTimeoutSeconds, 10)) * time.Second,
-			Cold:           spec.Swap.Strategy == iteronv1.SwapStrategyCold,
-			Discard:        spec.Swap.StateDisposition == iteronv1.StateDispositionDiscard,
-		},
-		CheckpointInterval: time.Duration(ptr.Deref(spec.Checkpoint.IntervalSeconds, 60)) * time.Second,
-	}
+	d := desiredOf(s)
 	for _, m := range s.res.ActivateOrder {
 		if t, ok := s.targets[m]; ok {
 			d.ActivateOrder = append(d.ActivateOrder, m)
@@ -453,6 +489,22 @@ func (r *ActivationReconciler) reconcileApply(ctx context.Context, s *activation
 	return nil
 }
 
+// desiredOf is the part of the coordinator's desired state the spec's
+// settings make (no modules yet).
+func desiredOf(s *activationScope) hotswap.Desired {
+	spec := s.act.Spec
+	return hotswap.Desired{
+		Key: s.key, SpecGeneration: s.act.Generation, Retry: s.act.Annotations[iteronv1.AnnotationRetry], CandidateSHA256: spec.CandidateSHA256,
+		Swap: hotswap.SwapPolicy{
+			Deadline:       time.Duration(max(spec.Swap.DeadlineSeconds, 1)) * time.Second,
+			QuiesceTimeout: time.Duration(ptr.Deref(spec.Swap.QuiesceTimeoutSeconds, 10)) * time.Second,
+			Cold:           spec.Swap.Strategy == iteronv1.SwapStrategyCold,
+			Discard:        spec.Swap.StateDisposition == iteronv1.StateDispositionDiscard,
+		},
+		CheckpointInterval: time.Duration(ptr.Deref(spec.Checkpoint.IntervalSeconds, 60)) * time.Second,
+	}
+}
+
 // summarize writes status from the resolution, the coordinator and the
 // error the reconcile ends with (so a failed phase shows in the conditions,
 // not only in the log).
@@ -464,6 +516,11 @@ func (r *ActivationReconciler) summarize(s *activationScope, reconcileErr error)
 	}
 	if st.Ledger != nil {
 		act.Status.Ledger = ledgerStatus(st)
+	}
+	if !s.resolved && s.haveStatus {
+		// Paused: the spec is not resolved, but what runs is still what
+		// the modules' status says.
+		act.Status.Modules = refreshModuleStatuses(act.Status.Modules, s.status)
 	}
 	if s.resolved {
 		act.Status.Modules = moduleStatuses(s)
@@ -518,8 +575,11 @@ func generationsLag(s *activationScope) string {
 		st := g.Status
 		switch {
 		case active[g.Name] && gs.Phase == iteronv1.PhaseActive:
-			if st.Phase != iteronv1.PhaseActive || (st.Step != iteronv1.StepCommitted && st.Step != iteronv1.StepRolledBack) {
-				return fmt.Sprintf("Generation %s does not show Active at a final step yet (it shows %s %s)", g.Name, orNone(string(st.Phase)), orNone(string(st.Step)))
+			// A renewal moves the active generation through its steps while
+			// it serves: only a transaction that ended must show as ended.
+			final := gs.Step == iteronv1.StepCommitted || gs.Step == iteronv1.StepRolledBack
+			if st.Phase != iteronv1.PhaseActive || final && st.Step != gs.Step {
+				return fmt.Sprintf("Generation %s does not show Active at %s yet (it shows %s %s)", g.Name, gs.Step, orNone(string(st.Phase)), orNone(string(st.Step)))
 			}
 		case gs.Phase == iteronv1.PhaseInactive || gs.Phase == iteronv1.PhaseFailed:
 			if st.Phase != gs.Phase {
@@ -606,6 +666,32 @@ func moduleStatuses(s *activationScope) []iteronv1.ModuleStatus {
 		}
 		ms.Message = truncate(ms.Message, iteronv1.MaxMessageBytes)
 		out = append(out, ms)
+	}
+	return out
+}
+
+// refreshModuleStatuses brings the runtime fields of existing module
+// statuses up to what the coordinator runs now (a paused activation, whose
+// spec is not resolved).
+func refreshModuleStatuses(modules []iteronv1.ModuleStatus, st hotswap.ActivationStatus) []iteronv1.ModuleStatus {
+	out := slices.Clone(modules)
+	for i := range out {
+		ms := &out[i]
+		rt, known := st.Modules[ms.Module]
+		switch {
+		case st.LedgerError != "" && (!known || !rt.Serving):
+			ms.Phase, ms.Reason, ms.Message = iteronv1.PhaseInactive, reasons.LedgerCorrupt, truncate("nothing runs until an operator resolves the ledger: "+st.LedgerError, iteronv1.MaxMessageBytes)
+		case !known:
+			ms.Phase, ms.Reason, ms.Message = iteronv1.PhaseInactive, "", ""
+		case rt.Active == "":
+			ms.Phase, ms.Reason, ms.Message = iteronv1.PhaseInactive, rt.Reason, truncate(rt.Message, iteronv1.MaxMessageBytes)
+			if rt.Committed != nil && rt.Reason == "" {
+				ms.Phase, ms.Message = iteronv1.PhasePreparing, "the ledger's last committed generation "+rt.Committed.Name+" is relaunched"
+			}
+		default:
+			ms.ImplementationID, ms.Generation, ms.GenerationName, ms.Epoch = rt.ImplementationID, rt.Lineage, rt.Active, rt.Epoch
+			ms.Phase, ms.Reason, ms.Message = rt.Phase, rt.Reason, truncate(rt.Message, iteronv1.MaxMessageBytes)
+		}
 	}
 	return out
 }

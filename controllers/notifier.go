@@ -44,7 +44,9 @@ func (n *Notifier) Generations() <-chan event.GenericEvent { return n.generation
 // Notify records a coordinator notification (hotswap.Config.Notify).
 func (n *Notifier) Notify(note hotswap.Notification) {
 	n.mu.Lock()
-	n.pending[objectKey{note.Namespace, note.Name}] = true
+	if !note.GenerationsOnly {
+		n.pending[objectKey{note.Namespace, note.Name}] = true
+	}
 	for _, g := range note.Generations {
 		k := objectKey{note.Namespace, g}
 		if _, isActivation := n.pending[k]; !isActivation {

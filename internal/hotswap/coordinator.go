@@ -54,6 +54,9 @@ type Notification struct {
 	Namespace, Name string
 	// Generations are the Generation objects whose state changed.
 	Generations []string
+	// GenerationsOnly says only the Generations changed (a receipt was
+	// recorded): the activation need not be looked at again.
+	GenerationsOnly bool
 }
 
 // SwapPolicy is spec.swap.

@@ -299,5 +299,9 @@ func (a *activationRuntime) recordReceipt(g *generationRuntime, rc effects.Recei
 	rc.Component = g.module
 	if err := a.c.receipts.Record(rc); err != nil {
 		a.log("receipt not recorded", "generation", g.name, "error", err.Error())
+		return
 	}
+	// The Generation's receipt counts change now, not at its next
+	// transaction or checkpoint.
+	a.c.cfg.Notify(Notification{Namespace: a.key.Namespace, Name: a.key.Name, Generations: []string{g.name}, GenerationsOnly: true})
 }
