@@ -42,7 +42,8 @@ table=(
   "test/doctor       3m       serial"   # 11.5-16.7s
   "test/e2e          3m       serial"   # 16.7-32.1s
   "test/gitops       3m       serial"   # 8.1-8.5s
-  "test/node         20m      serial"   # a real node (kubelet, containerd): measured below
+  "test/localnode    5m       serial"   # 11.6-18.1s (a real node started, killed, cleaned up)
+  "test/node         20m      serial"   # 41-55s (a real node: kubelet, containerd, the DaemonSet scenario)
 )
 
 # rule <relative package> prints "<timeout> <mode> <row>" for the first row

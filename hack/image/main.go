@@ -47,7 +47,7 @@ import (
 )
 
 func main() {
-	out := flag.String("out", "bin/image/iteron-operator.tar", "the manager image's tarball")
+	out := flag.String("out", "bin/image/iteron-operator.tar", "the manager image's tarball (empty: do not build it)")
 	tag := flag.String("tag", "iteron-operator:dev", "the manager image's name (config/manager/daemonset.yaml names iteron-operator:dev)")
 	pauseOut := flag.String("pause-out", "bin/image/pause.tar", "the pause image's tarball (empty: do not build it)")
 	pauseTag := flag.String("pause-tag", "localhost/iteron-pause:1", "the pause image's name (the local node's containerd names it as its sandbox image)")
@@ -68,7 +68,10 @@ func run(out, tag, pauseOut, pauseTag, debs string, offline bool) error {
 	}
 	defer os.RemoveAll(work)
 
-	bins := map[string]string{"manager": "./cmd/manager", "kubectl-iteron": "./cmd/kubectl-iteron"}
+	bins := map[string]string{}
+	if out != "" {
+		bins["manager"], bins["kubectl-iteron"] = "./cmd/manager", "./cmd/kubectl-iteron"
+	}
 	if pauseOut != "" {
 		bins["pause"] = "./hack/image/pause"
 	}
@@ -84,6 +87,26 @@ func run(out, tag, pauseOut, pauseTag, debs string, offline bool) error {
 			return fmt.Errorf("go build %s: %w", bins[bin], err)
 		}
 	}
+	if out != "" {
+		if err := managerImage(work, out, tag, debs, offline); err != nil {
+			return err
+		}
+	}
+	if pauseOut != "" {
+		pause, err := image([][]entry{{{path: "pause", mode: 0o755, file: filepath.Join(work, "pause")}}}, v1.Config{Entrypoint: []string{"/pause"}, User: "65535:65535"})
+		if err != nil {
+			return err
+		}
+		if err := write(pauseOut, pauseTag, pause); err != nil {
+			return err
+		}
+	}
+	fmt.Printf("image: done in %s\n", time.Since(start).Round(time.Second))
+	return nil
+}
+
+// managerImage writes the manager's image (see the command's doc).
+func managerImage(work, out, tag, debs string, offline bool) error {
 	busybox, err := unpackBusybox(debs, work, offline)
 	if err != nil {
 		return err
@@ -128,20 +151,7 @@ func run(out, tag, pauseOut, pauseTag, debs string, offline bool) error {
 	if err != nil {
 		return err
 	}
-	if err := write(out, tag, img); err != nil {
-		return err
-	}
-	if pauseOut != "" {
-		pause, err := image([][]entry{{{path: "pause", mode: 0o755, file: filepath.Join(work, "pause")}}}, v1.Config{Entrypoint: []string{"/pause"}, User: "65535:65535"})
-		if err != nil {
-			return err
-		}
-		if err := write(pauseOut, pauseTag, pause); err != nil {
-			return err
-		}
-	}
-	fmt.Printf("image: done in %s\n", time.Since(start).Round(time.Second))
-	return nil
+	return write(out, tag, img)
 }
 
 // unpackBusybox returns the path of busybox-static's /bin/busybox, unpacked

@@ -58,6 +58,14 @@ func TestTheManagerRunsAsADaemonSetPodOnARealNode(t *testing.T) {
 		sysctlsBefore := localnode.ReadSysctls()
 		t.Cleanup(func() { c.teardownLocal(t, sysctlsBefore) })
 		setupLocal(t, c)
+		var changed []string
+		for k, v := range localnode.ReadSysctls() {
+			if sysctlsBefore[k] != v {
+				changed = append(changed, fmt.Sprintf("%s %s→%s", k, sysctlsBefore[k], v))
+			}
+		}
+		sort.Strings(changed)
+		t.Logf("sysctls the running node changed (the kubelet, CNI), restored at teardown: %v", changed)
 	}
 	setupCommon(t, c)
 	c.state(t, "the node, before anything is applied")
