@@ -71,7 +71,7 @@ image: ## Build the manager's image (and the local node's pause image) without D
 ##@ Test
 
 .PHONY: test
-test: controlplane node verify-generated vet ## Unit tests, envtest suites against the real API server, and the e2e suite.
+test: controlplane node verify-generated vet ## Unit tests, envtest suites against the real API server, the e2e suite and the DaemonSet on a real node (test/node).
 	@gofmt_out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$gofmt_out" ]; then echo "gofmt would change: $$gofmt_out"; exit 1; fi
 	GO_TEST_FLAGS="$(GO_TEST_FLAGS)" hack/test.sh ./...
 
