@@ -398,7 +398,7 @@ func (c *cluster) restartManager(t *testing.T, name string, a *iteronv1.Implemen
 		t.Fatalf("%v%s", err, c.diagnostics())
 	}
 	before := c.providerPids(t, a)
-	t.Logf("%s: before, pod %s, prompt_system's provider pid %v, count 5+1 = %v", how, old.Name, before, want-1)
+	t.Logf("%s: before, pod %s, provider pids %v, the last answered count %v", how, old.Name, before, want-1)
 	do(old.Name)
 	pod := c.waitDaemonSetReady(t, string(old.UID))
 	t.Logf("%s: the DaemonSet recreated the manager as %s (IP %s)", how, pod.Name, pod.Status.PodIP)
@@ -414,7 +414,7 @@ func (c *cluster) restartManager(t *testing.T, name string, a *iteronv1.Implemen
 		t.Fatalf("after %s the call answered %v; want count %v from 2.0.0 (the state from the last answered call)", how, obs, want)
 	}
 	after := c.providerPids(t, a)
-	t.Logf("%s: after, pod %s, prompt_system Active with provider pid %v, the call answered count %v from %v (nothing lost)", how, pod.Name, after, obs["count"], obs["implementation_version"])
+	t.Logf("%s: after, pod %s, prompt_system Active again with provider pids %v, the call answered count %v from %v (nothing lost)", how, pod.Name, after, obs["count"], obs["implementation_version"])
 	c.state(t, how+": the new manager pod serves the module")
 	c.verifyLedger(t, a)
 }
