@@ -606,6 +606,16 @@ func (n *Node) startNode(ctx context.Context) error {
 	}, "kube-proxy")
 }
 
+// Versions says what the node runs: the API server's, the kubelet's and the
+// container runtime's versions as the API server reports them.
+func (n *Node) Versions(ctx context.Context) string {
+	info, err := n.Clientset.Discovery().ServerVersion()
+	if err != nil {
+		return "?"
+	}
+	return "kube-apiserver " + info.GitVersion + ", kubelet " + kubeletVersion(ctx, n)
+}
+
 func kubeletVersion(ctx context.Context, n *Node) string {
 	node, err := n.Clientset.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
 	if err != nil {

@@ -139,6 +139,8 @@ func setupLocal(t *testing.T, c *cluster) {
 	if err != nil {
 		t.Fatalf("start the local node: %v", err)
 	}
+	// hack/test.sh shows this line ("run against kube-apiserver") as it goes.
+	fmt.Printf("node tests run against %s (a real local node: kubelet, containerd, runc)\n", n.Versions(ctx))
 	c.node, c.kubeconfig, c.kubectl = n.Name, n.Kubeconfig, n.Kubectl
 	c.config, c.clientset, c.podHTTP = n.Config, n.Clientset, n.HTTPClient(10*time.Second)
 	c.hostRoot = filepath.Join(n.Root, "host")
