@@ -124,7 +124,8 @@ func setupLocal(t *testing.T, c *cluster) {
 	cmd := exec.Command("go", "run", "./hack/image", "-offline", "-debs", filepath.Join(c.repo, "bin", "image", "debs"),
 		"-out", filepath.Join(images, "iteron-operator.tar"), "-pause-out", filepath.Join(images, "pause.tar"), "-pause-tag", sandboxImage)
 	cmd.Dir = c.repo
-	t.Logf("built the images in %s:\n%s", time.Since(start).Round(time.Second), run(t, cmd))
+	out := run(t, cmd)
+	t.Logf("built the images in %s:\n%s", time.Since(start).Round(time.Second), out)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
