@@ -75,6 +75,11 @@ test: controlplane node verify-generated vet ## Unit tests, envtest suites again
 	@gofmt_out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$gofmt_out" ]; then echo "gofmt would change: $$gofmt_out"; exit 1; fi
 	GO_TEST_FLAGS="$(GO_TEST_FLAGS)" hack/test.sh ./...
 
+.PHONY: faults
+faults: controlplane ## The full ledger-fault tables (root, /dev/fuse): every phase of every transaction kind fails its ledger append (ENOSPC, EIO) on a FUSE file system, in-process (internal/hotswap) and through the manager binary, API server and gateway (test/crash). make test runs a subset.
+	ITERON_FAULTS=all $(GO) test $(GO_TEST_FLAGS) -count=1 -v -timeout 10m -run '^TestALedgerAppendThatFails' ./internal/hotswap
+	ITERON_FAULTS=all $(GO) test $(GO_TEST_FLAGS) -count=1 -v -timeout 18m -run '^(TestALedgerThatCannotBeWritten|TestARestartBeforeTheLedgerHeals)' ./test/crash
+
 .PHONY: e2e
 e2e: controlplane ## The end-to-end suite (against $$KUBECONFIG when set, else the local control plane).
 	$(GO) test $(GO_TEST_FLAGS) -count=1 ./test/e2e/...

@@ -106,10 +106,13 @@ type summary struct {
 	// lagging explains a Generation whose status does not show what the
 	// coordinator did yet ("" when they agree).
 	lagging string
-	// busy: transactions of the applied plan are in progress.
-	busy   bool
-	paused bool
-	active int
+	// busy: transactions of the applied plan are in progress, or the spec
+	// is not applied yet.
+	busy bool
+	// transacting: the coordinator is running a transaction now.
+	transacting bool
+	paused      bool
+	active      int
 }
 
 // summarize computes the summary of a reconcile; reconcileErr is the error
@@ -184,6 +187,7 @@ func summarizeActivation(s *activationScope, reconcileErr error) summary {
 		add(p)
 	}
 	sum.busy = s.haveStatus && (st.Busy || st.AppliedSpecGeneration < act.Generation && !act.Spec.Paused)
+	sum.transacting = s.haveStatus && st.Busy
 	sum.lagging = s.lagging
 	for i := range problems {
 		if sum.first == nil || problems[i].severity < sum.first.severity {
@@ -197,7 +201,9 @@ func summarizeActivation(s *activationScope, reconcileErr error) summary {
 // state that lasts without a change: Ready, Stalled or paused. Only then
 // does observedGeneration advance (kstatus reads InProgress until then).
 func (sum summary) restingState() bool {
-	return sum.paused || sum.stalled() || sum.ready()
+	// Stalled while a transaction still runs (a rollback in progress) is
+	// not at rest: what it ends with may not stall.
+	return sum.paused || sum.stalled() && !sum.transacting || sum.ready()
 }
 
 func (sum summary) stalled() bool { return sum.first != nil && sum.first.stalled }
@@ -257,7 +263,7 @@ func degradedCondition(sum summary) metav1.Condition {
 		return condition(iteronv1.ConditionDegraded, true, p.conditionReason(), p.message)
 	}
 	if sum.notReady != "" || sum.busy {
-		return condition(iteronv1.ConditionDegraded, false, iteronv1.ReasonProgressing, "no module has a problem; transactions are in progress")
+		return condition(iteronv1.ConditionDegraded, false, iteronv1.ReasonProgressing, "no module has a problem; "+progressMessage(sum))
 	}
 	return condition(iteronv1.ConditionDegraded, false, iteronv1.ReasonSucceeded, "every module serves its desired generation")
 }

@@ -407,15 +407,17 @@ func (r *ActivationReconciler) ownedGenerations(ctx context.Context, act *iteron
 // Failed Generations per module (newest first); the targets, the active
 // generations and anything still in flight are never deleted.
 func (r *ActivationReconciler) reconcileHistory(ctx context.Context, s *activationScope) error {
-	if !s.resolved || s.res.DocumentError != nil {
-		return nil
-	}
-	limit := int(ptr.Deref(s.act.Spec.GenerationHistoryLimit, 10))
+	// Listed even when nothing is pruned (paused): Ready waits for what
+	// the Generations show.
 	gens, err := r.ownedGenerations(ctx, s.act)
 	if err != nil {
 		return err
 	}
 	s.gens = gens
+	if !s.resolved || s.res.DocumentError != nil {
+		return nil
+	}
+	limit := int(ptr.Deref(s.act.Spec.GenerationHistoryLimit, 10))
 	keep := map[string]bool{}
 	for _, t := range s.targets {
 		keep[t.GenerationName] = true
@@ -517,12 +519,8 @@ func (r *ActivationReconciler) summarize(s *activationScope, reconcileErr error)
 	if st.Ledger != nil {
 		act.Status.Ledger = ledgerStatus(st)
 	}
-	if !s.resolved && s.haveStatus {
-		// Paused: the spec is not resolved, but what runs is still what
-		// the modules' status says.
-		act.Status.Modules = refreshModuleStatuses(act.Status.Modules, s.status)
-	}
-	if s.resolved {
+	switch {
+	case s.resolved:
 		act.Status.Modules = moduleStatuses(s)
 		// The plan is the RuntimePlan of the spec when it was first acted
 		// on; it stays until the spec changes (transactions finishing do
@@ -530,6 +528,16 @@ func (r *ActivationReconciler) summarize(s *activationScope, reconcileErr error)
 		if s.plan != nil && (act.Status.Plan == nil || act.Status.Plan.SpecGeneration != act.Generation) {
 			act.Status.Plan = s.plan
 		}
+	case s.haveStatus:
+		// Paused: the spec is not acted on, but what runs is still
+		// mirrored (a transaction that was running when the pause came
+		// finishes), module by module as status lists them.
+		mirror := *s
+		mirror.res = Resolution{}
+		for _, ms := range act.Status.Modules {
+			mirror.res.Modules = append(mirror.res.Modules, ResolvedModule{Module: ms.Module, Epoch: ms.Epoch})
+		}
+		act.Status.Modules = moduleStatuses(&mirror)
 	}
 	r.recordTransitions(s)
 	s.lagging = generationsLag(s)
@@ -577,9 +585,11 @@ func generationsLag(s *activationScope) string {
 		case active[g.Name] && gs.Phase == iteronv1.PhaseActive:
 			// A renewal moves the active generation through its steps while
 			// it serves: only a transaction that ended must show as ended.
-			final := gs.Step == iteronv1.StepCommitted || gs.Step == iteronv1.StepRolledBack
-			if st.Phase != iteronv1.PhaseActive || final && st.Step != gs.Step {
-				return fmt.Sprintf("Generation %s does not show Active at %s yet (it shows %s %s)", g.Name, gs.Step, orNone(string(st.Phase)), orNone(string(st.Step)))
+			ended := func(step iteronv1.GenerationStep) bool {
+				return step == iteronv1.StepCommitted || step == iteronv1.StepRolledBack
+			}
+			if st.Phase != iteronv1.PhaseActive || ended(gs.Step) && !ended(st.Step) {
+				return fmt.Sprintf("Generation %s does not show Active at a final step yet (it shows %s %s)", g.Name, orNone(string(st.Phase)), orNone(string(st.Step)))
 			}
 		case gs.Phase == iteronv1.PhaseInactive || gs.Phase == iteronv1.PhaseFailed:
 			if st.Phase != gs.Phase {
@@ -666,32 +676,6 @@ func moduleStatuses(s *activationScope) []iteronv1.ModuleStatus {
 		}
 		ms.Message = truncate(ms.Message, iteronv1.MaxMessageBytes)
 		out = append(out, ms)
-	}
-	return out
-}
-
-// refreshModuleStatuses brings the runtime fields of existing module
-// statuses up to what the coordinator runs now (a paused activation, whose
-// spec is not resolved).
-func refreshModuleStatuses(modules []iteronv1.ModuleStatus, st hotswap.ActivationStatus) []iteronv1.ModuleStatus {
-	out := slices.Clone(modules)
-	for i := range out {
-		ms := &out[i]
-		rt, known := st.Modules[ms.Module]
-		switch {
-		case st.LedgerError != "" && (!known || !rt.Serving):
-			ms.Phase, ms.Reason, ms.Message = iteronv1.PhaseInactive, reasons.LedgerCorrupt, truncate("nothing runs until an operator resolves the ledger: "+st.LedgerError, iteronv1.MaxMessageBytes)
-		case !known:
-			ms.Phase, ms.Reason, ms.Message = iteronv1.PhaseInactive, "", ""
-		case rt.Active == "":
-			ms.Phase, ms.Reason, ms.Message = iteronv1.PhaseInactive, rt.Reason, truncate(rt.Message, iteronv1.MaxMessageBytes)
-			if rt.Committed != nil && rt.Reason == "" {
-				ms.Phase, ms.Message = iteronv1.PhasePreparing, "the ledger's last committed generation "+rt.Committed.Name+" is relaunched"
-			}
-		default:
-			ms.ImplementationID, ms.Generation, ms.GenerationName, ms.Epoch = rt.ImplementationID, rt.Lineage, rt.Active, rt.Epoch
-			ms.Phase, ms.Reason, ms.Message = rt.Phase, rt.Reason, truncate(rt.Message, iteronv1.MaxMessageBytes)
-		}
 	}
 	return out
 }

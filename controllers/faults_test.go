@@ -17,8 +17,10 @@ import (
 // TestTheFaultMatrixThroughTheAPI makes the new provider of a swap fail at
 // each phase in each way, through the API server: the activation is
 // Stalled with the reason, the old generation still Active and answering
-// with its state, the new Generation Failed, its process gone, and the
-// ledger (verified with the CLI) ends blocked + rolled_back.
+// with its state, the new Generation Failed, its whole process group (the
+// provider and two grandchildren it started) gone,
+// and the ledger (verified with the CLI) ends blocked + rolled_back with the
+// same reason and its block kind.
 func TestTheFaultMatrixThroughTheAPI(t *testing.T) {
 	phases := []struct{ op, phase string }{{"load", "shadow_load"}, {"migrate", "migrate"}, {"restore", "restore"}, {"readiness", "readiness"}}
 	faults := []string{"crash", "hang", "malformed", "oversized", "miscorrelate"}
@@ -43,7 +45,11 @@ func TestTheFaultMatrixThroughTheAPI(t *testing.T) {
 				oldName := moduleStatus(got, "prompt_system").GenerationName
 				count(t, got, "prompt_system", "a", 4)
 
-				bad := source(t, artifacts.Faulty, "prompt_system", "faulty", "--fault", fault, "--at", ph.op)
+				// Two grandchildren in the provider's group (ignoring
+				// SIGTERM, holding its stdout and stderr) are started at
+				// load, before the fault: disposing of the failed
+				// generation must end the whole group.
+				bad := source(t, artifacts.Faulty, "prompt_system", "faulty", "--fault", "fork-grandchild", "--at", "load", "--children", "2", "--fault", fault, "--at", ph.op)
 				updateSpec(t, act, func(a *iteronv1.ImplementationActivation) { a.Spec.Sources[0] = bad })
 				got = waitFor(t, act, "Stalled", stalled)
 
@@ -83,16 +89,55 @@ func TestTheFaultMatrixThroughTheAPI(t *testing.T) {
 				if gs.LastPid == 0 || !processGone(gs.LastPid) {
 					t.Fatalf("the new provider's process %d is still there", gs.LastPid)
 				}
+				// The provider led its own process group: the whole group
+				// is gone, whatever it started.
+				if n := strings.Count(failed.Status.StderrTail, "faulty: grandchild "); n != 2 {
+					t.Fatalf("the failed provider's stderr names %d grandchildren; want 2 (it forks them at load):\n%s", n, failed.Status.StderrTail)
+				}
+				if serving := st.Modules["prompt_system"].Pid; len(processGroup(t, serving)) == 0 {
+					t.Fatalf("the scan of /proc finds no process in the group of the serving provider %d: it cannot tell a group from none", serving)
+				}
+				if left := processGroup(t, gs.LastPid); len(left) > 0 {
+					t.Fatalf("the failed provider's process group %d still has processes: %v", gs.LastPid, left)
+				}
 				tx := transactionsOf(verifyLedger(t, got), "prompt_system")
 				last := tx[len(tx)-1]
 				if !slices.Equal(last[len(last)-2:], []string{ph.phase + ":blocked", "rolled_back:rolled_back"}) {
 					t.Fatalf("the failed swap in the ledger: %v", last)
 				}
+				// The blocked record, and the rolled_back that repeats it,
+				// carry the reason the Generation shows, with its kind.
+				var mine []ledgerRecord
+				for _, r := range ledgerRecords(t, got) {
+					if r.Module == "prompt_system" {
+						mine = append(mine, r)
+					}
+				}
+				wantKind, _ := reasons.BlockKindOf(reasons.Code(want))
+				for _, r := range mine[len(mine)-2:] {
+					if r.Reason == nil || !strings.HasPrefix(*r.Reason, want+": ") || r.BlockKind == nil || *r.BlockKind != wantKind {
+						t.Fatalf("ledger record %s:%s has block kind %v and reason %v; want kind %s and reason %s: <message>", r.Phase, r.Outcome, deref(r.BlockKind), deref(r.Reason), wantKind, want)
+					}
+				}
 				mu.Lock()
-				table = append(table, fmt.Sprintf("%-10s %-13s → old serving yes (a=5), new Failed %-18s, process %d gone, ledger %d records ending %s:blocked + rolled_back",
-					ph.phase, fault, want, gs.LastPid, len(last), ph.phase))
+				table = append(table, fmt.Sprintf("%-10s %-13s → old serving yes (a=5), new Failed %-18s, group %d (provider + 2 grandchildren) gone, ledger %d records ending %s:blocked(%s, %s) + rolled_back",
+					ph.phase, fault, want, gs.LastPid, len(last), ph.phase, wantKind, truncateReason(*mine[len(mine)-2].Reason, 60)))
 				mu.Unlock()
 			})
 		}
 	}
+}
+
+func deref(p *string) string {
+	if p == nil {
+		return "<none>"
+	}
+	return *p
+}
+
+func truncateReason(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
 }

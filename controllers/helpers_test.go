@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -178,6 +179,26 @@ func ledgerDir(t *testing.T, a *iteronv1.ImplementationActivation) string {
 // ledger and returns its records as module:phase:outcome.
 func verifyLedger(t *testing.T, a *iteronv1.ImplementationActivation) []string {
 	t.Helper()
+	var recs []string
+	for _, r := range ledgerRecords(t, a) {
+		recs = append(recs, fmt.Sprintf("%s:%s:%s", r.Module, r.Phase, r.Outcome))
+	}
+	return recs
+}
+
+// ledgerRecord is what the tests read of a ledger record.
+type ledgerRecord struct {
+	Module, Phase, Outcome string
+	// BlockKind and Reason are set on blocked records and the rolled_back
+	// (or rollback_failed) record that repeats them.
+	BlockKind *string `json:"block_kind"`
+	Reason    *string
+}
+
+// ledgerRecords runs `kubectl iteron ledger verify` on the activation's
+// ledger and returns its records.
+func ledgerRecords(t *testing.T, a *iteronv1.ImplementationActivation) []ledgerRecord {
+	t.Helper()
 	dir := ledgerDir(t, a)
 	out, err := exec.Command(cliBin, "ledger", "verify", dir).CombinedOutput()
 	if err != nil {
@@ -190,18 +211,18 @@ func verifyLedger(t *testing.T, a *iteronv1.ImplementationActivation) []string {
 		t.Fatal(err)
 	}
 	slices.Sort(segments)
-	var recs []string
+	var recs []ledgerRecord
 	for _, seg := range segments {
 		data, err := os.ReadFile(seg)
 		if err != nil {
 			t.Fatal(err)
 		}
 		for _, line := range strings.Split(strings.TrimSuffix(string(data), "\n"), "\n") {
-			var r struct{ Module, Phase, Outcome string }
+			var r ledgerRecord
 			if err := json.Unmarshal([]byte(line), &r); err != nil {
 				t.Fatalf("%s: %v", seg, err)
 			}
-			recs = append(recs, fmt.Sprintf("%s:%s:%s", r.Module, r.Phase, r.Outcome))
+			recs = append(recs, r)
 		}
 	}
 	return recs
@@ -222,6 +243,42 @@ func transactionsOf(recs []string, module string) [][]string {
 		}
 	}
 	return txs
+}
+
+// processGroup lists the processes of process group pgid (a provider
+// leads its own group: its pgid is its pid), zombies included, as
+// "pid (comm) state".
+func processGroup(t *testing.T, pgid int) []string {
+	t.Helper()
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		data, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue // gone since the listing
+		}
+		// pid (comm) state ppid pgrp …; comm may hold spaces and parentheses.
+		stat := string(data)
+		end := strings.LastIndexByte(stat, ')')
+		if end < 0 {
+			continue
+		}
+		f := strings.Fields(stat[end+1:])
+		if len(f) < 3 {
+			continue
+		}
+		if g, err := strconv.Atoi(f[2]); err == nil && g == pgid {
+			out = append(out, fmt.Sprintf("%d %s %s", pid, stat[strings.IndexByte(stat, '('):end+1], f[0]))
+		}
+	}
+	return out
 }
 
 func processGone(pid int) bool {

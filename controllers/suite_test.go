@@ -20,10 +20,12 @@ var (
 	stateDir     string
 	providersDir string
 	cliBin       string
+	// kubeconfig reaches the API server as an administrator (for kubectl).
+	kubeconfig string
 )
 
 func TestMain(m *testing.M) {
 	os.Exit(operatortest.Run(m, "controller", testNode, func(s *operatortest.Suite) {
-		env, coordinator, stateDir, providersDir, cliBin = s.Env, s.Manager.Coordinator, s.StateDir, s.ProvidersDir, s.CLI
+		env, coordinator, stateDir, providersDir, cliBin, kubeconfig = s.Env, s.Manager.Coordinator, s.StateDir, s.ProvidersDir, s.CLI, s.Kubeconfig
 	}))
 }

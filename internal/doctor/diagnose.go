@@ -272,11 +272,20 @@ func (d *diagnosis) modules() {
 		if inStatus && inSpec {
 			mismatch = implementationMismatch(ms, src, activeGen)
 		}
-		if inStatus && inSpec && ms.Phase == iteronv1.PhaseActive && ms.Reason == "" && mismatch == "" {
+		// Only an Active module serves: status keeps the implementation of
+		// a Failed or relaunching active generation, which serves nothing.
+		serving := inStatus && ms.Phase == iteronv1.PhaseActive
+		if serving && inSpec {
+			d.r.ServingCount++
+		}
+		if serving && inSpec && ms.Reason == "" && mismatch == "" {
 			d.r.ActiveCount++
 			continue
 		}
-		md := ModuleDiagnosis{Module: m, DesiredImplementationID: src.ImplementationID, Phase: string(ms.Phase), ImplementationID: ms.ImplementationID, Reason: ms.Reason, Message: ms.Message}
+		md := ModuleDiagnosis{Module: m, DesiredImplementationID: src.ImplementationID, Phase: string(ms.Phase), Reason: ms.Reason, Message: ms.Message}
+		if serving {
+			md.ImplementationID = ms.ImplementationID
+		}
 		md.Active, md.Target = d.generationsOf(m, ms.GenerationName)
 		md.LastBlock = d.lastBlock(m)
 		if ms.Phase != iteronv1.PhaseActive {
@@ -410,6 +419,13 @@ func (d *diagnosis) notActive(md ModuleDiagnosis) Finding {
 	switch md.Reason {
 	case reasons.VerificationFailed, reasons.SchemaMismatch, reasons.UnsupportedVersion:
 		f.Hint = verificationHint(md.Message, d.act.Spec.NodeName)
+		if g := md.Active; g != nil && g.Phase == string(iteronv1.PhaseFailed) && g.Reason == md.Reason {
+			// The generation that served was refused a relaunch (after a
+			// crash or a restart): its files changed since it was admitted.
+			// A refusal is not retried by itself.
+			f.Hint = fmt.Sprintf("The relaunch of %s (%s), which served the module, was refused: the files it was admitted with changed on node %s (`kubectl iteron digest artifact <executable>` shows what is there now). Restore them, or change the spec; a refused relaunch is not retried by itself, so then request a retry:", g.Name, g.ImplementationID, d.act.Spec.NodeName)
+			f.Commands = []string{d.retryCommand()}
+		}
 	case reasons.AuthorityChanged:
 		f.Hint = "The node's capability ceiling changed since the generation was admitted; a relaunch with other authority is refused. Restore the ceiling, or change the spec (a new attempt is verified afresh)."
 	case reasons.LedgerCorrupt:

@@ -28,17 +28,12 @@ func WriteJSON(w io.Writer, r *Report) error {
 func WriteText(w io.Writer, r *Report) error {
 	p := &printer{w: w}
 	a := r.Activation
-	verdict := "healthy"
-	if !r.Healthy {
-		n := r.Problems()
-		verdict = fmt.Sprintf("NOT HEALTHY, %d problem%s", n, plural(n))
-	}
-	p.f("ImplementationActivation %s/%s on node %s: %s\n", a.Namespace, a.Name, a.NodeName, verdict)
+	p.f("ImplementationActivation %s/%s on node %s: %s\n", a.Namespace, a.Name, a.NodeName, Headline(r))
 	p.f("  uid %s; spec generation %d, observed %d; paused %t\n", a.UID, r.Generation, r.ObservedGeneration, r.Paused)
 	if r.Deleting != nil {
 		p.f("  being deleted since %s; finalizers %v\n", r.Deleting.UTC().Format(time.RFC3339), r.Finalizers)
 	}
-	p.f("  modules: %d of %d serve their desired implementation\n", r.ActiveCount, r.ModuleCount)
+	p.f("  modules: %d of %d serve now, %d of %d their desired implementation\n", r.ServingCount, r.ModuleCount, r.ActiveCount, r.ModuleCount)
 	if r.Retry.Requested != "" {
 		p.f("  retry: requested %s, handled %q, pending %t\n", clean(r.Retry.Requested), clean(r.Retry.Handled), r.Retry.Pending)
 	}
@@ -142,8 +137,15 @@ func (p *printer) module(m ModuleDiagnosis) {
 	if phase == "" {
 		phase = "not in status"
 	}
-	impl := orDash(m.ImplementationID)
-	p.f("  %s: %s, serving %s, desired %s\n", m.Module, phase, impl, orDash(m.DesiredImplementationID))
+	serving := "serving " + m.ImplementationID
+	switch g := m.Active; {
+	case m.ImplementationID != "":
+	case g != nil:
+		serving = fmt.Sprintf("serving nothing (its generation %s, %s, is %s)", g.Name, g.ImplementationID, orDash(g.Phase))
+	default:
+		serving = "serving nothing"
+	}
+	p.f("  %s: %s, %s, desired %s\n", m.Module, phase, serving, orDash(m.DesiredImplementationID))
 	if m.Reason != "" {
 		p.f("    reason:     %s: %s\n", m.Reason, clean(m.Message))
 	}
@@ -186,6 +188,45 @@ func (p *printer) module(m ModuleDiagnosis) {
 			p.f("      | %s\n", clean(l))
 		}
 	}
+}
+
+// maxHeadlineModules bounds the modules the headline names.
+const maxHeadlineModules = 4
+
+// Headline is the report's verdict in one phrase: healthy, or the number of
+// problems and what serves now. A module whose active generation is Failed
+// or being relaunched serves nothing, whatever implementation status names
+// for it, and the headline says so first.
+func Headline(r *Report) string {
+	if r.Healthy {
+		return "healthy"
+	}
+	n := r.Problems()
+	verdict := fmt.Sprintf("NOT HEALTHY, %d problem%s", n, plural(n))
+	var none []string
+	for _, m := range r.Modules {
+		if m.DesiredImplementationID == "" || m.ImplementationID != "" {
+			continue // not in the spec, or served
+		}
+		why := m.Reason
+		switch {
+		case why != "":
+		case m.Phase != "":
+			why = m.Phase
+		default:
+			why = "not in status"
+		}
+		none = append(none, fmt.Sprintf("%s (%s)", m.Module, why))
+	}
+	switch {
+	case len(none) > maxHeadlineModules:
+		return fmt.Sprintf("%s; nothing serves %s and %d more", verdict, strings.Join(none[:maxHeadlineModules], ", "), len(none)-maxHeadlineModules)
+	case len(none) > 0:
+		return fmt.Sprintf("%s; nothing serves %s", verdict, strings.Join(none, ", "))
+	case r.ActiveCount == r.ModuleCount:
+		return verdict + "; every module serves its desired implementation"
+	}
+	return fmt.Sprintf("%s; every module serves, %d of %d its desired implementation", verdict, r.ActiveCount, r.ModuleCount)
 }
 
 func generationLine(g *GenerationSummary) string {

@@ -235,9 +235,13 @@ type ModuleDiagnosis struct {
 	Module string `json:"module"`
 	// DesiredImplementationID is what the spec asks for.
 	DesiredImplementationID string `json:"desiredImplementationID,omitempty"`
-	// Phase is the module's phase in status.
+	// Phase is the module's phase in status. Only a module whose phase is
+	// Active serves: a module whose generation is Failed, Preparing (being
+	// relaunched or activated) or Inactive serves nothing, and calls for it
+	// fail or wait.
 	Phase string `json:"phase,omitempty"`
-	// ImplementationID is what serves now ("" when nothing does).
+	// ImplementationID is what serves now ("" when nothing does: a Failed
+	// or relaunching generation's implementation is in Active, not here).
 	ImplementationID string `json:"implementationID,omitempty"`
 	// Reason and Message are the module's status reason.
 	Reason string `json:"reason,omitempty"`
@@ -370,6 +374,11 @@ type Report struct {
 	ModuleCount int `json:"moduleCount"`
 	// ActiveCount counts modules Active at their desired implementation.
 	ActiveCount int `json:"activeCount"`
+	// ServingCount counts the spec's modules that a generation serves now
+	// (status phase Active), whatever its implementation: a module whose
+	// swap failed while its old generation serves counts; one whose active
+	// generation is Failed, refused a relaunch or being relaunched does not.
+	ServingCount int `json:"servingCount"`
 	// Modules are the modules that do not serve their desired
 	// implementation, in status order.
 	Modules []ModuleDiagnosis `json:"modules,omitempty"`

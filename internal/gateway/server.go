@@ -662,6 +662,12 @@ func (s *Server) moduleUnavailable(namespace, activation, module string) error {
 		return nil
 	}
 	ms := st.Modules[module]
+	if ms.Active == "" && ms.Committed != nil && st.AppliedSpecGeneration == 0 && !st.Removing {
+		// Known from the ledger's replay after the manager started, and not
+		// handed its plan yet: the module's last committed generation is
+		// about to be relaunched. Retry; nothing failed.
+		return fail(reasons.Recovering, fmt.Sprintf("activation %s/%s is still being recovered: module %s's last committed generation %s is not relaunched yet: retry", namespace, activation, module, ms.Committed.Name))
+	}
 	if ms.Reason != "" {
 		return fail(ms.Reason, fmt.Sprintf("module %s has no active generation: %s", module, ms.Message))
 	}
@@ -672,6 +678,11 @@ func (s *Server) moduleUnavailable(namespace, activation, module string) error {
 	}
 	if ms.Phase == iteronv1.PhaseFailed {
 		return fail(reasons.ProviderFailed, fmt.Sprintf("module %s has failed", module))
+	}
+	if st.LedgerUnwritable != "" {
+		// Nothing can be prepared until the ledger accepts appends again
+		// (a first activation cut short by the ledger waits for it).
+		return fail(reasons.LedgerUnwritable, fmt.Sprintf("module %s has no active generation: %s", module, st.LedgerUnwritable))
 	}
 	return fail(reasons.ActivationFailed, fmt.Sprintf("module %s has no active generation", module))
 }

@@ -1,6 +1,7 @@
 package hotswap
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -88,28 +89,10 @@ func recordBytes(p ledger.Phase) string {
 // mount over a backing directory.
 func newFaultyLedgerHarness(t *testing.T) (*harness, *faultfs.FS) {
 	t.Helper()
-	if err := faultfs.Supported(); err != nil {
-		t.Skip(err)
-	}
 	stateDir := t.TempDir()
-	backing := filepath.Join(t.TempDir(), "ledgers")
-	mountpoint := filepath.Join(stateDir, ledger.LedgersDir)
-	for _, d := range []string{backing, mountpoint} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	fsys, err := faultfs.Mount(backing, mountpoint)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Registered before the harness, so it runs after the coordinator's
-	// shutdown (cleanups run last-in first-out).
-	t.Cleanup(func() {
-		if err := fsys.Unmount(); err != nil {
-			t.Errorf("unmount: %v", err)
-		}
-	})
+	// Mounted before the harness starts, so it is unmounted after the
+	// coordinator's shutdown.
+	fsys := faultfs.Over(t, filepath.Join(stateDir, ledger.LedgersDir))
 	uidCounter.Lock()
 	uidCounter.n++
 	uid := fmt.Sprintf("%08x-0000-4000-8000-000000000000", 0xb0000000+uidCounter.n)
@@ -369,25 +352,35 @@ func (r recordBrief) String() string {
 	return fmt.Sprintf("%s:%s", r.phase, r.outcome)
 }
 
-// ledgerRecords replays and verifies the ledger from disk.
+// ledgerRecords replays and verifies the ledger from disk. A replay that
+// races the coordinator's own append (the file grew while it was read) is
+// read again.
 func (h *harness) ledgerRecords() []recordBrief {
 	h.t.Helper()
 	dir, err := ledger.ActivationDir(h.stateDir, h.key.UID)
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	var out []recordBrief
-	if _, err := ledger.Replay(dir, ledger.VerifyOptions{}, func(r *ledger.Record) error {
-		b := recordBrief{txn: r.TransactionID, module: r.Module, phase: r.Phase, outcome: r.Outcome}
-		if r.Reason != nil {
-			b.reason = *r.Reason
+	for attempt := 1; ; attempt++ {
+		var out []recordBrief
+		_, err := ledger.Replay(dir, ledger.VerifyOptions{}, func(r *ledger.Record) error {
+			b := recordBrief{txn: r.TransactionID, module: r.Module, phase: r.Phase, outcome: r.Outcome}
+			if r.Reason != nil {
+				b.reason = *r.Reason
+			}
+			out = append(out, b)
+			return nil
+		})
+		var re *ledger.RuleError
+		if errors.As(err, &re) && re.Rule == ledger.RuleSizeChanged && attempt < 20 {
+			time.Sleep(50 * time.Millisecond)
+			continue
 		}
-		out = append(out, b)
-		return nil
-	}); err != nil {
-		h.t.Fatalf("the ledger does not verify: %v", err)
+		if err != nil {
+			h.t.Fatalf("the ledger does not verify: %v", err)
+		}
+		return out
 	}
-	return out
 }
 
 // recorded is the phases the AfterPhase hook saw, for failure messages.
@@ -395,4 +388,72 @@ func (h *harness) recorded() []string {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return slices.Clone(h.phases)
+}
+
+// TestARestartBeforeTheDiskIsFreedClosesTheTransactionAsItEnded stops the
+// coordinator while the ledger still cannot be written, frees the disk and
+// starts a new coordinator over the same state dir (a restarted manager):
+// the interrupted swap is closed as it truly ended — rolled back, with the
+// ledger_unwritable reason, even after a durable switch, whose rollback the
+// ledger's own rule would have turned into a commit — and the generation
+// that served before serves on with every call it answered.
+func TestARestartBeforeTheDiskIsFreedClosesTheTransactionAsItEnded(t *testing.T) {
+	for _, phase := range []ledger.Phase{ledger.PhaseSnapshot, ledger.PhaseDrain} {
+		t.Run(string(phase), func(t *testing.T) {
+			h, fsys := newFaultyLedgerHarness(t)
+			swap := SwapPolicy{Deadline: 20 * time.Second, QuiesceTimeout: time.Second}
+			old := h.target(providertest.Implement(t, artifacts.Spec{Binary: artifacts.CounterV2}))
+			h.applyWith(swap, 0, old)
+			h.settle()
+			h.count("prompt_system", "a", 5)
+			fault := fsys.FailWrites(faultfs.Rule{Path: "ledger-*.jsonl", Contains: recordBytes(phase), Errno: syscall.EIO, Persist: faultfs.Everything})
+			next := h.target(providertest.Implement(t, artifacts.Spec{Binary: artifacts.CounterV2, ImplementationID: "counter-v2b"}))
+			h.applyWith(swap, 0, next)
+			if !fault.WaitFired(30 * time.Second) {
+				t.Fatalf("the %s record was never appended", phase)
+			}
+			h.waitStatus("ledger_unwritable, the old generation serving", func(st ActivationStatus) bool {
+				ms := st.Modules["prompt_system"]
+				return st.LedgerUnwritable != "" && ms.Active == old.GenerationName && ms.Serving && !st.Busy
+			})
+			if out := h.count("prompt_system", "a", 1); out["count"] != float64(6) {
+				t.Fatalf("while the disk is full: %v; want a=6 from the old generation", out)
+			}
+			// The manager stops before the disk is freed (its shutdown
+			// checkpoints a=6), then a new one starts over the same state.
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if err := h.c.Shutdown(ctx); err != nil {
+				t.Logf("shutdown: %v", err)
+			}
+			fsys.Heal()
+			h2 := newHarnessAt(t, h.stateDir, h.key)
+			h2.applyWith(swap, 0, old)
+			st := h2.waitStatus("the old generation relaunched", func(st ActivationStatus) bool {
+				ms := st.Modules["prompt_system"]
+				return ms.Active == old.GenerationName && ms.Serving && !st.Busy
+			})
+			id, err := ledger.NewTransactionID(h.key.UID, "prompt_system", uint64(next.Lineage), uint64(next.Attempt), 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var tx []recordBrief
+			for _, r := range h2.ledgerRecords() {
+				if r.txn == id.String() {
+					tx = append(tx, r)
+				}
+			}
+			n := len(tx)
+			if n < 2 || tx[n-1].phase != ledger.PhaseRolledBack || tx[n-2].phase != phase || !strings.HasPrefix(tx[n-2].reason, reasons.LedgerUnwritable+": ") {
+				t.Fatalf("the swap must be closed blocked(%s, ledger_unwritable) + rolled_back after the restart; it is %v", phase, tx)
+			}
+			if out := h2.count("prompt_system", "a", 1); out["count"] != float64(7) || out["_served_by"] != old.GenerationName {
+				t.Fatalf("after the restart: %v; want a=7 from %s (no call lost)", out, old.GenerationName)
+			}
+			if _, err := os.Stat(pendingPath(h.stateDir, h.key.UID)); !errors.Is(err, os.ErrNotExist) {
+				t.Fatalf("the pending close is still there after the ledger holds the close: %v", err)
+			}
+			t.Logf("%s: restart before the disk was freed → %v, a=7 from %s (status %+v)", phase, tx, old.GenerationName, st.Modules["prompt_system"].Phase)
+		})
+	}
 }

@@ -49,13 +49,6 @@ type ledgerHealth struct {
 	pending *pendingClose
 }
 
-// pendingClose is how an interrupted transaction is closed.
-type pendingClose struct {
-	transactionID string
-	how           string
-	close         func(*ledger.Txn) error
-}
-
 // ledgerUnwritable records that an append failed. The first error is kept:
 // later ones are its consequences (the ledger refuses while frozen).
 func (a *activationRuntime) ledgerUnwritable(err error) {
@@ -80,13 +73,6 @@ func (a *activationRuntime) ledgerUnwritable(err error) {
 
 func probeBackoff(probes int) time.Duration {
 	return min(firstLedgerProbe<<min(probes, 16), maxLedgerProbe)
-}
-
-// closeLater keeps how to close the interrupted transaction.
-func (a *activationRuntime) closeLater(transactionID, how string, close func(*ledger.Txn) error) {
-	a.mu.Lock()
-	a.health.pending = &pendingClose{transactionID: transactionID, how: how, close: close}
-	a.mu.Unlock()
 }
 
 // ledgerWritable reports whether transactions may run; when they may not,
@@ -169,24 +155,9 @@ func (a *activationRuntime) reopenLedger(pending *pendingClose) error {
 	if report.TornTail != nil {
 		a.log("ledger had a torn tail; truncated", "file", report.TornTail.File, "bytes", report.TornTail.Bytes)
 	}
-	if report.State.Open != nil {
-		var rec *ledger.Recovery
-		if pending != nil && report.State.Open.Identity.TransactionID == pending.transactionID {
-			rec, err = led.CloseOpen(pending.close)
-		} else {
-			rec, err = led.Recover()
-		}
-		if err != nil {
-			_ = led.Close()
-			return err
-		}
-		if rec != nil {
-			how := "by the ledger's recovery rule"
-			if pending != nil {
-				how = pending.how
-			}
-			a.log("closed the transaction the ledger failure interrupted", "transaction", rec.TransactionID, "outcome", rec.Outcome, "how", how)
-		}
+	if err := a.closeOpen(led, report.State.Open, pending); err != nil {
+		_ = led.Close()
+		return err
 	}
 	a.mu.Lock()
 	a.led = led

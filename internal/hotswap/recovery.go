@@ -53,18 +53,14 @@ func (a *activationRuntime) openAndRecover(anchor *ledger.Anchor) error {
 	if report.TornTail != nil {
 		a.log("ledger had a torn tail; truncated", "file", report.TornTail.File, "bytes", report.TornTail.Bytes)
 	}
-	if report.State.Open != nil {
-		rec, err := led.Recover()
-		if err != nil {
-			_ = led.Close()
-			if errors.Is(err, ledger.ErrCorrupt) {
-				a.ledgerErr = err
-			}
-			return err
+	// An interrupted transaction is closed as the pending close recorded
+	// when its append failed, else by the ledger's rule.
+	if err := a.closeOpen(led, report.State.Open, nil); err != nil {
+		_ = led.Close()
+		if errors.Is(err, ledger.ErrCorrupt) {
+			a.ledgerErr = err
 		}
-		if rec != nil {
-			a.log("closed an interrupted transaction forward", "transaction", rec.TransactionID, "outcome", rec.Outcome)
-		}
+		return err
 	}
 	if err := a.recoverFromLedger(led); err != nil {
 		_ = led.Close()

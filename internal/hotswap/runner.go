@@ -157,6 +157,11 @@ func (a *activationRuntime) begin(kind ledger.Kind, m *moduleRuntime, gen *gener
 	dl, _ := ctx.Deadline()
 	a.mu.Lock()
 	gen.txnID = id.String()
+	if kind != ledger.KindRenewal {
+		// Status is not at rest while a transaction runs (a renewal is
+		// routine and changes nothing a reader waits for).
+		a.busy = true
+	}
 	a.mu.Unlock()
 	return &txnRun{a: a, m: m, txn: txn, gen: gen, deadline: dl, lastAt: a.c.cfg.Now(), desired: d, ctx: ctx, cancel: cancel,
 		fresh: func() *effects.EffectScope { return nil }, serving: func() *Route { return nil }}, nil
@@ -234,12 +239,13 @@ func (r *txnRun) plainRecord(name ledger.Phase) func() error {
 func (r *txnRun) fail(t *transaction, pf *phaseFailure) {
 	r.blocked = string(pf.code)
 	r.captureStderr(r.gen)
+	id := r.txn.Identity().TransactionID
 	if !r.txn.Switched() || t.rollback == nil {
 		r.restoreService()
 		if err := r.txn.Block(pf.phase, pf.code, pf.message); err != nil {
-			r.closeLater(err, func(tx *ledger.Txn) error { return closeRolledBack(tx, pf) })
+			r.a.closeLater(err, rolledBack(id, pf, false, nil))
 		} else if err := r.txn.RollBack(); err != nil {
-			r.closeLater(err, func(tx *ledger.Txn) error { return tx.RollBack() })
+			r.a.closeLater(err, rolledBack(id, pf, false, nil))
 		}
 		t.failed(pf, false, nil)
 		r.recorded(ledger.PhaseRolledBack)
@@ -254,10 +260,10 @@ func (r *txnRun) fail(t *transaction, pf *phaseFailure) {
 	}
 	switch {
 	case blockErr != nil:
-		r.closeLater(blockErr, func(tx *ledger.Txn) error { return closeAfterRollback(tx, pf, rbErr) })
+		r.a.closeLater(blockErr, rolledBack(id, pf, true, rbErr))
 	default:
 		if err := end(); err != nil {
-			r.closeLater(err, func(tx *ledger.Txn) error { return closeAfterRollback(tx, pf, rbErr) })
+			r.a.closeLater(err, rolledBack(id, pf, true, rbErr))
 		}
 	}
 	t.failed(pf, true, rbErr)
@@ -265,14 +271,16 @@ func (r *txnRun) fail(t *transaction, pf *phaseFailure) {
 }
 
 // unwritable is the failure policy for a record that could not be
-// appended: nothing more can be recorded until the ledger is replayed.
+// appended: nothing more can be recorded until the ledger is replayed. How
+// the transaction ends is decided here and kept durably outside the ledger
+// (pending.go), so that a replay — by the probe, or by a manager restarted
+// before the disk is freed — closes it as it truly ended.
 func (r *txnRun) unwritable(t *transaction, p *phase, final bool, err error) {
 	pf := &phaseFailure{p.name, reasons.LedgerUnwritable, "the " + string(p.name) + " record could not be appended: " + firstLine(err.Error())}
 	r.blocked = string(pf.code)
-	r.a.ledgerUnwritable(err)
+	id := r.txn.Identity().TransactionID
 	switched := r.txn.Switched()
-	switch {
-	case p.name == ledger.PhaseCommitted || (switched || final) && t.rollback == nil:
+	forward := func(why string) {
 		// The work is done and cannot be undone: the transaction stands,
 		// and its remaining records are written once the ledger accepts
 		// appends again.
@@ -282,14 +290,25 @@ func (r *txnRun) unwritable(t *transaction, p *phase, final bool, err error) {
 		if t.forward != nil {
 			t.forward()
 		}
-		r.a.closeLater(r.txn.Identity().TransactionID, "forward", closeForward)
-		r.a.log("ledger append failed after the point of no return; the transaction stands and is closed forward once the ledger is writable", "module", r.m.name, "phase", p.name, "error", err.Error())
+		r.a.closeLater(err, &pendingClose{TransactionID: id, Close: closeForwardHow})
+		r.a.log("ledger append failed: the transaction stands and is closed forward once the ledger is writable", "module", r.m.name, "phase", p.name, "why", why, "error", err.Error())
+	}
+	switch {
+	case p.name == ledger.PhaseCommitted || (switched || final) && t.rollback == nil:
+		forward("past the point of no return")
 	case switched || final:
 		// After a durable switch the kind's rollback returns to what
-		// served before; the blocked record follows when it can.
+		// served before — only if that decision can be kept durably: a
+		// replay would otherwise close the transaction forward (its switch
+		// is durable) while the old generation serves.
+		intent := rolledBack(id, pf, true, nil)
+		if werr := r.a.keepPending(intent); werr != nil {
+			forward("the rollback could not be recorded outside the ledger either (" + firstLine(werr.Error()) + "): going forward keeps memory and a replay in agreement")
+			break
+		}
 		r.captureStderr(r.gen)
 		rbErr := t.rollback(pf)
-		r.a.closeLater(r.txn.Identity().TransactionID, "rolled back after the switch", func(tx *ledger.Txn) error { return closeAfterRollback(tx, pf, rbErr) })
+		r.a.closeLater(err, rolledBack(id, pf, true, rbErr))
 		t.failed(pf, true, rbErr)
 	default:
 		if p.undo != nil {
@@ -297,17 +316,10 @@ func (r *txnRun) unwritable(t *transaction, p *phase, final bool, err error) {
 		}
 		r.captureStderr(r.gen)
 		r.restoreService()
-		r.a.closeLater(r.txn.Identity().TransactionID, "rolled back", func(tx *ledger.Txn) error { return closeRolledBack(tx, pf) })
+		r.a.closeLater(err, rolledBack(id, pf, false, nil))
 		t.failed(pf, false, nil)
 	}
 	r.a.notify(r.gen.name)
-}
-
-// closeLater is unwritable's twin for a failure while closing a failed
-// transaction: the close is completed once the ledger is writable.
-func (r *txnRun) closeLater(err error, close func(*ledger.Txn) error) {
-	r.a.ledgerUnwritable(err)
-	r.a.closeLater(r.txn.Identity().TransactionID, "rolled back", close)
 }
 
 // restoreService disposes what the transaction started and lets what served
@@ -321,64 +333,6 @@ func (r *txnRun) restoreService() {
 	if route := r.serving(); route != nil {
 		r.m.dispatcher.Resume()
 	}
-}
-
-// closeRolledBack writes the blocked record of pf and rolled_back (what
-// remains of them) on a transaction resumed after a replay.
-func closeRolledBack(tx *ledger.Txn, pf *phaseFailure) error {
-	if next := tx.Next(); len(next) == 1 && next[0] == ledger.PhaseRolledBack {
-		return tx.RollBack()
-	}
-	phase := pf.phase
-	if !containsPhase(tx.Next(), phase) {
-		phase = tx.Next()[0]
-	}
-	if err := tx.Block(phase, pf.code, pf.message); err != nil {
-		return err
-	}
-	return tx.RollBack()
-}
-
-// closeAfterRollback closes a transaction blocked after its switch: rolled
-// back when the rollback restored the old generation, rollback_failed when
-// it could not.
-func closeAfterRollback(tx *ledger.Txn, pf *phaseFailure, rbErr error) error {
-	if next := tx.Next(); !(len(next) == 1 && next[0] == ledger.PhaseRolledBack) {
-		phase := pf.phase
-		if !containsPhase(next, phase) {
-			phase = next[0]
-		}
-		if err := tx.Block(phase, pf.code, pf.message); err != nil {
-			return err
-		}
-	}
-	if rbErr != nil {
-		return tx.RollbackFailed()
-	}
-	return tx.RollBack()
-}
-
-// closeForward writes the records a transaction that stands still lacks:
-// drain (where its kind has one) and committed.
-func closeForward(tx *ledger.Txn) error {
-	for _, p := range tx.Next() {
-		if p == ledger.PhaseDrain {
-			if err := tx.Drain(); err != nil {
-				return err
-			}
-			break
-		}
-	}
-	return tx.Commit()
-}
-
-func containsPhase(ps []ledger.Phase, p ledger.Phase) bool {
-	for _, q := range ps {
-		if q == p {
-			return true
-		}
-	}
-	return false
 }
 
 // markStep shows the phase in progress on the generation's status.

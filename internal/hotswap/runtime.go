@@ -624,7 +624,7 @@ func (a *activationRuntime) status() ActivationStatus {
 				ms.Reason, ms.Message = g.reason, g.message
 			}
 		}
-		if !ms.Serving && ms.Reason == "" && a.health.unwritable != nil && (ms.Active != "" || ms.Committed != nil) {
+		if !ms.Serving && ms.Reason == "" && a.health.unwritable != nil {
 			ms.Reason, ms.Message = a.ledgerProblem()
 		}
 		st.Modules[name] = ms

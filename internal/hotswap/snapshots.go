@@ -260,10 +260,14 @@ func syncDir(dir string) error {
 }
 
 // RemoveActivationState archives a deleted activation's ledger (bounded
-// archives under ledgers/archive) and removes its snapshots. Call it once the
+// archives under ledgers/archive) and removes its snapshots and its pending
+// close. Call it once the
 // coordinator has retired and forgotten the activation.
 func RemoveActivationState(stateDir, activationUID string, now time.Time) error {
 	if _, err := ledger.Archive(stateDir, activationUID, now, 0); err != nil {
+		return err
+	}
+	if err := removePending(stateDir, activationUID); err != nil {
 		return err
 	}
 	return NewSnapshotStore(stateDir).RemoveActivation(activationUID)

@@ -211,6 +211,9 @@ func (a *activationRuntime) drain(old *generationRuntime, successor string) stri
 func (r *txnRun) rollbackAfterSwitch(old *generationRuntime) error {
 	ctx, cancel := context.WithTimeout(context.Background(), r.desired.Swap.Deadline)
 	defer cancel()
+	// The old generation's state changes here (relaunched, or Failed): its
+	// Generation object is mirrored only when it is named.
+	defer r.a.notify(old.name)
 	m := r.m
 	_, _ = m.dispatcher.Pause(ctx, 0)
 	r.a.dispose(r.gen, r.gen.scope)

@@ -1,6 +1,7 @@
 package crash
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -14,53 +15,107 @@ import (
 
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
 	"iteron.dev/operator/examples/providers/artifacts"
+	"iteron.dev/operator/internal/hotswap"
+	"iteron.dev/operator/internal/ledger"
 	"iteron.dev/operator/internal/reasons"
 )
 
 // TestSIGKILLAtEachPhaseOfASwapRecovers kills the manager right after each
-// phase record of a hot swap is durable, restarts it, and checks the end
-// state: one Active generation per module, a verifying ledger, the counter
-// continuing from the last durable snapshot, no process of the killed
-// manager left.
+// phase record of a hot swap is durable (and right after the old process
+// stopped, before the drain record), reads the ledger at the kill to show
+// which transaction and phase the kill landed in, restarts the manager, and
+// checks the end state: one Active generation per module, a verifying
+// ledger whose swap transaction is closed as the recovery rule says, the
+// counter continuing from the state recovery must restore, no process of
+// any group the killed manager started left.
+//
+// The state check tells rollback from forward recovery: a=3 is
+// checkpointed, periodic checkpoints are then turned off and one more call
+// makes a=4, known only to the process, before the swap. A kill before the
+// switch is durable rolls back: the old generation is relaunched from its
+// newest durable snapshot — the checkpoint (a=3) when the kill came before
+// the swap's snapshot record, the swap's rollback snapshot (a=4) after it
+// — and the controller retries the swap as attempt 2. A kill after the
+// durable atomic_switch goes forward: attempt 1 of the new generation is
+// relaunched from its durable restored state (a=4).
 func TestSIGKILLAtEachPhaseOfASwapRecovers(t *testing.T) {
-	// The occurrence of each phase record in the module's ledger: the first
+	// The occurrence of each point in the first manager's run: the first
 	// activation writes verify, shadow_load, atomic_switch and committed.
-	phases := []struct {
-		phase string
+	points := []struct {
+		point string
 		nth   int
+		// last is the ledger's last record at the kill.
+		last ledger.Phase
+		// forward: recovery keeps the swap (switch durable).
+		forward bool
+		// count is a after one more call once recovered.
+		count int
 	}{
-		{"verify", 2}, {"shadow_load", 2}, {"quiesce", 1}, {"snapshot", 1}, {"migrate", 1},
-		{"restore", 1}, {"readiness", 1}, {"atomic_switch", 2}, {"drain", 1},
+		{"verify", 2, ledger.PhaseVerify, false, 4},
+		{"shadow_load", 2, ledger.PhaseShadowLoad, false, 4},
+		{"quiesce", 1, ledger.PhaseQuiesce, false, 4},
+		{"snapshot", 1, ledger.PhaseSnapshot, false, 5},
+		{"migrate", 1, ledger.PhaseMigrate, false, 5},
+		{"restore", 1, ledger.PhaseRestore, false, 5},
+		{"readiness", 1, ledger.PhaseReadiness, false, 5},
+		{"atomic_switch", 2, ledger.PhaseAtomicSwitch, true, 5},
+		{hotswap.OldStopped, 1, ledger.PhaseAtomicSwitch, true, 5},
+		{"drain", 1, ledger.PhaseDrain, true, 5},
+		{"committed", 2, ledger.PhaseCommitted, true, 5},
 	}
-	for _, p := range phases {
-		t.Run(p.phase, func(t *testing.T) {
+	for _, p := range points {
+		t.Run(p.point, func(t *testing.T) {
 			n := newNode(t)
+			groups := lfWatchGroups(t, filepath.Join(n.stateDir, "procs"))
 			v1 := source(t, artifacts.CounterV1, "prompt_system", "counter-v1")
 			v2 := source(t, artifacts.CounterV2, "prompt_system", "counter-v2")
-			// Checkpoints every second: the state before the swap (a=3) is
-			// durable whatever the phase the manager dies after.
-			a := newActivation(t, "kill-"+strings.ReplaceAll(p.phase, "_", "-"), func(s *iteronv1.ImplementationActivationSpec) {
+			name := "kill-" + strings.ReplaceAll(p.point, "_", "-")
+			a := newActivation(t, name, func(s *iteronv1.ImplementationActivationSpec) {
 				s.Checkpoint.IntervalSeconds = ptr.To[int32](1)
 			}, v1)
-			first := n.start(t, fmt.Sprintf("prompt_system:%s:%d", p.phase, p.nth))
+			first := n.start(t, fmt.Sprintf("prompt_system:%s:%d", p.point, p.nth))
 			waitFor(t, a, "Ready with v1", readyWith("prompt_system", "counter-v1"))
 			if c := n.mustCount(t, a, "a", 3); c != 3 {
 				t.Fatalf("count %v", c)
 			}
 			waitCheckpointed(t, a, 3)
-			cur := get(t, a)
-			cur.Spec.Sources[0] = v2
-			if err := env.Client.Update(t.Context(), cur); err != nil {
-				t.Fatal(err)
+			// No more checkpoints: once the controller applied that
+			// (observedGeneration), the next call is known to the process
+			// alone until the swap snapshots it.
+			lfUpdate(t, a, func(s *iteronv1.ImplementationActivationSpec) { s.Checkpoint.IntervalSeconds = ptr.To[int32](0) })
+			waitFor(t, a, "Ready with checkpoints off", func(got *iteronv1.ImplementationActivation) bool {
+				return readyWith("prompt_system", "counter-v1")(got) && got.Status.ObservedGeneration == got.Generation
+			})
+			if c := n.mustCount(t, a, "a", 1); c != 4 {
+				t.Fatalf("count %v; want 4", c)
 			}
+			lfUpdate(t, a, func(s *iteronv1.ImplementationActivationSpec) { s.Sources[0] = v2 })
 			first.waitKilled(t)
+
+			// Where the kill landed: the ledger's last record.
+			swapTxn := lfTxn(t, a, 2, 1, 0)
+			all := lfRecords(t, n, a, "")
+			if len(all) == 0 {
+				t.Fatal("the ledger is empty at the kill")
+			}
+			last := all[len(all)-1]
+			if last.txn != swapTxn || last.phase != p.last {
+				t.Fatalf("killed after %s: the ledger ends with %s %v; want the swap %s at %s", p.point, last.txn, last, swapTxn, p.last)
+			}
+			killedGroups := groups.all(t)
 			leftover := n.providerPids(t)
 			// The providers die with their manager (Pdeathsig); anything in
 			// their groups is swept by the next manager.
 			second := n.start(t, "")
-			got := waitFor(t, a, "Ready with v2 after the restart", readyWith("prompt_system", "counter-v2"))
-			if c := n.mustCount(t, got, "a", 1); c != 4 {
-				t.Fatalf("after the restart a=%v; want 4: the state of the last durable snapshot (3) carried into v2", c)
+			wantGen := iteronv1.GenerationName(name, "prompt_system", 2, 2)
+			if p.forward {
+				wantGen = iteronv1.GenerationName(name, "prompt_system", 2, 1)
+			}
+			got := waitFor(t, a, "Ready with v2 after the restart", func(got *iteronv1.ImplementationActivation) bool {
+				return readyWith("prompt_system", "counter-v2")(got) && got.Status.Modules[0].GenerationName == wantGen
+			})
+			if c := n.mustCount(t, got, "a", 1); c != float64(p.count) {
+				t.Fatalf("after the restart a=%v; want %d", c, p.count)
 			}
 			// Generation status is mirrored asynchronously: the one the killed
 			// manager left Active turns Inactive once the ledger's replay
@@ -74,16 +129,32 @@ func TestSIGKILLAtEachPhaseOfASwapRecovers(t *testing.T) {
 					t.Fatalf("Active Generations of prompt_system: %v; want exactly %s", act, got.Status.Modules[0].GenerationName)
 				}
 			}
-			if len(got.Status.Modules) != 1 || got.Status.Modules[0].Phase != iteronv1.PhaseActive {
-				t.Fatalf("status.modules %+v", got.Status.Modules)
-			}
 			verified := n.verifyLedger(t, got)
-			for _, pid := range leftover {
-				if !processGone(pid) {
-					t.Fatalf("process %d of the killed manager is still there", pid)
+			tx := lfRecords(t, n, got, swapTxn)
+			k := len(tx)
+			switch {
+			case p.forward && (tx[k-1].phase != ledger.PhaseCommitted || lfHasBlock(tx)):
+				t.Fatalf("the swap past its durable switch must be closed forward: %v", tx)
+			case !p.forward && (k < 2 || tx[k-1].phase != ledger.PhaseRolledBack || tx[k-2].outcome != ledger.OutcomeBlocked ||
+				tx[k-2].reason != reasons.ProviderFailed+": "+ledger.RecoveryMessage):
+				t.Fatalf("the swap killed before its durable switch must be closed blocked(…, %s: %s) + rolled_back: %v", reasons.ProviderFailed, ledger.RecoveryMessage, tx)
+			}
+			for _, g := range killedGroups {
+				if m := groupMembers(g.pgid); len(m) > 0 {
+					t.Fatalf("group %s of the killed manager still has processes %v", g, m)
 				}
 			}
-			t.Logf("killed after %s (#%d): %d provider group(s) of the killed manager gone; restarted → v2 Active, a=4; %s", p.phase, p.nth, len(leftover), verified)
+			for _, pid := range leftover {
+				if m := groupMembers(pid); len(m) > 0 {
+					t.Fatalf("group %d recorded by the killed manager still has processes %v", pid, m)
+				}
+			}
+			recovery := "rolled back, swap retried as attempt 2"
+			if p.forward {
+				recovery = "forward, attempt 1 kept"
+			}
+			t.Logf("killed after %s (#%d): the ledger ended at %s %v; %d provider group(s) of the killed manager (%d live at the kill) all gone; restarted → %s: %s, a=%d; swap closed %s; %s",
+				p.point, p.nth, last.txn, last, len(killedGroups), len(leftover), recovery, wantGen, p.count, lfTail(tx, 2), verified)
 			deleteActivation(t, got)
 			_ = second.stop(t)
 		})
@@ -127,7 +198,18 @@ func TestSIGTERMUnderCallsCheckpointsAndARestartLosesNothing(t *testing.T) {
 			mu.Unlock()
 		}
 	}()
-	time.Sleep(2 * time.Second)
+	// A positive signal before the SIGTERM: calls are being answered.
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		mu.Lock()
+		answered := lastOK
+		mu.Unlock()
+		if answered >= 20 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("only %v calls answered in 30 s before the SIGTERM", answered)
+		}
+	}
 	if err := first.stop(t); err != nil {
 		t.Fatalf("the manager's exit after SIGTERM: %v", err)
 	}
@@ -165,24 +247,13 @@ func TestAProviderKilledFromOutsideIsRelaunchedFromItsCheckpoint(t *testing.T) {
 	got := waitFor(t, a, "Ready", readyWith("prompt_system", "counter"))
 	n.mustCount(t, got, "a", 5)
 	name := got.Status.Modules[0].GenerationName
-	var pid int64
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		var g iteronv1.Generation
-		if err := env.Client.Get(t.Context(), keyOf(ns, name), &g); err == nil && g.Status.Pid > 0 && g.Status.LastCheckpoint != nil {
-			pid = g.Status.Pid
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the generation never showed a pid and a checkpoint")
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	time.Sleep(1500 * time.Millisecond) // a checkpoint after the call
+	// A checkpoint taken after the call: the state the relaunch restores.
+	waitCheckpointed(t, got, 5)
+	pid := int64(lfGenerationPid(t, name))
 	if err := syscall.Kill(-int(pid), syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	deadline = time.Now().Add(60 * time.Second)
+	deadline := time.Now().Add(60 * time.Second)
 	for {
 		var g iteronv1.Generation
 		if err := env.Client.Get(t.Context(), keyOf(ns, name), &g); err == nil && g.Status.Pid > 0 && g.Status.Pid != pid && g.Status.Phase == iteronv1.PhaseActive {
@@ -224,10 +295,19 @@ func TestACorruptLedgerStopsTheManagerActingAndDeletionArchivesIt(t *testing.T) 
 	if err := os.WriteFile(seg, data, 0o600); err != nil {
 		t.Fatal(err)
 	}
+	groups := lfWatchGroups(t, filepath.Join(n.stateDir, "procs"))
 	n.start(t, "")
-	got = waitFor(t, a, "Stalled with ledger_corrupt", stalledWith(reasons.LedgerCorrupt))
-	if got.Status.ActiveCount != 0 || len(n.providerPids(t)) != 0 {
-		t.Fatalf("a provider was started for an activation with a corrupt ledger: active=%d records=%v", got.Status.ActiveCount, n.providerPids(t))
+	// The positive signal first: this manager replayed the ledger, found it
+	// corrupt and settled (Stalled is a resting state: observedGeneration
+	// follows). Then a window in which nothing may start.
+	got = waitFor(t, a, "Stalled with ledger_corrupt", func(a *iteronv1.ImplementationActivation) bool {
+		return stalledWith(reasons.LedgerCorrupt)(a) && a.Status.ObservedGeneration == a.Generation
+	})
+	for end := time.Now().Add(2 * time.Second); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+		cur := get(t, a)
+		if seen := groups.all(t); cur.Status.ActiveCount != 0 || len(seen) != 0 {
+			t.Fatalf("a provider was started for an activation with a corrupt ledger: active=%d groups=%v", cur.Status.ActiveCount, seen)
+		}
 	}
 	deleteActivation(t, got)
 	if _, err := os.Stat(dir); !os.IsNotExist(err) {
@@ -239,25 +319,64 @@ func TestACorruptLedgerStopsTheManagerActingAndDeletionArchivesIt(t *testing.T) 
 	}
 }
 
-// waitCheckpointed waits until the module's newest checkpoint holds a=want.
+// waitCheckpointed waits until the newest checkpoint of a's (only) module
+// holds a=want: its Generation's status.lastCheckpoint names a durable
+// snapshot, by state digest, whose state counts want for key "a".
 func waitCheckpointed(t *testing.T, a *iteronv1.ImplementationActivation, want int) {
 	t.Helper()
-	name := get(t, a).Status.Modules[0].GenerationName
+	cur := get(t, a)
+	name := cur.Status.Modules[0].GenerationName
 	deadline := time.Now().Add(30 * time.Second)
-	var first *iteronv1.Checkpoint
+	last := "no checkpoint"
 	for {
 		var g iteronv1.Generation
 		if err := env.Client.Get(t.Context(), keyOf(ns, name), &g); err == nil && g.Status.LastCheckpoint != nil {
-			if first == nil {
-				cp := *g.Status.LastCheckpoint
-				first = &cp
-			} else if g.Status.LastCheckpoint.At.After(first.At.Time) {
-				return // a checkpoint taken after the call
+			cp := g.Status.LastCheckpoint
+			got, err := snapshotCount(string(cur.UID), g.Spec.Module, cp.StateSHA256, "a")
+			if err == nil && got == want {
+				return
 			}
+			last = fmt.Sprintf("the last, %s at %s, holds a=%d (%v)", cp.StateSHA256, cp.At, got, err)
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("no checkpoint after a=%d", want)
+			t.Fatalf("no checkpoint of %s holds a=%d: %s", name, want, last)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// snapshotCount reads the durable snapshot with the state digest from a
+// node's snapshot store (any node of this package: the activation's UID is
+// unique) and returns the counter's count for key, in either state layout.
+func snapshotCount(uid, module, digest, key string) (int, error) {
+	hex := strings.TrimPrefix(digest, "sha256:")
+	files, _ := filepath.Glob(filepath.Join(base, "*", "snapshots", uid, module, hex+"-*.json"))
+	if len(files) == 0 {
+		return -1, fmt.Errorf("no snapshot file %s-*.json", hex)
+	}
+	data, err := os.ReadFile(files[0])
+	if err != nil {
+		return -1, err
+	}
+	var snap struct {
+		State struct {
+			Counts map[string]int `json:"counts"` // layout 1
+			Keys   []struct {
+				Count int    `json:"count"`
+				Key   string `json:"key"`
+			} `json:"keys"` // layout 2
+		} `json:"state"`
+	}
+	if err := json.Unmarshal(data, &snap); err != nil {
+		return -1, fmt.Errorf("%s: %w", files[0], err)
+	}
+	if c, ok := snap.State.Counts[key]; ok {
+		return c, nil
+	}
+	for _, k := range snap.State.Keys {
+		if k.Key == key {
+			return k.Count, nil
+		}
+	}
+	return 0, nil
 }

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -200,7 +201,41 @@ func newActivation(t *testing.T, name string, edit func(*iteronv1.Implementation
 	if err := env.Client.Create(context.Background(), a); err != nil {
 		t.Fatal(err)
 	}
+	// An activation a failed test left behind would be started by the next
+	// test's manager (every manager here runs for the same node): remove it,
+	// finalizer and all, once no manager of this test runs any more.
+	t.Cleanup(func() { forceDelete(t, a) })
 	return a
+}
+
+// forceDelete removes a, finalizers included, and its Generation objects
+// (no garbage collector runs here) when it still exists.
+func forceDelete(t *testing.T, a *iteronv1.ImplementationActivation) {
+	ctx := context.Background()
+	var cur iteronv1.ImplementationActivation
+	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(a), &cur); err != nil {
+		return
+	}
+	var gens iteronv1.GenerationList
+	if err := env.Client.List(ctx, &gens, client.InNamespace(a.Namespace)); err == nil {
+		for i := range gens.Items {
+			if metav1.IsControlledBy(&gens.Items[i], &cur) {
+				if err := env.Client.Delete(ctx, &gens.Items[i]); err != nil && !apierrors.IsNotFound(err) {
+					t.Logf("delete Generation %s: %v", gens.Items[i].Name, err)
+				}
+			}
+		}
+	}
+	if len(cur.Finalizers) > 0 {
+		patch := client.MergeFrom(cur.DeepCopy())
+		cur.Finalizers = nil
+		if err := env.Client.Patch(ctx, &cur, patch); err != nil && !apierrors.IsNotFound(err) {
+			t.Logf("remove the finalizers of %s: %v", a.Name, err)
+		}
+	}
+	if err := env.Client.Delete(ctx, &cur); err != nil && !apierrors.IsNotFound(err) {
+		t.Logf("delete %s: %v", a.Name, err)
+	}
 }
 
 func get(t *testing.T, a *iteronv1.ImplementationActivation) *iteronv1.ImplementationActivation {
@@ -279,9 +314,11 @@ func (n *nodeState) mustCount(t *testing.T, a *iteronv1.ImplementationActivation
 			return c
 		}
 		// Retry only what certainly did not run: no socket yet, no such
-		// activation or module yet, no active generation yet.
+		// activation or module yet, no active generation yet, a manager
+		// still recovering.
 		msg := err.Error()
-		retryable := strings.Contains(msg, "dial unix") || strings.Contains(msg, "NotFound") || strings.Contains(msg, "no active generation")
+		retryable := strings.Contains(msg, "dial unix") || strings.Contains(msg, "NotFound") || strings.Contains(msg, "no active generation") ||
+			strings.Contains(msg, reasons.Recovering+":")
 		if !retryable || time.Now().After(deadline) {
 			t.Fatal(err)
 		}
@@ -293,11 +330,18 @@ func (n *nodeState) mustCount(t *testing.T, a *iteronv1.ImplementationActivation
 func (n *nodeState) verifyLedger(t *testing.T, a *iteronv1.ImplementationActivation) string {
 	t.Helper()
 	dir := filepath.Join(n.stateDir, "ledgers", string(a.UID))
-	out, err := exec.Command(pluginBin, "ledger", "verify", dir).CombinedOutput()
-	if err != nil {
-		t.Fatalf("kubectl iteron ledger verify: %v\n%s", err, out)
+	for try := 1; ; try++ {
+		out, err := exec.Command(pluginBin, "ledger", "verify", dir).CombinedOutput()
+		// A live ledger may grow while it is read (a renewal, a relaunch):
+		// that is no fault of the ledger; read it again.
+		if err != nil && strings.Contains(string(out), "size_changed") && try < 5 {
+			continue
+		}
+		if err != nil {
+			t.Fatalf("kubectl iteron ledger verify: %v\n%s", err, out)
+		}
+		return strings.TrimSpace(string(out))
 	}
-	return strings.TrimSpace(string(out))
 }
 
 // activeGenerations counts the Active Generation objects of a module.
@@ -346,6 +390,37 @@ func processGone(pid int) bool {
 	return false
 }
 
+// groupMembers lists the live processes of process group pgid, from
+// /proc/*/stat: a whole group, not only its leader (a zombie runs nothing
+// and is not listed).
+func groupMembers(pgid int) []int {
+	entries, _ := os.ReadDir("/proc")
+	var out []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		data, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		s := string(data)
+		i := strings.LastIndexByte(s, ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(s[i+1:]) // state ppid pgrp …
+		if len(f) < 3 || f[0] == "Z" || f[0] == "X" {
+			continue
+		}
+		if g, err := strconv.Atoi(f[2]); err == nil && g == pgid {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
 // deleteActivation deletes a and waits until its finalizer let it go.
 func deleteActivation(t *testing.T, a *iteronv1.ImplementationActivation) {
 	t.Helper()
@@ -367,4 +442,23 @@ func deleteActivation(t *testing.T, a *iteronv1.ImplementationActivation) {
 
 func keyOf(namespace, name string) client.ObjectKey {
 	return client.ObjectKey{Namespace: namespace, Name: name}
+}
+
+// waitGeneration waits (bounded) until the Generation called name satisfies
+// cond, and prints its status when it never does.
+func waitGeneration(t *testing.T, name, what string, cond func(*iteronv1.Generation) bool) *iteronv1.Generation {
+	t.Helper()
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		var g iteronv1.Generation
+		err := env.Client.Get(context.Background(), keyOf(ns, name), &g)
+		if err == nil && cond(&g) {
+			return &g
+		}
+		if time.Now().After(deadline) {
+			b, _ := json.MarshalIndent(g.Status, "", "  ")
+			t.Fatalf("Generation %s never became %s (%v):\n%s", name, what, err, b)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }

@@ -93,6 +93,36 @@ func ForTest(t testing.TB, backing string) *FS {
 	return f
 }
 
+// Over makes dir (creating it) a faultfs mount over a fresh backing
+// directory under t.TempDir(), for a test that needs one directory of a
+// tree on a failing file system (a state dir's ledgers): what the test
+// writes there lands in the backing directory until a rule says otherwise.
+// It skips the test when FUSE cannot be used, and unmounts in t.Cleanup —
+// after the cleanups registered later (a manager that writes there), since
+// cleanups run last-in first-out.
+func Over(t testing.TB, dir string) *FS {
+	t.Helper()
+	if err := Supported(); err != nil {
+		t.Skip(err)
+	}
+	backing := filepath.Join(t.TempDir(), "backing")
+	for _, d := range []string{backing, dir} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f, err := Mount(backing, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := f.Unmount(); err != nil {
+			t.Errorf("faultfs: unmount %s: %v", dir, err)
+		}
+	})
+	return f
+}
+
 // Mount mounts a faultfs at mountpoint (an existing directory) that passes
 // everything through to backing (an existing directory) until a rule says
 // otherwise. It first removes mounts of faultfs left by test processes that
