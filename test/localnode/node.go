@@ -246,15 +246,15 @@ func (n *Node) countPackets() error {
     socket cgroupv2 level 1 %[2]s ip6 daddr ::1 counter comment "test-to-loopback6"
     socket cgroupv2 level 1 %[2]s ip daddr != 127.0.0.0/8 counter comment "test-to-elsewhere"
     socket cgroupv2 level 1 %[2]s ip6 daddr != ::1 counter comment "test-to-elsewhere6"
-    ip daddr { 10.200.0.0/16 } counter comment "any-to-node-ranges"
+    ip daddr { %[3]s } counter comment "any-to-node-ranges"
   }
   chain forward {
     type filter hook forward priority -300; policy accept;
-    ip saddr { 10.200.0.0/16 } counter comment "forwarded-from-node-ranges"
-    ip daddr { 10.200.0.0/16 } counter comment "forwarded-to-node-ranges"
+    ip saddr { %[3]s } counter comment "forwarded-from-node-ranges"
+    ip daddr { %[3]s } counter comment "forwarded-to-node-ranges"
   }
 }
-`, n.rec.NFTTable, cg)
+`, n.rec.NFTTable, cg, "10.200.0.0/24, "+PodCIDR+", "+ServiceCIDR)
 	cmd := exec.Command("nft", "-f", "-")
 	cmd.Stdin = strings.NewReader(rules)
 	if out, err := cmd.CombinedOutput(); err != nil {
