@@ -4,14 +4,16 @@
 # the kubectl-iteron CLI beside it, for `kubectl exec` (ledger verify, invoke
 # through the node's gateway socket).
 #
-# NOT BUILT HERE: the machines this project is developed and tested on have no
-# Docker engine, so this file has never been built by the project's own tests.
-# It is written for users who have one (hack/kind-e2e.sh builds it):
+# `make image` builds the same image without Docker (hack/image:
+# go-containerregistry, the same layers), and that is the image `make test`
+# runs as a DaemonSet pod on a real node (test/node). This file is for users
+# with Docker; the machines this project is tested on have none, so it is not
+# built by the project's own tests:
 #
 #   docker build -t iteron-operator:dev .
 #
-# Building pulls the two base images named below; nothing else is downloaded
-# beyond the Go modules of go.sum, from the Go module proxy.
+# Building pulls the two base images named below and busybox-static from
+# Debian; nothing else is downloaded beyond the Go modules of go.sum.
 
 # ---- build: static binaries, reproducible paths ------------------------------
 FROM golang:1.26-trixie AS build
@@ -33,26 +35,34 @@ RUN --mount=type=cache,target=/go/pkg/mod \
     CGO_ENABLED=0 GOOS=${TARGETOS} GOARCH=${TARGETARCH} \
       go build -trimpath -ldflags='-s -w' -o /out/kubectl-iteron ./cmd/kubectl-iteron
 
+# ---- busybox: the /bin/sh of provider scripts -------------------------------
+# The same file `make image` (hack/image) puts in the image: Debian's
+# busybox-static, unpacked with dpkg-deb -x.
+FROM debian:bookworm-slim AS busybox
+RUN apt-get update -q && apt-get download busybox-static && \
+    mkdir /out && dpkg-deb -x busybox-static_*.deb /out && \
+    mkdir -p /rootfs/bin && cp /out/bin/busybox /rootfs/bin/busybox && \
+    for a in $(/rootfs/bin/busybox --list-full); do \
+      [ "$a" = bin/busybox ] && continue; \
+      mkdir -p "/rootfs/$(dirname "$a")" && \
+      ln -s "$(realpath --relative-to="/rootfs/$(dirname "$a")" /rootfs/bin/busybox)" "/rootfs/$a"; \
+    done && \
+    mkdir -p /rootfs/tmp /rootfs/var/lib/iteron/state /rootfs/var/lib/iteron/providers /rootfs/run/iteron && \
+    chmod 1777 /rootfs/tmp
+
 # ---- runtime ----------------------------------------------------------------
-# Why debian:trixie-slim and not distroless or alpine:
-# - Providers run in the manager's filesystem (see below), and providers
-#   written as `#!/bin/sh` scripts are common: the manager's default
-#   --interpreters is /bin/sh, so the image must have a POSIX /bin/sh. Debian's
-#   is dash, plus the coreutils such scripts tend to call (cat, printf, sleep…).
-# - distroless/static has no shell at all; its :debug variants add busybox for
-#   debugging, not as a supported runtime. Alpine's /bin/sh is busybox ash with
-#   busybox's applets, whose small differences from coreutils would surface
-#   as provider bugs that do not happen on a Debian or Ubuntu node.
-# - It costs tens of megabytes more than distroless; the binaries are
-#   static, so no library of the image is linked into the manager.
-FROM debian:trixie-slim
-
-# Mount points of config/manager/daemonset.yaml, present even when a hostPath
-# is not mounted (readOnlyRootFilesystem forbids creating them at run time).
-RUN mkdir -p /var/lib/iteron/state /var/lib/iteron/providers /run/iteron
-
+# Equivalent to `make image` (hack/image), which builds the same image without
+# Docker: two layers, the busybox layer (a POSIX /bin/sh for providers written
+# as `#!/bin/sh` scripts, the manager's default --interpreters, with busybox's
+# applets linked beside it, and the mount points of
+# config/manager/daemonset.yaml, which readOnlyRootFilesystem forbids creating
+# at run time), then the two static binaries. No libc: the binaries are
+# static, and so is busybox.
+FROM scratch
+COPY --from=busybox /rootfs/ /
 COPY --from=build /out/manager /manager
 COPY --from=build /out/kubectl-iteron /usr/local/bin/kubectl-iteron
+ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 
 # Privileges process management needs (config/manager/daemonset.yaml sets
 # them; keep the two in step):

@@ -8,6 +8,7 @@ SHELL := /usr/bin/env bash -o pipefail
 
 BIN_DIR ?= $(CURDIR)/bin
 K8S_BIN_DIR ?= $(BIN_DIR)/k8s
+NODE_BIN_DIR ?= $(BIN_DIR)/node
 export KUBEBUILDER_ASSETS ?= $(K8S_BIN_DIR)
 GO ?= go
 GO_TEST_FLAGS ?=
@@ -59,10 +60,18 @@ build: ## Build the manager and the kubectl plugin into bin/.
 controlplane: ## Build etcd, kube-apiserver and kubectl v1.37.2 into bin/k8s (once; from the Go module proxy).
 	hack/build-controlplane.sh
 
+.PHONY: node
+node: ## Build kubelet, controller-manager, scheduler, kube-proxy v1.37.2, containerd, runc and CNI into bin/node (once; Go module proxy; Debian packages it needs).
+	NODE_BIN_DIR=$(NODE_BIN_DIR) hack/build-node.sh
+
+.PHONY: image
+image: ## Build the manager's image (and the local node's pause image) without Docker into bin/image/.
+	$(GO) run ./hack/image -out $(BIN_DIR)/image/iteron-operator.tar -pause-out $(BIN_DIR)/image/pause.tar -debs $(BIN_DIR)/image/debs
+
 ##@ Test
 
 .PHONY: test
-test: controlplane verify-generated vet ## Unit tests, envtest suites against the real API server, and the e2e suite.
+test: controlplane node verify-generated vet ## Unit tests, envtest suites against the real API server, the e2e suite and the DaemonSet on a real node (test/node).
 	@gofmt_out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$gofmt_out" ]; then echo "gofmt would change: $$gofmt_out"; exit 1; fi
 	GO_TEST_FLAGS="$(GO_TEST_FLAGS)" hack/test.sh ./...
 
@@ -74,6 +83,10 @@ faults: controlplane ## The full ledger-fault tables (root, /dev/fuse): every ph
 .PHONY: e2e
 e2e: controlplane ## The end-to-end suite (against $$KUBECONFIG when set, else the local control plane).
 	$(GO) test $(GO_TEST_FLAGS) -count=1 ./test/e2e/...
+
+.PHONY: e2e-node
+e2e-node: controlplane node ## The DaemonSet on a real local node (test/node) alone, printing the node's state at each step (root).
+	$(GO) test $(GO_TEST_FLAGS) -count=1 -v -timeout 20m ./test/node/
 
 ##@ Run
 

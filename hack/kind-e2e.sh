@@ -1,17 +1,27 @@
 #!/usr/bin/env bash
-# hack/kind-e2e.sh: run the end-to-end suite (test/e2e) against a throwaway
-# kind cluster, with the manager deployed from config/default as a real
-# DaemonSet.
+# hack/kind-e2e.sh: run the DaemonSet test (test/node) and the end-to-end
+# suite (test/e2e) against a throwaway kind cluster, with the manager deployed
+# from config/default as a real DaemonSet.
 #
 # UNTESTED HERE. The machines this project is developed and tested on have no
 # Docker engine, so kind cannot run there and this script has never been run by
 # the project itself: it is written for users who have Docker. `make test` runs
-# the same suite against the local control plane instead. If something here
-# breaks for you, the step it names is the place to look.
+# test/node on a real local node (kubelet, containerd and runc built from the
+# Go module proxy: test/localnode) and test/e2e against the local control
+# plane instead. If something here breaks for you, the step it names is the
+# place to look.
 #
 # What it does, in order (each step prints a line):
-#   1. creates a kind cluster (one node, its own kubeconfig in a temp dir);
-#   2. builds the image from the Dockerfile and loads it into the node;
+#   1. creates a kind cluster (one node, its own kubeconfig in a temp dir), with
+#      a directory of this machine mounted at the same path in the node: the
+#      DaemonSet's hostPath volumes of test/node live there, so the test lays
+#      out providers and calls the gateway socket from this machine (a unix
+#      socket through a bind mount: Docker on Linux);
+#   2. builds the image from the Dockerfile (or, with IMAGE_ARCHIVE, loads the
+#      tarball `make image` writes without Docker) and loads it into the node;
+#   2b. runs test/node against the cluster (it applies config/default with its
+#      host paths in the mounted directory, and checks the DaemonSet, a swap,
+#      pod deletion and rollout restart, probes and metrics);
 #   3. builds the example providers and their catalogs with hack/catalog (the
 #      generator of issue 3) and copies them into the node's
 #      /var/lib/iteron/providers, which the DaemonSet mounts (hostPath);
@@ -33,6 +43,8 @@
 #   KIND_NODE_IMAGE  node image for `kind create cluster --image` (default: kind's)
 #   IMAGE            image to build and deploy (default iteron-operator:dev,
 #                    the DaemonSet's own)
+#   IMAGE_ARCHIVE    an image tarball to load instead of `docker build`
+#                    (bin/image/iteron-operator.tar from `make image`)
 #   KEEP_CLUSTER=1   keep the cluster afterwards (for debugging)
 #   E2E_FLAGS        extra `go test` flags, e.g. "-v -run TestSwap"
 #
@@ -100,8 +112,21 @@ trap 'exit 143' TERM
 kc() { kubectl --kubeconfig "$kubeconfig" "$@"; }
 
 step "1/6 creating kind cluster $cluster"
+# test/node's hostPath volumes: the same path here and in the node.
+node_root="$work/node-root"
+mkdir -p "$node_root"
+chmod 755 "$work" "$node_root"
+cat >"$work/kind.yaml" <<KIND
+kind: Cluster
+apiVersion: kind.x-k8s.io/v1alpha4
+nodes:
+- role: control-plane
+  extraMounts:
+  - hostPath: $node_root
+    containerPath: $node_root
+KIND
 created=1
-kind create cluster --name "$cluster" --kubeconfig "$kubeconfig" --wait 180s \
+kind create cluster --name "$cluster" --kubeconfig "$kubeconfig" --wait 180s --config "$work/kind.yaml" \
   ${KIND_NODE_IMAGE:+--image "$KIND_NODE_IMAGE"}
 node="$cluster-control-plane"
 server_minor=$(kc version -o json | sed -n '/"serverVersion"/,/}/s/.*"minor": *"\([0-9]*\).*/\1/p')
@@ -114,8 +139,16 @@ if kc get node "$node" -o jsonpath='{.spec.taints[*].key}' | grep -q 'node-role.
 fi
 
 step "2/6 building image $image and loading it into $node"
-docker build -t "$image" "$root"
-kind load docker-image "$image" --name "$cluster"
+if [ -n "${IMAGE_ARCHIVE:-}" ]; then
+  kind load image-archive "$IMAGE_ARCHIVE" --name "$cluster"
+else
+  docker build -t "$image" "$root"
+  kind load docker-image "$image" --name "$cluster"
+fi
+
+step "2b/6 running the DaemonSet test (test/node) against $cluster"
+(cd "$root" && KUBECONFIG="$kubeconfig" ITERON_NODE_NAME="$node" ITERON_NODE_ROOT="$node_root" \
+  go test -count=1 -v -timeout 20m ./test/node/)
 
 step "3/6 building the example providers and catalogs into $node:$provider_root"
 [ -d "$root/hack/catalog" ] || die "hack/catalog (the catalog generator of issue 3) is missing from this checkout"

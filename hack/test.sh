@@ -42,6 +42,8 @@ table=(
   "test/doctor       3m       serial"   # 11.5-16.7s
   "test/e2e          3m       serial"   # 16.7-32.1s
   "test/gitops       3m       serial"   # 8.1-8.5s
+  "test/localnode    5m       serial"   # 10.5-18.1s (a real node started, killed, cleaned up)
+  "test/node         8m       serial"   # 34-55s warm, 132s on a cold build cache (a real node: kubelet, containerd, the DaemonSet scenario; it builds the image of the code under test)
 )
 
 # rule <relative package> prints "<timeout> <mode> <row>" for the first row

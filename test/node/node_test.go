@@ -1,0 +1,590 @@
+package node
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+
+	iteronv1 "iteron.dev/operator/api/v1alpha1"
+	"iteron.dev/operator/test/kubeapi"
+	"iteron.dev/operator/test/localnode"
+)
+
+const ns = "default"
+
+func init() {
+	// controller-runtime's client logs nothing this test needs.
+	ctrllog.SetLogger(logr.Discard())
+}
+
+func TestTheManagerRunsAsADaemonSetPodOnARealNode(t *testing.T) {
+	repo, err := kubeapi.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	work, err := os.MkdirTemp("", "iteron-node-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(work) })
+	c := &cluster{repo: repo, work: work}
+	if os.Getenv("KUBECONFIG") != "" {
+		setupExisting(t, c)
+	} else {
+		if err := localnode.Available(); err != nil {
+			if os.Getenv("ITERON_REQUIRE_NODE") == "1" {
+				t.Fatalf("the local node cannot run here, and ITERON_REQUIRE_NODE=1 (.ci/run) requires it: %v", err)
+			}
+			t.Skipf("SKIP: the local node cannot run here: %v", err)
+		}
+		sysctlsBefore := localnode.ReadSysctls()
+		t.Cleanup(func() { c.teardownLocal(t, sysctlsBefore) })
+		setupLocal(t, c)
+		var changed []string
+		for k, v := range localnode.ReadSysctls() {
+			if sysctlsBefore[k] != v {
+				changed = append(changed, fmt.Sprintf("%s %s→%s", k, sysctlsBefore[k], v))
+			}
+		}
+		sort.Strings(changed)
+		t.Logf("sysctls the running node changed (the kubelet, CNI), restored at teardown: %v", changed)
+	}
+	setupCommon(t, c)
+	c.state(t, "the node, before anything is applied")
+
+	// 1. config/default, as users apply it; the DaemonSet's pod Ready under
+	// its service account.
+	overlay := c.overlay(t)
+	t.Logf("kubectl apply -k (config/default, host paths under %s, gateway open to uid %d gid %d):\n%s",
+		c.hostRoot, os.Getuid(), os.Getgid(), c.kubectlRun(t, "apply", "--server-side", "-k", overlay))
+	pod := c.waitDaemonSetReady(t, "")
+	if pod.Spec.ServiceAccountName != "iteron-manager" {
+		t.Fatalf("the manager pod runs as service account %q, want iteron-manager", pod.Spec.ServiceAccountName)
+	}
+	t.Logf("DaemonSet %s/%s Ready: pod %s on %s, IP %s, service account %s, image %s (%s)", managerNS, managerDS,
+		pod.Name, pod.Spec.NodeName, pod.Status.PodIP, pod.Spec.ServiceAccountName, pod.Status.ContainerStatuses[0].Image, pod.Status.ContainerStatuses[0].ImageID)
+	c.state(t, "1. config/default applied: the DaemonSet is Ready")
+
+	// 2. An activation with providers from the hostPath root → Active.
+	v1 := c.impl(t, "prompt_system", "counter-v1")
+	v2 := c.impl(t, "prompt_system", "counter-v2")
+	ctxImpl := c.impl(t, "context_assembly", "counter-v1")
+	const name = "node"
+	c.kubectlRun(t, "apply", "--server-side", "-f", c.activationYAML(t, name, v1, ctxImpl))
+	a := c.waitActivation(t, name, "Ready with counter v1", readyWith("prompt_system", v1), nil)
+	if a.Status.Ledger != nil {
+		t.Logf("activation %s Active: %d modules, ledger %d records, head %s", name, a.Status.ActiveCount, a.Status.Ledger.Records, a.Status.Ledger.HeadSHA256)
+	}
+	c.state(t, "2. the activation is Active")
+
+	// The manager wrote those Generations as its service account; the
+	// shipped admission policy refuses the same write to an administrator.
+	c.generationWritesAreRefusedToOthers(t, name)
+
+	// 3. Calls through the hostPath gateway socket, from this machine.
+	c.expectCount(t, name, `{"key":"a","add":2}`, 2, "1.0.0")
+	c.expectCount(t, name, `{"key":"a","add":3}`, 5, "1.0.0")
+
+	// 4. A stateful hot swap v1 → v2.
+	c.kubectlRun(t, "apply", "--server-side", "-f", c.activationYAML(t, name, v2, ctxImpl))
+	a = c.waitActivation(t, name, "Ready with counter v2", readyWith("prompt_system", v2), nil)
+	c.expectCount(t, name, `{"key":"a","add":1}`, 6, "2.0.0")
+	c.state(t, "4. hot swap v1 → v2 done; the count went on from 5 to 6")
+	c.verifyLedger(t, a)
+
+	// 5. Probes and metrics answer from the pod.
+	c.probesAndMetricsAnswer(t)
+
+	// 6. kubectl delete pod: the DaemonSet recreates it; the module is
+	// Active again and the count goes on from the last answered call.
+	c.restartManager(t, name, a, "kubectl delete pod", func(pod string) {
+		t.Logf("kubectl delete pod: %s", c.kubectlRun(t, "-n", managerNS, "delete", "pod", pod, "--wait=false"))
+	}, 7)
+
+	// 7. kubectl rollout restart: the same.
+	c.restartManager(t, name, a, "kubectl rollout restart", func(string) {
+		t.Logf("kubectl rollout restart: %s", c.kubectlRun(t, "-n", managerNS, "rollout", "restart", "ds/"+managerDS))
+		t.Logf("kubectl rollout status: %s", c.kubectlRun(t, "-n", managerNS, "rollout", "status", "ds/"+managerDS, "--timeout=3m"))
+	}, 8)
+	c.probesAndMetricsAnswer(t)
+
+	// 8. Deleting the activation reaps every provider.
+	c.deleteActivationReapsProviders(t, name)
+	c.state(t, "8. the activation is deleted: no provider left")
+}
+
+func (c *cluster) impl(t *testing.T, module, example string) string {
+	t.Helper()
+	for _, s := range c.sources {
+		if s.Module == module && (s.ImplementationID == example || strings.HasPrefix(s.ImplementationID, example+".")) {
+			return s.ImplementationID
+		}
+	}
+	t.Fatalf("hack/catalog laid out no %s in %s", example, module)
+	return ""
+}
+
+// activationYAML writes an activation for this node using the given
+// prompt_system and context_assembly implementations.
+func (c *cluster) activationYAML(t *testing.T, name, system, context string) string {
+	t.Helper()
+	var b strings.Builder
+	fmt.Fprintf(&b, "apiVersion: iteron.dev/v1alpha1\nkind: ImplementationActivation\nmetadata:\n  name: %s\n  namespace: %s\nspec:\n  nodeName: %s\n  candidateSHA256: sha256:%064x\n  sources:\n", name, ns, c.node, 7)
+	for _, key := range []string{"prompt_system/" + system, "context_assembly/" + context} {
+		s := c.sources[key]
+		fmt.Fprintf(&b, "  - module: %s\n    implementationID: %s\n    catalogPath: %s\n    artifactRoot: %s\n    manifestSHA256: %s\n    artifactSHA256: %s\n",
+			s.Module, s.ImplementationID, s.CatalogPath, s.ArtifactRoot, s.ManifestSHA256, s.ArtifactSHA256)
+	}
+	path := filepath.Join(c.work, name+"-"+system+".yaml")
+	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+func readyWith(module, impl string) func(*iteronv1.ImplementationActivation) error {
+	return func(a *iteronv1.ImplementationActivation) error {
+		r := meta.FindStatusCondition(a.Status.Conditions, iteronv1.ConditionReady)
+		if a.Status.ObservedGeneration != a.Generation || r == nil || r.Status != metav1.ConditionTrue {
+			return fmt.Errorf("observedGeneration %d of %d, Ready %v", a.Status.ObservedGeneration, a.Generation, r)
+		}
+		for _, m := range a.Status.Modules {
+			if m.Module == module {
+				if m.ImplementationID == impl && m.Phase == iteronv1.PhaseActive {
+					return nil
+				}
+				return fmt.Errorf("%s is %s %s", module, m.ImplementationID, m.Phase)
+			}
+		}
+		return fmt.Errorf("no %s in status", module)
+	}
+}
+
+// waitActivation waits until cond accepts the activation (and extra, when
+// given, returns nil).
+func (c *cluster) waitActivation(t *testing.T, name, what string, cond func(*iteronv1.ImplementationActivation) error, extra func() error) *iteronv1.ImplementationActivation {
+	t.Helper()
+	var a iteronv1.ImplementationActivation
+	c.waitFor(t, "activation "+name+" "+what, 3*time.Minute, func() error {
+		if err := c.client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, &a); err != nil {
+			return err
+		}
+		if err := cond(&a); err != nil {
+			return err
+		}
+		if extra != nil {
+			return extra()
+		}
+		return nil
+	})
+	return &a
+}
+
+// invoke calls prompt_system through the gateway socket on the hostPath,
+// from this machine, with kubectl-iteron.
+func (c *cluster) invoke(name, input string) (map[string]any, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, c.plugin, "invoke", "--socket", c.socket(), "--namespace", ns, "--activation", name,
+		"--module", "prompt_system", "--input", input).CombinedOutput()
+	if err != nil {
+		return nil, fmt.Errorf("kubectl iteron invoke: %v\n%s", err, out)
+	}
+	line := strings.TrimSpace(string(out))
+	if i := strings.LastIndex(line, "\n"); i >= 0 {
+		line = line[i+1:]
+	}
+	var obs map[string]any
+	if err := json.Unmarshal([]byte(line), &obs); err != nil {
+		return nil, fmt.Errorf("invoke printed %q: %v", out, err)
+	}
+	return obs, nil
+}
+
+// expectCount makes one call and checks the count and version it answers.
+func (c *cluster) expectCount(t *testing.T, name, input string, count float64, version string) {
+	t.Helper()
+	obs, err := c.invoke(name, input)
+	if err != nil {
+		t.Fatalf("%v%s", err, c.diagnostics())
+	}
+	if obs["count"] != count || obs["implementation_version"] != version {
+		t.Fatalf("call %s answered %v; want count %v from %s", input, obs, count, version)
+	}
+	t.Logf("call through %s (from this machine, uid %d): %s → count %v from %v", c.socket(), os.Getuid(), input, obs["count"], obs["implementation_version"])
+}
+
+// verifyLedger runs `kubectl iteron ledger verify` on the hostPath state
+// from this machine, and inside the pod with the image's own CLI.
+func (c *cluster) verifyLedger(t *testing.T, a *iteronv1.ImplementationActivation) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	host := filepath.Join(c.hostRoot, "state", "ledgers", string(a.UID))
+	out := run(t, exec.CommandContext(ctx, c.plugin, "ledger", "verify", host))
+	t.Logf("ledger verify (this machine, %s): %s", host, strings.TrimSpace(out))
+	pod, err := c.managerPod(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out = c.kubectlRun(t, "-n", managerNS, "exec", pod.Name, "--", "kubectl-iteron", "ledger", "verify", filepath.Join(podState, "ledgers", string(a.UID)))
+	t.Logf("ledger verify (kubectl exec %s, the image's CLI): %s", pod.Name, strings.TrimSpace(out))
+}
+
+// waitDaemonSetReady waits until the DaemonSet has one up-to-date Ready pod
+// other than notPod, and returns it.
+func (c *cluster) waitDaemonSetReady(t *testing.T, notPod string) *corev1.Pod {
+	t.Helper()
+	var pod *corev1.Pod
+	c.waitFor(t, "the manager DaemonSet to be Ready", 4*time.Minute, func() error {
+		ctx := context.Background()
+		ds, err := c.clientset.AppsV1().DaemonSets(managerNS).Get(ctx, managerDS, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if err := dsReady(ds); err != nil {
+			return err
+		}
+		p, err := c.managerPod(ctx)
+		if err != nil {
+			return err
+		}
+		if string(p.UID) == notPod {
+			return fmt.Errorf("pod %s is still the old one", p.Name)
+		}
+		pod = p
+		return nil
+	})
+	return pod
+}
+
+func dsReady(ds *appsv1.DaemonSet) error {
+	s := ds.Status
+	if s.ObservedGeneration < ds.Generation || s.DesiredNumberScheduled < 1 || s.NumberReady != s.DesiredNumberScheduled ||
+		s.UpdatedNumberScheduled != s.DesiredNumberScheduled || s.NumberUnavailable != 0 {
+		return fmt.Errorf("DaemonSet status: observed %d of %d, desired %d, ready %d, updated %d, unavailable %d",
+			s.ObservedGeneration, ds.Generation, s.DesiredNumberScheduled, s.NumberReady, s.UpdatedNumberScheduled, s.NumberUnavailable)
+	}
+	return nil
+}
+
+// generationWritesAreRefusedToOthers: the manager (its service account)
+// wrote the activation's Generations; the admission policy of
+// config/admission refuses an administrator a copy of one, and a change to
+// one.
+func (c *cluster) generationWritesAreRefusedToOthers(t *testing.T, activation string) {
+	t.Helper()
+	ctx := context.Background()
+	var list iteronv1.GenerationList
+	if err := c.client.List(ctx, &list, client.InNamespace(ns)); err != nil {
+		t.Fatal(err)
+	}
+	var mine *iteronv1.Generation
+	for i := range list.Items {
+		if list.Items[i].Spec.ActivationName == activation {
+			mine = &list.Items[i]
+		}
+	}
+	if mine == nil {
+		t.Fatalf("the manager wrote no Generation for %s%s", activation, c.diagnostics())
+	}
+	managed := map[string]bool{}
+	for _, f := range mine.ManagedFields {
+		managed[f.Manager] = true
+	}
+	t.Logf("Generation %s was written by %v (the manager, as system:serviceaccount:iteron-system:iteron-manager: the admission policy lets only it)", mine.Name, keys(managed))
+	const policy = "Generations are written only by system:serviceaccount:iteron-system:iteron-manager"
+	cp := &iteronv1.Generation{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: mine.Name + "-copy"}, Spec: mine.Spec}
+	err := c.client.Create(ctx, cp)
+	if err == nil {
+		_ = c.client.Delete(ctx, cp)
+		t.Fatal("an administrator created a Generation: the admission policy of config/admission is not in force")
+	}
+	if !strings.Contains(err.Error(), policy) {
+		t.Fatalf("creating a Generation as an administrator failed, but not by the admission policy: %v", err)
+	}
+	changed := mine.DeepCopy()
+	if changed.Labels == nil {
+		changed.Labels = map[string]string{}
+	}
+	changed.Labels["iteron.dev/test"] = "changed-by-an-administrator"
+	if err := c.client.Update(ctx, changed); err == nil || !strings.Contains(err.Error(), policy) {
+		t.Fatalf("an administrator's change to Generation %s: %v; want the admission policy's refusal", mine.Name, err)
+	}
+	t.Logf("admission policy in force: an administrator's create and update are refused: %v", err)
+}
+
+func keys(m map[string]bool) []string {
+	var out []string
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// probesAndMetricsAnswer: the pod is Ready (the readiness probe passes) and
+// never restarted (the liveness probe passes), and /healthz, /readyz and
+// /metrics answer from the pod's ports.
+func (c *cluster) probesAndMetricsAnswer(t *testing.T) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pod, err := c.managerPod(ctx)
+	if err != nil {
+		t.Fatalf("%v%s", err, c.diagnostics())
+	}
+	cs := pod.Status.ContainerStatuses[0]
+	if !cs.Ready || cs.RestartCount != 0 {
+		t.Fatalf("manager container ready=%v restarts=%d (a failing liveness probe restarts it)%s", cs.Ready, cs.RestartCount, c.diagnostics())
+	}
+	for _, p := range []struct{ port, path, want string }{{"8081", "/healthz", "ok"}, {"8081", "/readyz", "ok"}, {"8080", "/metrics", "iteron_gateway_calls_total"}} {
+		body, err := c.clientset.CoreV1().Pods(managerNS).ProxyGet("http", pod.Name, p.port, p.path, nil).DoRaw(ctx)
+		if err != nil {
+			t.Fatalf("GET %s:%s%s through the API server's pod proxy: %v%s", pod.Status.PodIP, p.port, p.path, err, c.diagnostics())
+		}
+		if !strings.Contains(string(body), p.want) {
+			t.Fatalf("GET %s:%s%s answered without %q:\n%.2000s", pod.Status.PodIP, p.port, p.path, p.want, body)
+		}
+		line := strings.TrimSpace(string(body))
+		for _, l := range strings.Split(string(body), "\n") {
+			if strings.HasPrefix(l, p.want) {
+				line = l
+				break
+			}
+		}
+		t.Logf("GET http://%s:%s%s (pod %s, through the API server): %.200s", pod.Status.PodIP, p.port, p.path, pod.Name, line)
+		if c.podHTTP != nil {
+			resp, err := c.podHTTP.Get("http://" + net.JoinHostPort(pod.Status.PodIP, p.port) + p.path)
+			if err != nil {
+				t.Fatalf("GET %s:%s%s from the node's namespace: %v", pod.Status.PodIP, p.port, p.path, err)
+			}
+			data, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != 200 || !strings.Contains(string(data), p.want) {
+				t.Fatalf("GET %s:%s%s from the node's namespace: %s\n%.500s", pod.Status.PodIP, p.port, p.path, resp.Status, data)
+			}
+		}
+	}
+	t.Logf("probes pass (pod %s ready, %d restarts) and /healthz, /readyz, /metrics answer from it", pod.Name, cs.RestartCount)
+}
+
+// restartManager replaces the manager pod (how says how), then waits for the
+// new pod, the module Active again with a new provider process, and a call
+// whose count continues from the last answered one (want).
+func (c *cluster) restartManager(t *testing.T, name string, a *iteronv1.ImplementationActivation, how string, do func(pod string), want float64) {
+	t.Helper()
+	ctx := context.Background()
+	old, err := c.managerPod(ctx)
+	if err != nil {
+		t.Fatalf("%v%s", err, c.diagnostics())
+	}
+	before := c.providerPids(t, a)
+	t.Logf("%s: before, pod %s, provider pids %v, the last answered count %v", how, old.Name, before, want-1)
+	do(old.Name)
+	pod := c.waitDaemonSetReady(t, string(old.UID))
+	t.Logf("%s: the DaemonSet recreated the manager as %s (IP %s)", how, pod.Name, pod.Status.PodIP)
+	var obs map[string]any
+	c.waitActivation(t, name, "Active again after "+how, readyWith("prompt_system", c.impl(t, "prompt_system", "counter-v2")), func() error {
+		// A call through the new manager's socket; the old socket file is
+		// gone or refuses until the new manager listens.
+		var err error
+		obs, err = c.invoke(name, `{"key":"a","add":1}`)
+		return err
+	})
+	if obs["count"] != want || obs["implementation_version"] != "2.0.0" {
+		t.Fatalf("after %s the call answered %v; want count %v from 2.0.0 (the state from the last answered call)", how, obs, want)
+	}
+	after := c.providerPids(t, a)
+	t.Logf("%s: after, pod %s, prompt_system Active again with provider pids %v, the call answered count %v from %v (nothing lost)", how, pod.Name, after, obs["count"], obs["implementation_version"])
+	c.state(t, how+": the new manager pod serves the module")
+	c.verifyLedger(t, a)
+}
+
+// providerPids are the pids (in the manager's PID namespace) that the
+// activation's Generations report.
+func (c *cluster) providerPids(t *testing.T, a *iteronv1.ImplementationActivation) map[string]int64 {
+	t.Helper()
+	var list iteronv1.GenerationList
+	if err := c.client.List(context.Background(), &list, client.InNamespace(ns)); err != nil {
+		t.Fatal(err)
+	}
+	pids := map[string]int64{}
+	for _, g := range list.Items {
+		if g.Spec.ActivationName == a.Name && g.Status.Pid > 0 {
+			pids[g.Name] = g.Status.Pid
+		}
+	}
+	return pids
+}
+
+// podProcesses lists the manager pod's processes as `ps` in the pod sees
+// them (uid and command), without the ps itself.
+func (c *cluster) podProcesses(t *testing.T) []string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pod, err := c.managerPod(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := c.kubectlRun(t, "-n", managerNS, "exec", pod.Name, "--", "ps", "-o", "pid,user,args")
+	var procs []string
+	for _, l := range strings.Split(strings.TrimSpace(out), "\n")[1:] {
+		if f := strings.Fields(l); len(f) >= 3 && f[2] != "ps" {
+			procs = append(procs, strings.Join(f, " "))
+		}
+	}
+	return procs
+}
+
+// providerProcesses are the pod's processes that run as the provider uid.
+func providerProcesses(procs []string) []string {
+	var out []string
+	for _, p := range procs {
+		if f := strings.Fields(p); len(f) >= 2 && (f[1] == "65534" || f[1] == "nobody") {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func (c *cluster) deleteActivationReapsProviders(t *testing.T, name string) {
+	t.Helper()
+	procs := c.podProcesses(t)
+	providers := providerProcesses(procs)
+	t.Logf("before deleting the activation, the pod runs:\n  %s", strings.Join(procs, "\n  "))
+	if len(providers) < 2 {
+		t.Fatalf("expected at least two provider processes (uid 65534) in the pod, saw %v", procs)
+	}
+	hostBefore := c.hostProviderProcesses(t)
+	var a iteronv1.ImplementationActivation
+	if err := c.client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, &a); err != nil {
+		t.Fatal(err)
+	}
+	c.kubectlRun(t, "delete", "implementationactivation", name, "-n", ns, "--wait=true", "--timeout=3m")
+	c.waitFor(t, "the activation to be gone", 3*time.Minute, func() error {
+		err := c.client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, &iteronv1.ImplementationActivation{})
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		return fmt.Errorf("still there: %v", err)
+	})
+	procs = c.podProcesses(t)
+	if left := providerProcesses(procs); len(left) > 0 {
+		t.Fatalf("providers survived the activation's deletion: %v", left)
+	}
+	if left := c.hostProviderProcesses(t); len(left) > 0 {
+		t.Fatalf("providers survived the activation's deletion (seen from the host's cgroups): %v", left)
+	}
+	var gens iteronv1.GenerationList
+	if err := c.client.List(context.Background(), &gens, client.InNamespace(ns)); err != nil {
+		t.Fatal(err)
+	}
+	for _, g := range gens.Items {
+		if g.Spec.ActivationName == name {
+			t.Fatalf("Generation %s is left after the deletion", g.Name)
+		}
+	}
+	t.Logf("deleting the activation reaped every provider: %d in the pod (%d seen from the host) before, none after; the pod runs:\n  %s",
+		len(providers), len(hostBefore), strings.Join(procs, "\n  "))
+}
+
+// hostProviderProcesses lists, on a local node, the processes of uid 65534
+// in the node's pod cgroups, as this machine sees them (host pids).
+func (c *cluster) hostProviderProcesses(t *testing.T) []string {
+	t.Helper()
+	if c.local == nil {
+		return nil
+	}
+	procs, err := c.local.PodProcesses()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, p := range procs {
+		if p.UID == 65534 {
+			out = append(out, fmt.Sprintf("%d %s", p.Pid, p.Cmdline))
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// teardownLocal stops the local node after reading its packet counters, and
+// checks that nothing it started is left.
+func (c *cluster) teardownLocal(t *testing.T, sysctlsBefore map[string]string) {
+	if c.local == nil {
+		return
+	}
+	n := c.local
+	// A positive control: one loopback connection of this process, which
+	// the "test-to-loopback" rule must count (so the rules see this
+	// process's sockets at all).
+	if lis, err := net.Listen("tcp", "127.0.0.1:0"); err == nil {
+		if conn, err := net.Dial("tcp", lis.Addr().String()); err == nil {
+			_, _ = conn.Write([]byte("probe"))
+			conn.Close()
+		}
+		lis.Close()
+	}
+	counters, text, cerr := n.PacketCounters()
+	if t.Failed() {
+		t.Logf("the test failed: the node's state before teardown:%s", c.diagnostics())
+	}
+	if err := n.Stop(); err != nil {
+		t.Errorf("teardown of the local node: %v", err)
+	}
+	if cerr != nil {
+		t.Errorf("packet counters: %v", cerr)
+	} else {
+		t.Logf("nft counters in the root network namespace (this test's sockets, and any packet to or from the node's ranges):\n%s", text)
+		if counters["test-to-loopback"] == 0 {
+			t.Errorf("the loopback probe was not counted: the counting rules do not see this test's sockets")
+		}
+		for _, k := range []string{"test-to-elsewhere", "test-to-elsewhere6", "any-to-node-ranges", "forwarded-from-node-ranges", "forwarded-to-node-ranges"} {
+			if counters[k] != 0 {
+				t.Errorf("%d packets counted by %q in the root network namespace: this test sent traffic outside loopback", counters[k], k)
+			}
+		}
+	}
+	left, err := n.Leftovers()
+	if err != nil {
+		t.Errorf("check for leftovers: %v", err)
+	}
+	for _, l := range left {
+		t.Errorf("left after teardown: %s", l)
+	}
+	after := localnode.ReadSysctls()
+	var names []string
+	for k := range sysctlsBefore {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	var b strings.Builder
+	for _, k := range names {
+		fmt.Fprintf(&b, "  %-50s before %-10s after %s\n", k, sysctlsBefore[k], after[k])
+		if after[k] != sysctlsBefore[k] {
+			t.Errorf("sysctl %s is %s after the test, was %s", k, after[k], sysctlsBefore[k])
+		}
+	}
+	t.Logf("after teardown: no process, mount, cgroup, network namespace, nft table or host file of the node is left; sysctls:\n%s", b.String())
+}
