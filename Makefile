@@ -60,6 +60,10 @@ build: ## Build the manager and the kubectl plugin into bin/.
 controlplane: ## Build etcd, kube-apiserver and kubectl v1.37.2 into bin/k8s (once; from the Go module proxy).
 	hack/build-controlplane.sh
 
+.PHONY: registry
+registry: ## Build the CNCF distribution registry (hack/registry/go.mod's version) into bin/registry (once; Go module proxy).
+	REGISTRY_BIN=$(BIN_DIR)/registry hack/build-registry.sh
+
 .PHONY: node
 node: ## Build kubelet, controller-manager, scheduler, kube-proxy v1.37.2, containerd, runc and CNI into bin/node (once; Go module proxy; Debian packages it needs).
 	NODE_BIN_DIR=$(NODE_BIN_DIR) hack/build-node.sh
@@ -71,7 +75,7 @@ image: ## Build the manager's image (and the local node's pause image) without D
 ##@ Test
 
 .PHONY: test
-test: controlplane node verify-generated vet ## Unit tests, envtest suites against the real API server, the e2e suite and the DaemonSet on a real node (test/node).
+test: controlplane node registry verify-generated vet ## Unit tests, envtest suites against the real API server, the e2e suite and the DaemonSet on a real node (test/node).
 	@gofmt_out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$gofmt_out" ]; then echo "gofmt would change: $$gofmt_out"; exit 1; fi
 	GO_TEST_FLAGS="$(GO_TEST_FLAGS)" hack/test.sh ./...
 
@@ -91,7 +95,7 @@ e2e-node: controlplane node ## The DaemonSet on a real local node (test/node) al
 ##@ Run
 
 .PHONY: demo
-demo: ## The guided demo: a local control plane, the manager, an activation, a call, a stateful hot swap, the ledger.
+demo: controlplane registry ## The guided demo: a local control plane and registry, providers pushed as OCI artifacts, the manager, an activation by digest, a call, a stateful hot swap, the ledger.
 	$(GO) run ./hack/demo
 
 .PHONY: clean

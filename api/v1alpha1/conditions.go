@@ -47,6 +47,8 @@ const (
 	ReasonQueueFull             = "QueueFull"
 	ReasonLedgerUnwritable      = "LedgerUnwritable"
 	ReasonRecovering            = "Recovering"
+	ReasonArtifactUnavailable   = "ArtifactUnavailable"
+	ReasonArtifactRefused       = "ArtifactRefused"
 
 	// ReasonNotImplemented is set while a reconciler has nothing to act with.
 	ReasonNotImplemented = "NotImplemented"

@@ -70,6 +70,14 @@ const (
 	// Recovering: the manager restarted and has not yet recovered this
 	// node's activations; the call may be retried.
 	Recovering = "recovering"
+	// ArtifactUnavailable: an OCI source could not be pulled for a reason
+	// that may pass (registry unreachable, 5xx, timeout, a truncated
+	// download, a full artifact store); retried with backoff while what
+	// served keeps serving.
+	ArtifactUnavailable = "artifact_unavailable"
+	// ArtifactRefused: the registry refused the pull (401, 403, 404); not
+	// retried until the spec or the registry credentials change.
+	ArtifactRefused = "artifact_refused"
 )
 
 // Reasons that describe a call or its caller rather than a module: only the
@@ -166,6 +174,10 @@ var table = []Reason{
 		Meaning: "the module's bounded call queue is full"},
 	{Code: Recovering, GRPC: codes.Unavailable,
 		Meaning: "the manager restarted and has not yet recovered this node's activations; retry"},
+	{Code: ArtifactUnavailable, GRPC: codes.Unavailable,
+		Meaning: "an OCI source could not be pulled for a reason that may pass (registry unreachable, 5xx, timeout, truncated download, artifact store full); retried with backoff, what served keeps serving; the message names the registry error"},
+	{Code: ArtifactRefused, GRPC: codes.FailedPrecondition, Stalling: true,
+		Meaning: "the registry refused the pull (401, 403, 404); not retried until the spec or the registry credentials change; what served keeps serving"},
 	{Code: InvalidRequest, GRPC: codes.InvalidArgument, Caller: true,
 		Meaning: "a field of the request is missing or malformed"},
 	{Code: NotFound, GRPC: codes.NotFound, Caller: true,

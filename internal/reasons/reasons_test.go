@@ -51,7 +51,8 @@ func TestConditionReasonsAreTheAPIConstants(t *testing.T) {
 		DeadlineExceeded: iteronv1.ReasonDeadlineExceeded, CleanupFailed: iteronv1.ReasonCleanupFailed,
 		RollbackFailed: iteronv1.ReasonRollbackFailed, LedgerCorrupt: iteronv1.ReasonLedgerCorrupt,
 		LedgerUnwritable: iteronv1.ReasonLedgerUnwritable, QueueFull: iteronv1.ReasonQueueFull,
-		Recovering: iteronv1.ReasonRecovering,
+		Recovering: iteronv1.ReasonRecovering, ArtifactUnavailable: iteronv1.ReasonArtifactUnavailable,
+		ArtifactRefused: iteronv1.ReasonArtifactRefused,
 	}
 	for _, r := range All() {
 		if r.Caller {
@@ -89,6 +90,8 @@ func TestTheDesignTableHolds(t *testing.T) {
 		{LedgerUnwritable, iteronv1.ReasonLedgerUnwritable, BlockProvider, true, codes.Unavailable, codes.Unavailable, true},
 		{QueueFull, iteronv1.ReasonQueueFull, "", false, codes.ResourceExhausted, codes.ResourceExhausted, false},
 		{Recovering, iteronv1.ReasonRecovering, "", false, codes.Unavailable, codes.Unavailable, false},
+		{ArtifactUnavailable, iteronv1.ReasonArtifactUnavailable, "", false, codes.Unavailable, codes.Unavailable, false},
+		{ArtifactRefused, iteronv1.ReasonArtifactRefused, "", false, codes.FailedPrecondition, codes.FailedPrecondition, true},
 		{NotFound, "", "", false, codes.NotFound, codes.NotFound, false},
 	} {
 		if got := ConditionReason(string(tc.code)); got != tc.condition {

@@ -333,3 +333,18 @@ func writeFileSync(path string, b []byte, mode os.FileMode) error {
 	defer d.Close()
 	return d.Sync()
 }
+
+// Package lays specs out as a provider directory, the input of `kubectl
+// iteron push`: dir/<implementation_id>/ is each implementation's artifact
+// root and dir/catalog.json lists them all.
+func Package(dir string, specs ...Spec) ([]Source, error) {
+	var impls []Implementation
+	for _, spec := range specs {
+		impl, err := Layout(filepath.Join(dir, spec.ImplementationID), spec)
+		if err != nil {
+			return nil, err
+		}
+		impls = append(impls, impl)
+	}
+	return WriteCatalog(filepath.Join(dir, "catalog.json"), impls...)
+}

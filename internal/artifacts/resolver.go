@@ -1,0 +1,163 @@
+package artifacts
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"iteron.dev/operator/internal/reasons"
+)
+
+// Backoff of artifact_unavailable pulls.
+const (
+	DefaultRetryBase = time.Second
+	DefaultRetryMax  = 2 * time.Minute
+	// pendingRetry is how soon a reconcile looks again at a pull in progress.
+	pendingRetry = 500 * time.Millisecond
+	// recentlyUsed is how long a resolved source is kept from GC whatever
+	// the keep set says (a reconcile between resolving a source and
+	// creating the Generation that names it).
+	recentlyUsed = 30 * time.Minute
+)
+
+// Resolver answers the manager's reconciles without blocking them: a source
+// already laid out is returned at once; otherwise one pull starts in the
+// background and the reconcile is told artifact_unavailable (pending) with
+// when to look again. A pull that failed with artifact_unavailable is tried
+// again after a backoff (RetryBase doubling to RetryMax); one refused
+// (artifact_refused, verification_failed) is not tried again until the
+// caller's token (the spec) or the registry credentials change.
+type Resolver struct {
+	p         *Puller
+	retryBase time.Duration
+	retryMax  time.Duration
+	now       func() time.Time
+	// OnDone, when set, is called after every background pull ends.
+	OnDone func(ref string)
+
+	mu     sync.Mutex
+	states map[string]*pullState
+	used   map[string]time.Time
+}
+
+type pullState struct {
+	inFlight    bool
+	err         *Error
+	failures    int
+	nextAttempt time.Time
+	// token and credentials of a refused pull.
+	token, creds string
+}
+
+// NewResolver wraps p. retryBase and retryMax of 0 take the defaults.
+func NewResolver(p *Puller, retryBase, retryMax time.Duration) *Resolver {
+	if retryBase <= 0 {
+		retryBase = DefaultRetryBase
+	}
+	if retryMax <= 0 {
+		retryMax = DefaultRetryMax
+	}
+	return &Resolver{p: p, retryBase: retryBase, retryMax: retryMax, now: time.Now, states: map[string]*pullState{}, used: map[string]time.Time{}}
+}
+
+// Store is the store the resolver pulls into.
+func (r *Resolver) Store() *Store { return r.p.Store() }
+
+// Resolve returns ref's laid-out source, or an *Error: pending or failed
+// (artifact_unavailable with RetryAfter), refused (artifact_refused or
+// verification_failed, until token or the credentials change).
+func (r *Resolver) Resolve(refString, token string) (*Layout, error) {
+	ref, err := ParseRef(refString)
+	if err != nil {
+		return nil, &Error{Code: reasons.SchemaMismatch, Ref: refString, Detail: err.Error(), Err: err}
+	}
+	if l, ok := r.p.Store().Lookup(ref.Digest); ok {
+		r.mu.Lock()
+		r.used[ref.Digest] = r.now()
+		delete(r.states, ref.Digest)
+		r.mu.Unlock()
+		return l, nil
+	}
+	creds := r.p.CredentialsVersion()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	st := r.states[ref.Digest]
+	if st == nil {
+		st = &pullState{}
+		r.states[ref.Digest] = st
+	}
+	now := r.now()
+	switch {
+	case st.inFlight:
+		return nil, r.pending(refString)
+	case st.err != nil && !st.err.Retryable() && st.token == token && st.creds == creds:
+		return nil, st.err
+	case st.err != nil && st.err.Retryable() && now.Before(st.nextAttempt):
+		e := *st.err
+		e.RetryAfter = st.nextAttempt.Sub(now)
+		e.Detail = fmt.Sprintf("%s (attempt %d failed; the next in %s)", st.err.Detail, st.failures, e.RetryAfter.Round(time.Millisecond))
+		return nil, &e
+	}
+	st.inFlight = true
+	go r.pull(refString, ref.Digest, token, creds)
+	return nil, r.pending(refString)
+}
+
+func (r *Resolver) pending(ref string) *Error {
+	return &Error{Code: reasons.ArtifactUnavailable, Ref: ref, Pending: true, RetryAfter: pendingRetry,
+		Detail: fmt.Sprintf("pulling %s into the artifact store", ref)}
+}
+
+func (r *Resolver) pull(refString, digest, token, creds string) {
+	_, err := r.p.Pull(context.Background(), refString)
+	r.mu.Lock()
+	st := r.states[digest]
+	st.inFlight = false
+	if err == nil {
+		delete(r.states, digest)
+		r.used[digest] = r.now()
+	} else {
+		ae, ok := err.(*Error)
+		if !ok {
+			ae = &Error{Code: reasons.ArtifactUnavailable, Ref: refString, Detail: err.Error(), Err: err}
+		}
+		st.err, st.token, st.creds = ae, token, creds
+		if ae.Retryable() {
+			st.failures++
+			delay := r.retryBase << min(st.failures-1, 20)
+			if delay > r.retryMax || delay <= 0 {
+				delay = r.retryMax
+			}
+			st.nextAttempt = r.now().Add(delay)
+		} else {
+			st.failures = 0
+		}
+	}
+	r.mu.Unlock()
+	if r.OnDone != nil {
+		r.OnDone(refString)
+	}
+}
+
+// RecentlyUsed returns the digests resolved within the grace period; GC
+// keeps them whatever else says.
+func (r *Resolver) RecentlyUsed() map[string]bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := map[string]bool{}
+	now := r.now()
+	for d, at := range r.used {
+		if now.Sub(at) > recentlyUsed {
+			delete(r.used, d)
+			continue
+		}
+		out[d] = true
+	}
+	for d, st := range r.states {
+		if st.inFlight {
+			out[d] = true
+		}
+	}
+	return out
+}

@@ -1,0 +1,339 @@
+// Package registrytest runs the real CNCF distribution registry (bin/registry,
+// built by `make registry`) on loopback for tests and the demo: filesystem
+// storage in a temporary directory, TLS from a CA generated here, htpasswd
+// auth when users are given, and its access log kept so that a test can
+// count the requests it served. The registry can be stopped and started
+// again on the same address with the same storage.
+package registrytest
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/base64"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"math/big"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/crypto/bcrypt"
+)
+
+// Options configure a registry.
+type Options struct {
+	// Dir holds its storage, configuration, certificates and log.
+	Dir string
+	// Binary is the registry binary (default: <repo>/bin/registry).
+	Binary string
+	// Users, when set, turns on htpasswd auth with these user → password.
+	Users map[string]string
+	// PlainHTTP serves without TLS (loopback only).
+	PlainHTTP bool
+}
+
+// Registry is a running (or stopped) registry.
+type Registry struct {
+	// Host is its host:port on 127.0.0.1.
+	Host string
+	// CAFile is the PEM CA that signed its certificate ("" for plain HTTP).
+	CAFile string
+	// LogFile is where its output goes.
+	LogFile string
+	// Client trusts the CA (for raw registry calls in tests).
+	Client *http.Client
+
+	o      Options
+	config string
+	mu     sync.Mutex
+	cmd    *exec.Cmd
+	done   chan struct{}
+}
+
+// RepoRoot finds the repository root from the working directory.
+func RepoRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if data, err := os.ReadFile(filepath.Join(dir, "go.mod")); err == nil && bytes.HasPrefix(data, []byte("module iteron.dev/operator\n")) {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("registrytest: not inside the iteron-operator repository")
+		}
+		dir = parent
+	}
+}
+
+// Start writes the configuration and starts the registry, waiting until it
+// answers /v2/.
+func Start(ctx context.Context, o Options) (*Registry, error) {
+	if o.Binary == "" {
+		root, err := RepoRoot()
+		if err != nil {
+			return nil, err
+		}
+		o.Binary = filepath.Join(root, "bin", "registry")
+	}
+	if _, err := os.Stat(o.Binary); err != nil {
+		return nil, fmt.Errorf("registrytest: %s: %w (run `make registry`)", o.Binary, err)
+	}
+	if err := os.MkdirAll(o.Dir, 0o755); err != nil {
+		return nil, err
+	}
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	r := &Registry{Host: fmt.Sprintf("127.0.0.1:%d", port), LogFile: filepath.Join(o.Dir, "registry.log"), o: o, config: filepath.Join(o.Dir, "config.yml")}
+	cfg := fmt.Sprintf(`version: 0.1
+log:
+  level: info
+  formatter: json
+  accesslog:
+    disabled: false
+storage:
+  filesystem:
+    rootdirectory: %s
+  delete:
+    enabled: true
+  maintenance:
+    uploadpurging:
+      enabled: false
+http:
+  addr: %s
+  draintimeout: 1s
+`, filepath.Join(o.Dir, "storage"), r.Host)
+	r.Client = &http.Client{Timeout: 30 * time.Second}
+	if !o.PlainHTTP {
+		caPEM, certPEM, keyPEM, err := certificates()
+		if err != nil {
+			return nil, err
+		}
+		r.CAFile = filepath.Join(o.Dir, "ca.pem")
+		for name, data := range map[string][]byte{"ca.pem": caPEM, "cert.pem": certPEM, "key.pem": keyPEM} {
+			if err := os.WriteFile(filepath.Join(o.Dir, name), data, 0o600); err != nil {
+				return nil, err
+			}
+		}
+		if err := os.Chmod(r.CAFile, 0o644); err != nil {
+			return nil, err
+		}
+		cfg += fmt.Sprintf("  tls:\n    certificate: %s\n    key: %s\n", filepath.Join(o.Dir, "cert.pem"), filepath.Join(o.Dir, "key.pem"))
+		pool := x509.NewCertPool()
+		pool.AppendCertsFromPEM(caPEM)
+		r.Client.Transport = &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}}
+	}
+	if len(o.Users) > 0 {
+		var lines []string
+		for u, p := range o.Users {
+			h, err := bcrypt.GenerateFromPassword([]byte(p), bcrypt.MinCost)
+			if err != nil {
+				return nil, err
+			}
+			lines = append(lines, u+":"+string(h))
+		}
+		htpasswd := filepath.Join(o.Dir, "htpasswd")
+		if err := os.WriteFile(htpasswd, []byte(strings.Join(lines, "\n")+"\n"), 0o600); err != nil {
+			return nil, err
+		}
+		cfg += fmt.Sprintf("auth:\n  htpasswd:\n    realm: iteron-test\n    path: %s\n", htpasswd)
+	}
+	if err := os.WriteFile(r.config, []byte(cfg), 0o600); err != nil {
+		return nil, err
+	}
+	if err := r.Restart(ctx); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// URL is the registry's base URL.
+func (r *Registry) URL() string {
+	if r.o.PlainHTTP {
+		return "http://" + r.Host
+	}
+	return "https://" + r.Host
+}
+
+// Restart starts the registry again (after Stop) on the same address and
+// storage, and waits until it answers.
+func (r *Registry) Restart(ctx context.Context) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.cmd != nil {
+		return errors.New("registrytest: already running")
+	}
+	logf, err := os.OpenFile(r.LogFile, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(r.o.Binary, "serve", r.config)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.Env = []string{"PATH=/usr/bin:/bin", "OTEL_TRACES_EXPORTER=none", "OTEL_SDK_DISABLED=true"}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return err
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); logf.Close(); close(done) }()
+	r.cmd, r.done = cmd, done
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := r.Client.Get(r.URL() + "/v2/")
+		if err == nil {
+			resp.Body.Close()
+			return nil
+		}
+		select {
+		case <-done:
+			return fmt.Errorf("registrytest: the registry exited at start; its log:\n%s", r.Log())
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("registrytest: the registry did not answer within 30s: %v; its log:\n%s", err, r.Log())
+		}
+	}
+}
+
+// Stop kills the registry (SIGKILL to the process it started: a registry
+// that vanishes mid-transfer) and waits for it to exit.
+func (r *Registry) Stop() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.cmd == nil {
+		return
+	}
+	_ = syscall.Kill(-r.cmd.Process.Pid, syscall.SIGKILL)
+	<-r.done
+	r.cmd = nil
+}
+
+// Log returns the registry's output so far.
+func (r *Registry) Log() string {
+	data, _ := os.ReadFile(r.LogFile)
+	return string(data)
+}
+
+var accessLine = regexp.MustCompile(`"(GET|HEAD|PUT|POST|PATCH|DELETE) (/v2/[^ ]*) HTTP/[0-9.]+" ([0-9]{3}) `)
+
+// Request is one request of the access log.
+type Request struct {
+	Method, Path string
+	Status       int
+}
+
+// Requests parses the access log: every request the registry answered.
+func (r *Registry) Requests() []Request {
+	var out []Request
+	sc := bufio.NewScanner(strings.NewReader(r.Log()))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		m := accessLine.FindStringSubmatch(sc.Text())
+		if m == nil {
+			continue
+		}
+		var status int
+		fmt.Sscan(m[3], &status)
+		out = append(out, Request{Method: m[1], Path: m[2], Status: status})
+	}
+	return out
+}
+
+// Count counts the requests whose method is method ("" any) and whose path
+// contains sub.
+func (r *Registry) Count(method, sub string) int {
+	n := 0
+	for _, q := range r.Requests() {
+		if (method == "" || q.Method == method) && strings.Contains(q.Path, sub) {
+			n++
+		}
+	}
+	return n
+}
+
+// DockerConfig writes a docker config.json with user:password for this
+// registry to path.
+func (r *Registry) DockerConfig(path, user, password string) error {
+	auth := base64.StdEncoding.EncodeToString([]byte(user + ":" + password))
+	data, err := json.Marshal(map[string]any{"auths": map[string]any{r.Host: map[string]string{"auth": auth}}})
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, data, 0o600)
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// certificates makes a CA and a server certificate for 127.0.0.1 and
+// localhost signed by it.
+func certificates() (caPEM, certPEM, keyPEM []byte, err error) {
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	now := time.Now()
+	ca := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "iteron test registry CA"},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
+	}
+	caDER, err := x509.CreateCertificate(rand.Reader, ca, ca, &caKey.PublicKey, caKey)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	leaf := &x509.Certificate{
+		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "127.0.0.1"},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP("::1")}, DNSNames: []string{"localhost"},
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	caCert, err := x509.ParseCertificate(caDER)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	der, err := x509.CreateCertificate(rand.Reader, leaf, caCert, &key.PublicKey, caKey)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	keyDER, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}),
+		pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
+		pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), nil
+}
