@@ -70,6 +70,7 @@ func (r *ActivationReconciler) reconcileResolve(ctx context.Context, s *activati
 	}
 	s.res = r.Resolve(ctx, &s.act.Spec)
 	s.resolved = true
+	s.requeueWithin(s.res.RetryAfter)
 	return nil
 }
 
@@ -552,11 +553,19 @@ func (r *ActivationReconciler) summarize(s *activationScope, reconcileErr error)
 	}
 	switch {
 	case s.haveStatus && (st.Busy || st.AppliedSpecGeneration < act.Generation && !act.Spec.Paused):
-		s.requeueAfter = 10 * time.Second
+		s.requeueWithin(10 * time.Second)
 	case s.lagging != "":
 		// The Generation controller's status write requeues this one too;
 		// look again soon in case that event is missed.
-		s.requeueAfter = 2 * time.Second
+		s.requeueWithin(2 * time.Second)
+	}
+}
+
+// requeueWithin asks for another reconcile within d (the soonest request
+// wins: an OCI pull in progress asks for less than a busy coordinator).
+func (s *activationScope) requeueWithin(d time.Duration) {
+	if d > 0 && (s.requeueAfter == 0 || d < s.requeueAfter) {
+		s.requeueAfter = d
 	}
 }
 

@@ -1,6 +1,8 @@
 package controllers
 
 import (
+	"time"
+
 	"iteron.dev/operator/internal/activation"
 )
 
@@ -19,6 +21,9 @@ type Resolution struct {
 	ActivateOrder []string
 	// DrainOrder is its reverse.
 	DrainOrder []string
+	// RetryAfter, when set, asks for another reconcile then: an OCI source
+	// is being pulled or waits for its next attempt (artifact_unavailable).
+	RetryAfter time.Duration
 }
 
 // ResolvedModule is one module of a resolution.

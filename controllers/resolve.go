@@ -3,9 +3,11 @@ package controllers
 import (
 	"context"
 	"errors"
+	"time"
 
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
 	"iteron.dev/operator/internal/activation"
+	"iteron.dev/operator/internal/artifacts"
 	"iteron.dev/operator/internal/graph"
 	"iteron.dev/operator/internal/reasons"
 )
@@ -28,7 +30,7 @@ func NewResolver(v *activation.Verifier) func(context.Context, *iteronv1.Impleme
 		for _, vs := range res.Verified() {
 			plans[vs.Module] = vs
 		}
-		out := Resolution{ActivateOrder: ev.ActivateOrder, DrainOrder: ev.DrainOrder}
+		out := Resolution{ActivateOrder: ev.ActivateOrder, DrainOrder: ev.DrainOrder, RetryAfter: retryAfter(res)}
 		for _, ms := range ev.Modules {
 			rm := ResolvedModule{Module: ms.Module, Epoch: ms.Epoch, Identity: ms.Identity, DependsOn: ms.DependsOn, Code: ms.Reason, Message: ms.Message}
 			if vs, ok := plans[ms.Module]; ok {
@@ -42,6 +44,19 @@ func NewResolver(v *activation.Verifier) func(context.Context, *iteronv1.Impleme
 		}
 		return out
 	}
+}
+
+// retryAfter is when the soonest OCI source still being pulled, or waiting
+// for its next attempt, should be looked at again (0 when none is).
+func retryAfter(res *activation.Result) time.Duration {
+	var soonest time.Duration
+	for _, f := range res.Failed() {
+		var ae *artifacts.Error
+		if errors.As(f.Err, &ae) && ae.Retryable() && ae.RetryAfter > 0 && (soonest == 0 || ae.RetryAfter < soonest) {
+			soonest = ae.RetryAfter
+		}
+	}
+	return soonest
 }
 
 func codeOrDefault(err error, fallback string) string {

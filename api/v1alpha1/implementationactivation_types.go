@@ -45,6 +45,7 @@ const (
 
 // ActivationSource selects the implementation that fills one module, pinned by
 // digest. It is the family's activation-document source in camelCase.
+// +kubebuilder:validation:XValidation:rule="has(self.oci) ? !has(self.catalogPath) && !has(self.artifactRoot) : has(self.catalogPath) && has(self.artifactRoot)",message="give either catalogPath and artifactRoot, or oci, not both"
 type ActivationSource struct {
 	// module is the module this source fills, in snake_case (for example
 	// prompt_system). At most one source per module.
@@ -64,19 +65,27 @@ type ActivationSource struct {
 
 	// catalogPath is the absolute, canonical path of the catalog file on the
 	// node. It must lie under the manager's allowed roots and contain no
-	// symlink.
-	// +required
+	// symlink. Give it with artifactRoot, or give oci instead of both.
+	// +optional
 	// +kubebuilder:validation:MaxLength=512
 	// +kubebuilder:validation:XValidation:rule=`self.matches('^(/[^/\\x00]+)+$') && !self.matches('(^|/)[.][.]?(/|$)')`,message="must be an absolute, clean path: no empty, '.' or '..' segment, no trailing '/', not '/' alone"
-	CatalogPath string `json:"catalogPath"`
+	CatalogPath string `json:"catalogPath,omitempty"`
 
 	// artifactRoot is the absolute, canonical directory holding the
 	// executable; the provider runs with it as its working directory. It must
-	// lie under the manager's allowed roots and contain no symlink.
-	// +required
+	// lie under the manager's allowed roots and contain no symlink. Give it
+	// with catalogPath, or give oci instead of both.
+	// +optional
 	// +kubebuilder:validation:MaxLength=512
 	// +kubebuilder:validation:XValidation:rule=`self.matches('^(/[^/\\x00]+)+$') && !self.matches('(^|/)[.][.]?(/|$)')`,message="must be an absolute, clean path: no empty, '.' or '..' segment, no trailing '/', not '/' alone"
-	ArtifactRoot string `json:"artifactRoot"`
+	ArtifactRoot string `json:"artifactRoot,omitempty"`
+
+	// oci pulls the catalog and the executable from an OCI registry instead
+	// of reading catalogPath and artifactRoot on the node: the manager pulls
+	// the artifact by digest into its artifact store and verifies it as it
+	// verifies files (manifestSHA256 and artifactSHA256 still pin the bytes).
+	// +optional
+	OCI *OCISource `json:"oci,omitempty"`
 
 	// manifestSHA256 pins the selected manifest: "sha256:" and the lowercase
 	// hex digest of its canonical encoding.
@@ -91,6 +100,18 @@ type ActivationSource struct {
 	// +kubebuilder:validation:MaxLength=71
 	// +kubebuilder:validation:Pattern=`^sha256:[0-9a-f]{64}$`
 	ArtifactSHA256 string `json:"artifactSHA256"`
+}
+
+// OCISource names a provider artifact in an OCI registry, pinned by digest.
+type OCISource struct {
+	// ref is the artifact: <registry>/<repository>@sha256:<64 hex> (a tag
+	// may stand before the digest; the digest decides). A tag alone is
+	// refused: what runs must be pinned.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=512
+	// +kubebuilder:validation:XValidation:rule=`self.matches('^[^@\\s]+@sha256:[0-9a-f]{64}$')`,message="must pin a digest: <registry>/<repository>@sha256:<64 lowercase hex>; a tag alone is refused"
+	Ref string `json:"ref"`
 }
 
 // SwapPolicy bounds and shapes every transaction of the activation.

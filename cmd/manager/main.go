@@ -63,6 +63,7 @@ func run(args []string, stderr io.Writer) int {
 		ProviderUID: opts.providerUID, ProviderGID: opts.providerGID, CapabilityCeiling: opts.capabilityCeiling,
 		MetricsBindAddress: opts.metricsBindAddress, HealthProbeBindAddress: opts.healthProbeBindAddress,
 		Gateway:    &app.GatewayOptions{Socket: opts.gatewaySocket, Group: opts.gatewayGroup, Allow: opts.gatewayAllow},
+		Artifacts:  &opts.artifacts,
 		AfterPhase: faultInjection(os.Getenv(faultKillAfterEnv)),
 		Log:        ctrl.Log,
 	})
@@ -73,7 +74,7 @@ func run(args []string, stderr io.Writer) int {
 	if len(m.Swept.Killed) > 0 || m.Swept.Stale > 0 {
 		log.Info("swept provider groups left by an earlier manager", "killed", len(m.Swept.Killed), "stale", m.Swept.Stale)
 	}
-	log.Info("starting", "node", opts.nodeName, "stateDir", opts.stateDir, "allowedRoots", opts.allowedRoots, "capabilityCeiling", opts.capabilityCeiling)
+	log.Info("starting", "node", opts.nodeName, "stateDir", opts.stateDir, "allowedRoots", opts.allowedRoots, "artifactStore", opts.artifacts.Store, "capabilityCeiling", opts.capabilityCeiling)
 	if err := m.Run(ctrl.SetupSignalHandler()); err != nil {
 		fmt.Fprintln(stderr, "manager:", err)
 		return exitFailure

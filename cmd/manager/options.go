@@ -12,7 +12,9 @@ import (
 	"strings"
 
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
+	"iteron.dev/operator/cmd/manager/app"
 	"iteron.dev/operator/internal/activation"
+	"iteron.dev/operator/internal/artifacts"
 	"iteron.dev/operator/internal/gateway"
 )
 
@@ -31,6 +33,7 @@ type options struct {
 	gatewayGroup           int
 	gatewayAllow           gateway.Allow
 	capabilityCeiling      []string
+	artifacts              app.ArtifactOptions
 }
 
 // maxSocketPath is the longest unix socket path Linux accepts (sun_path is
@@ -68,6 +71,14 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.gatewayGroup, "gateway-group", 0, "group owning the gateway socket (mode 0660): the callers' group")
 	fs.Var(&gatewayAllowValues, "gateway-allow", "repeatable: uid:<n>=<ns>[,<ns>...] or gid:<n>=<ns>[,<ns>...]; '*' is every namespace")
 	fs.StringVar(&ceiling, "capability-ceiling", "read_only,reversible_local", "comma-separated capabilities this node admits at most")
+	a := &o.artifacts
+	fs.StringVar(&a.Store, "artifact-store", artifacts.DefaultStore, "content-addressed store OCI sources are pulled into (its own directory: may not overlap --state-dir or --allowed-roots)")
+	fs.Int64Var(&a.MaxBytes, "artifact-store-max-bytes", artifacts.DefaultMaxStoreBytes, "bound of the whole artifact store in bytes")
+	fs.StringVar(&a.RegistryConfig, "registry-config", "", "docker config.json with registry credentials (optional; read again when it changes)")
+	fs.StringVar(&a.RegistryCA, "registry-ca", "", "PEM bundle of CAs trusted for registries besides the system's")
+	fs.BoolVar(&a.PlainHTTP, "registry-plain-http", false, "reach loopback registries (127.0.0.0/8, ::1, localhost) over plain HTTP; every other registry is always HTTPS")
+	fs.DurationVar(&a.PullTimeout, "artifact-pull-timeout", artifacts.DefaultPullTimeout, "bound of one pull")
+	fs.DurationVar(&a.GCInterval, "artifact-gc-interval", app.DefaultArtifactGCInterval, "how often unreferenced artifacts are collected; 0 never")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -87,6 +98,33 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	for _, root := range o.allowedRoots {
 		if within(root, o.stateDir) || within(o.stateDir, root) {
 			return nil, &flagError{"allowed-roots", roots, fmt.Sprintf("%s overlaps --state-dir %s: a provider could read or replace the ledger", root, o.stateDir)}
+		}
+	}
+	if err := checkAbsoluteClean("artifact-store", a.Store); err != nil {
+		return nil, err
+	}
+	if within(a.Store, o.stateDir) || within(o.stateDir, a.Store) {
+		return nil, &flagError{"artifact-store", a.Store, fmt.Sprintf("overlaps --state-dir %s: the store is a provider's artifact root", o.stateDir)}
+	}
+	for _, root := range o.allowedRoots {
+		if within(root, a.Store) || within(a.Store, root) {
+			return nil, &flagError{"artifact-store", a.Store, fmt.Sprintf("overlaps --allowed-roots %s: only the manager writes the store (it is an allowed root of OCI sources by construction)", root)}
+		}
+	}
+	if a.MaxBytes <= 0 {
+		return nil, &flagError{"artifact-store-max-bytes", strconv.FormatInt(a.MaxBytes, 10), "must be positive"}
+	}
+	if a.PullTimeout <= 0 {
+		return nil, &flagError{"artifact-pull-timeout", a.PullTimeout.String(), "must be positive"}
+	}
+	if a.GCInterval < 0 {
+		return nil, &flagError{"artifact-gc-interval", a.GCInterval.String(), "must not be negative"}
+	}
+	for _, f := range []struct{ name, value string }{{"registry-config", a.RegistryConfig}, {"registry-ca", a.RegistryCA}} {
+		if f.value != "" {
+			if err := checkAbsoluteClean(f.name, f.value); err != nil {
+				return nil, err
+			}
 		}
 	}
 	if o.interpreters, err = parsePathList("interpreters", interpreters); err != nil {

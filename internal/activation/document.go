@@ -1,6 +1,9 @@
 package activation
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
 	"slices"
 
 	"github.com/go-json-experiment/json/jsontext"
@@ -48,7 +51,13 @@ type Source struct {
 	ManifestSHA256 string
 	// ArtifactSHA256 pins the executable's bytes ("sha256:…").
 	ArtifactSHA256 string
+	// OCIRef, instead of CatalogPath and ArtifactRoot, names the provider
+	// artifact to pull by digest (our extension, spec/wire.md §3).
+	OCIRef string
 }
+
+// HasOCI reports whether the source is pulled from a registry.
+func (s Source) HasOCI() bool { return s.OCIRef != "" }
 
 // Document is the one internal form of an activation, whichever way it
 // arrived: a raw JSON document or an ImplementationActivation spec.
@@ -67,6 +76,9 @@ type Document struct {
 	// absent[i] has bit k set when source i lacked member k (raw form only),
 	// so that its error says "required field missing".
 	absent []uint8
+	// both lists the sources that gave oci and a path (raw form only: an
+	// empty path is indistinguishable from an absent one in a spec).
+	both []int
 }
 
 type documentWire struct {
@@ -76,12 +88,18 @@ type documentWire struct {
 }
 
 type sourceWire struct {
-	Module           *string `json:"module"`
-	ImplementationID *string `json:"implementation_id"`
-	CatalogPath      *string `json:"catalog_path"`
-	ArtifactRoot     *string `json:"artifact_root"`
-	ManifestSHA256   *string `json:"manifest_sha256"`
-	ArtifactSHA256   *string `json:"artifact_sha256"`
+	Module           *string  `json:"module"`
+	ImplementationID *string  `json:"implementation_id"`
+	CatalogPath      *string  `json:"catalog_path"`
+	ArtifactRoot     *string  `json:"artifact_root"`
+	ManifestSHA256   *string  `json:"manifest_sha256"`
+	ArtifactSHA256   *string  `json:"artifact_sha256"`
+	OCI              *ociWire `json:"oci"`
+}
+
+// ociWire is a raw source's "oci" member (our extension).
+type ociWire struct {
+	Ref *string `json:"ref"`
 }
 
 // Member names of a source, by form.
@@ -92,11 +110,12 @@ const (
 	keyArtifactRoot
 	keyManifestSHA256
 	keyArtifactSHA256
+	keyOCIRef
 )
 
-var sourceKeys = [2][6]string{
-	FormDocument: {"module", "implementation_id", "catalog_path", "artifact_root", "manifest_sha256", "artifact_sha256"},
-	FormSpec:     {"module", "implementationID", "catalogPath", "artifactRoot", "manifestSHA256", "artifactSHA256"},
+var sourceKeys = [2][7]string{
+	FormDocument: {"module", "implementation_id", "catalog_path", "artifact_root", "manifest_sha256", "artifact_sha256", "oci.ref"},
+	FormSpec:     {"module", "implementationID", "catalogPath", "artifactRoot", "manifestSHA256", "artifactSHA256", "oci.ref"},
 }
 
 func (d *Document) sourcesField() string {
@@ -149,9 +168,19 @@ func ParseDocument(data []byte) (*Document, error) {
 	doc.Sources = make([]Source, len(*w.Sources))
 	doc.absent = make([]uint8, len(*w.Sources))
 	for i, s := range *w.Sources {
-		// A missing member fails that source alone, naming the member.
+		// A missing member fails that source alone, naming the member. A
+		// source with "oci" has no paths (and one with paths no "oci"); one
+		// with both, or "oci" without its ref, fails the same way.
+		var ref *string
+		if s.OCI != nil {
+			ref = s.OCI.Ref
+			if ref == nil {
+				ref = new(string)
+				doc.absent[i] |= 1 << keyOCIRef
+			}
+		}
 		for k, p := range []*string{s.Module, s.ImplementationID, s.CatalogPath, s.ArtifactRoot, s.ManifestSHA256, s.ArtifactSHA256} {
-			if p == nil {
+			if p == nil && (s.OCI == nil || (k != keyCatalogPath && k != keyArtifactRoot)) {
 				doc.absent[i] |= 1 << k
 			}
 		}
@@ -159,12 +188,23 @@ func ParseDocument(data []byte) (*Document, error) {
 			Module: deref(s.Module), ImplementationID: deref(s.ImplementationID),
 			CatalogPath: deref(s.CatalogPath), ArtifactRoot: deref(s.ArtifactRoot),
 			ManifestSHA256: deref(s.ManifestSHA256), ArtifactSHA256: deref(s.ArtifactSHA256),
+			OCIRef: deref(ref),
+		}
+		if s.OCI != nil && (s.CatalogPath != nil || s.ArtifactRoot != nil) {
+			doc.both = append(doc.both, i)
 		}
 	}
 	if err := doc.Check(); err != nil {
 		return nil, err
 	}
 	return doc, nil
+}
+
+func growAbsent(a []uint8, n int) []uint8 {
+	if len(a) < n {
+		a = append(a, make([]uint8, n-len(a))...)
+	}
+	return a
 }
 
 func deref(p *string) string {
@@ -189,6 +229,16 @@ func DocumentFromSpec(spec *v1alpha1.ImplementationActivationSpec) (*Document, e
 			Module: s.Module, ImplementationID: s.ImplementationID, CatalogPath: s.CatalogPath,
 			ArtifactRoot: s.ArtifactRoot, ManifestSHA256: s.ManifestSHA256, ArtifactSHA256: s.ArtifactSHA256,
 		}
+		if s.OCI != nil {
+			doc.Sources[i].OCIRef = s.OCI.Ref
+			if s.OCI.Ref == "" {
+				doc.absent = growAbsent(doc.absent, len(spec.Sources))
+				doc.absent[i] |= 1 << keyOCIRef
+			}
+			if s.CatalogPath != "" || s.ArtifactRoot != "" {
+				doc.both = append(doc.both, i)
+			}
+		}
 	}
 	if spec.CapabilityCeiling != nil {
 		doc.CapabilityCeiling = make([]string, 0, len(spec.CapabilityCeiling))
@@ -203,12 +253,23 @@ func DocumentFromSpec(spec *v1alpha1.ImplementationActivationSpec) (*Document, e
 	return doc, nil
 }
 
+// token identifies the document's selection for the artifact resolver: a
+// refused pull is not tried again until it changes.
+func (d *Document) token() string {
+	h := sha256.New()
+	fmt.Fprintf(h, "%s\n", d.CandidateSHA256)
+	for _, s := range d.Sources {
+		fmt.Fprintf(h, "%q %q %q %q %q %q %q\n", s.Module, s.ImplementationID, s.CatalogPath, s.ArtifactRoot, s.ManifestSHA256, s.ArtifactSHA256, s.OCIRef)
+	}
+	return "sha256:" + hex.EncodeToString(h.Sum(nil))
+}
+
 // missingMember returns the first member source i lacked in the raw form.
 func (d *Document) missingMember(i int) (key int, ok bool) {
 	if i >= len(d.absent) || d.absent[i] == 0 {
 		return 0, false
 	}
-	for k := range 6 {
+	for k := range len(sourceKeys[0]) {
 		if d.absent[i]&(1<<k) != 0 {
 			return k, true
 		}
@@ -260,12 +321,17 @@ type documentOut struct {
 }
 
 type sourceOut struct {
-	Module           string `json:"module"`
-	ImplementationID string `json:"implementation_id"`
-	CatalogPath      string `json:"catalog_path"`
-	ArtifactRoot     string `json:"artifact_root"`
-	ManifestSHA256   string `json:"manifest_sha256"`
-	ArtifactSHA256   string `json:"artifact_sha256"`
+	Module           string  `json:"module"`
+	ImplementationID string  `json:"implementation_id"`
+	CatalogPath      string  `json:"catalog_path,omitempty"`
+	ArtifactRoot     string  `json:"artifact_root,omitempty"`
+	ManifestSHA256   string  `json:"manifest_sha256"`
+	ArtifactSHA256   string  `json:"artifact_sha256"`
+	OCI              *ociOut `json:"oci,omitempty"`
+}
+
+type ociOut struct {
+	Ref string `json:"ref"`
 }
 
 // MarshalDocument writes d as a raw activation document (spec/wire.md §3),
@@ -274,7 +340,13 @@ type sourceOut struct {
 func (d *Document) MarshalDocument() ([]byte, error) {
 	out := documentOut{SchemaVersion: DocumentSchemaVersion, CandidateSHA256: d.CandidateSHA256, Sources: make([]sourceOut, len(d.Sources))}
 	for i, s := range d.Sources {
-		out.Sources[i] = sourceOut(s)
+		out.Sources[i] = sourceOut{
+			Module: s.Module, ImplementationID: s.ImplementationID, CatalogPath: s.CatalogPath, ArtifactRoot: s.ArtifactRoot,
+			ManifestSHA256: s.ManifestSHA256, ArtifactSHA256: s.ArtifactSHA256,
+		}
+		if s.OCIRef != "" {
+			out.Sources[i].OCI = &ociOut{Ref: s.OCIRef}
+		}
 	}
 	b, err := strictjson.Canonical(out)
 	if err != nil {
@@ -293,10 +365,14 @@ func (d *Document) MarshalDocument() ([]byte, error) {
 func (d *Document) Spec(nodeName string) v1alpha1.ImplementationActivationSpec {
 	spec := v1alpha1.ImplementationActivationSpec{NodeName: nodeName, CandidateSHA256: d.CandidateSHA256}
 	for _, s := range d.Sources {
-		spec.Sources = append(spec.Sources, v1alpha1.ActivationSource{
+		src := v1alpha1.ActivationSource{
 			Module: s.Module, ImplementationID: s.ImplementationID, CatalogPath: s.CatalogPath,
 			ArtifactRoot: s.ArtifactRoot, ManifestSHA256: s.ManifestSHA256, ArtifactSHA256: s.ArtifactSHA256,
-		})
+		}
+		if s.OCIRef != "" {
+			src.OCI = &v1alpha1.OCISource{Ref: s.OCIRef}
+		}
+		spec.Sources = append(spec.Sources, src)
 	}
 	for _, c := range d.CapabilityCeiling {
 		spec.CapabilityCeiling = append(spec.CapabilityCeiling, v1alpha1.Capability(c))

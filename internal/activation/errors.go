@@ -39,6 +39,10 @@ var (
 	ErrModuleMismatch = errors.New("manifest module differs")
 	// ErrDigestMismatch: a manifest or artifact digest differs from the pinned one.
 	ErrDigestMismatch = errors.New("digest mismatch")
+	// ErrSourceKind: a source gives both oci and paths, or neither.
+	ErrSourceKind = errors.New("oci and paths are alternatives")
+	// ErrNoArtifactStore: an OCI source where nothing can pull it.
+	ErrNoArtifactStore = errors.New("no artifact store")
 )
 
 // Phrases of Error.Detail that tools match on: the doctor gives different

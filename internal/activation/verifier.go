@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"iteron.dev/operator/api/v1alpha1"
+	"iteron.dev/operator/internal/artifacts"
 	"iteron.dev/operator/internal/catalog"
 	"iteron.dev/operator/internal/reasons"
 	"iteron.dev/operator/pkg/protocol"
@@ -34,21 +36,33 @@ type Config struct {
 	Ceiling []string
 	// Graph is the node's seam graph; nil means the built-in graph.
 	Graph *catalog.SeamGraph
+	// Artifacts resolves OCI sources into sources laid out in an artifact
+	// store (the manager's puller); nil refuses OCI sources.
+	Artifacts ArtifactResolver
+}
+
+// ArtifactResolver resolves an OCI reference into a source laid out in an
+// artifact store (internal/artifacts). token identifies the request (the
+// document's sources): a refused pull is not tried again for the same one.
+type ArtifactResolver interface {
+	Resolve(ref, token string) (*artifacts.Layout, error)
+	Store() *artifacts.Store
 }
 
 // Verifier verifies activation documents against the files on this node. It
 // is the only minter of LaunchPlans. It holds no state between calls and is
 // safe for concurrent use.
 type Verifier struct {
-	roots   []string
-	ceiling []string
-	graph   *catalog.SeamGraph
+	roots     []string
+	ceiling   []string
+	graph     *catalog.SeamGraph
+	artifacts ArtifactResolver
 }
 
 // NewVerifier checks cfg: every allowed root an absolute canonical path,
 // every ceiling entry a capability.
 func NewVerifier(cfg Config) (*Verifier, error) {
-	v := &Verifier{graph: cfg.Graph}
+	v := &Verifier{graph: cfg.Graph, artifacts: cfg.Artifacts}
 	if v.graph == nil {
 		v.graph = catalog.BuiltinSeamGraph()
 	}
@@ -197,9 +211,10 @@ func (v *Verifier) Verify(doc *Document) (*Result, error) {
 		return nil, err
 	}
 	res := &Result{CandidateSHA256: doc.CandidateSHA256, Ceiling: catalog.NarrowCeiling(v.ceiling, doc.CapabilityCeiling)}
+	token := doc.token()
 	for i, s := range doc.Sources {
 		sr := SourceResult{Index: i, Module: s.Module, ImplementationID: s.ImplementationID}
-		sr.Verified, sr.Err = v.verifySource(doc, i, res.Ceiling)
+		sr.Verified, sr.Err = v.verifySource(doc, i, res.Ceiling, token)
 		res.Sources = append(res.Sources, sr)
 	}
 	slices.SortStableFunc(res.Sources, func(a, b SourceResult) int {
@@ -219,11 +234,45 @@ func (v *Verifier) Verify(doc *Document) (*Result, error) {
 	return res, nil
 }
 
-func (v *Verifier) verifySource(doc *Document, i int, ceiling []string) (*VerifiedSource, *Error) {
+func (v *Verifier) verifySource(doc *Document, i int, ceiling []string, token string) (*VerifiedSource, *Error) {
 	s := doc.Sources[i]
 	field := func(key int) string { return doc.sourceField(i, key) }
 	if key, ok := doc.missingMember(i); ok {
 		return nil, &Error{Field: field(key), Code: reasons.SchemaMismatch, Detail: "required field missing", Err: catalog.ErrMissingField}
+	}
+	if slices.Contains(doc.both, i) {
+		return nil, &Error{Field: catalog.Field(doc.sourceItem(i), "oci"), Code: reasons.SchemaMismatch, Err: ErrSourceKind,
+			Detail: "give either " + sourceKeys[doc.Form][keyCatalogPath] + " and " + sourceKeys[doc.Form][keyArtifactRoot] + ", or oci, not both"}
+	}
+	// Paths checks name the member the user wrote: the paths, or oci.ref
+	// for a source laid out in the artifact store.
+	pathField := field
+	roots := v.roots
+	if s.HasOCI() {
+		pathField = func(int) string { return field(keyOCIRef) }
+		if _, err := artifacts.ParseRef(s.OCIRef); err != nil {
+			return nil, failf(field(keyOCIRef), ErrInvalidValue, "%v", err)
+		}
+		if !catalog.IsImplementationID(s.ImplementationID) || !catalog.IsModuleID(s.Module) {
+			// Reported below, before anything is pulled.
+		} else if v.artifacts == nil {
+			return nil, failf(field(keyOCIRef), ErrNoArtifactStore, "%s cannot be verified here: nothing pulls it (the manager does; offline, pull it with `kubectl iteron pull %s --to DIR` and verify with --artifact-store DIR)", s.OCIRef, s.OCIRef)
+		} else {
+			layout, err := v.artifacts.Resolve(s.OCIRef, token)
+			if err != nil {
+				var ae *artifacts.Error
+				if errors.As(err, &ae) {
+					return nil, &Error{Field: field(keyOCIRef), Code: ae.Code, Detail: ae.Detail, Err: err}
+				}
+				return nil, &Error{Field: field(keyOCIRef), Code: reasons.ArtifactUnavailable, Detail: err.Error(), Err: err}
+			}
+			root, ok := layout.Root(s.ImplementationID)
+			if !ok {
+				return nil, failf(field(keyImplementationID), ErrManifestNotFound, "artifact %s carries no executable for implementation %q (it carries %s)", s.OCIRef, s.ImplementationID, strings.Join(slices.Sorted(maps.Keys(layout.Roots)), ", "))
+			}
+			s.CatalogPath, s.ArtifactRoot = layout.CatalogPath, root
+			roots = []string{v.artifacts.Store().SourcesDir()}
+		}
 	}
 
 	// The values as written.
@@ -241,10 +290,10 @@ func (v *Verifier) verifySource(doc *Document, i int, ceiling []string) (*Verifi
 		value string
 	}{{keyCatalogPath, s.CatalogPath}, {keyArtifactRoot, s.ArtifactRoot}} {
 		if reason, ok := checkCanonicalPath(p.value); !ok {
-			return nil, failf(field(p.key), ErrNotCanonical, "%q %s: paths must be absolute and canonical", p.value, reason)
+			return nil, failf(pathField(p.key), ErrNotCanonical, "%q %s: paths must be absolute and canonical", p.value, reason)
 		}
-		if !underRoots(p.value, v.roots) {
-			return nil, failf(field(p.key), ErrOutsideAllowedRoots, "%s %s (%s)", p.value, PhraseOutsideAllowedRoots, strings.Join(v.roots, ", "))
+		if !underRoots(p.value, roots) {
+			return nil, failf(pathField(p.key), ErrOutsideAllowedRoots, "%s %s (%s)", p.value, PhraseOutsideAllowedRoots, strings.Join(roots, ", "))
 		}
 	}
 	for _, d := range []struct {
@@ -259,7 +308,7 @@ func (v *Verifier) verifySource(doc *Document, i int, ceiling []string) (*Verifi
 	// The catalog: a regular file, reached through no symlink, bounded.
 	cat, err := readCatalog(s.CatalogPath)
 	if err != nil {
-		return nil, err.at(field(keyCatalogPath))
+		return nil, err.at(pathField(keyCatalogPath))
 	}
 	m, ok := cat.Lookup(s.ImplementationID)
 	if !ok {
@@ -282,7 +331,7 @@ func (v *Verifier) verifySource(doc *Document, i int, ceiling []string) (*Verifi
 	// The executable: a canonical regular file under the root, hashed.
 	executable, artifactDigest, err := hashExecutable(s.ArtifactRoot, m.Executable)
 	if err != nil {
-		return nil, err.at(field(keyArtifactRoot))
+		return nil, err.at(pathField(keyArtifactRoot))
 	}
 	if artifactDigest != s.ArtifactSHA256 {
 		return nil, failf(field(keyArtifactSHA256), ErrDigestMismatch, "executable %s hashes to %s, not %s", executable, artifactDigest, s.ArtifactSHA256)

@@ -103,7 +103,9 @@ func (s *Store) SourcesDir() string { return s.path("sources", "sha256") }
 // Used is the bytes of the blobs in the store.
 func (s *Store) Used() int64 { return s.used.Load() }
 
-func (s *Store) path(elem ...string) string { return filepath.Join(append([]string{s.root}, elem...)...) }
+func (s *Store) path(elem ...string) string {
+	return filepath.Join(append([]string{s.root}, elem...)...)
+}
 
 func (s *Store) blobPath(digest string) string {
 	return s.path("blobs", "sha256", strings.TrimPrefix(digest, "sha256:"))

@@ -30,6 +30,7 @@ import (
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
 	"iteron.dev/operator/controllers"
 	"iteron.dev/operator/internal/activation"
+	"iteron.dev/operator/internal/artifacts"
 	"iteron.dev/operator/internal/gateway"
 	"iteron.dev/operator/internal/hotswap"
 	"iteron.dev/operator/internal/procexec"
@@ -55,6 +56,8 @@ type Options struct {
 	MetricsBindAddress, HealthProbeBindAddress string
 	// Gateway, when set, serves the node-local gateway.
 	Gateway *GatewayOptions
+	// Artifacts configure OCI sources; nil takes the defaults.
+	Artifacts *ArtifactOptions
 	// AfterPhase is the coordinator's test hook (fault injection).
 	AfterPhase func(key hotswap.ActivationKey, module, phase string)
 	// Log is the manager's logger.
@@ -79,8 +82,24 @@ type Manager struct {
 	Manager ctrl.Manager
 	// Swept reports the provider groups an earlier manager left behind and
 	// that were killed before anything started.
-	Swept procexec.SweepReport
-	log   logr.Logger
+	Swept    procexec.SweepReport
+	log      logr.Logger
+	arts     *lazyArtifacts
+	gcClient client.Reader
+}
+
+// CollectArtifacts runs one artifact collection now (tests; the manager runs
+// one every --artifact-gc-interval).
+func (m *Manager) CollectArtifacts(ctx context.Context) (artifacts.GCReport, error) {
+	return (&artifactGC{a: m.arts, c: m.gcClient, log: m.log}).collect(ctx)
+}
+
+// ArtifactStore is the artifact store, once something was pulled (nil before).
+func (m *Manager) ArtifactStore() *artifacts.Store {
+	if r := m.arts.opened(); r != nil {
+		return r.Store()
+	}
+	return nil
 }
 
 // ShutdownTimeout bounds stopping every provider after the manager stops;
@@ -102,7 +121,12 @@ func New(cfg *rest.Config, o Options) (*Manager, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sweep leftover providers: %w", err)
 	}
-	verifier, err := activation.NewVerifier(activation.Config{AllowedRoots: o.AllowedRoots, Ceiling: o.CapabilityCeiling})
+	ao := ArtifactOptions{Store: artifacts.DefaultStore}
+	if o.Artifacts != nil {
+		ao = *o.Artifacts
+	}
+	arts := &lazyArtifacts{o: ao, log: log.WithName("artifacts")}
+	verifier, err := activation.NewVerifier(activation.Config{AllowedRoots: o.AllowedRoots, Ceiling: o.CapabilityCeiling, Artifacts: arts})
 	if err != nil {
 		return nil, fmt.Errorf("verifier: %w", err)
 	}
@@ -151,6 +175,9 @@ func New(cfg *rest.Config, o Options) (*Manager, error) {
 	if err := activations.SetupWithManager(mgr); err != nil {
 		return nil, fmt.Errorf("set up the activation controller: %w", err)
 	}
+	if err := mgr.Add(&artifactGC{a: arts, c: mgr.GetClient(), interval: ao.GCInterval, log: log.WithName("artifact-gc")}); err != nil {
+		return nil, err
+	}
 	generations := &controllers.GenerationReconciler{Client: mgr.GetClient(), Coordinator: coord, Notifications: notifier.Generations()}
 	if err := generations.SetupWithManager(mgr); err != nil {
 		return nil, fmt.Errorf("set up the generation controller: %w", err)
@@ -175,7 +202,7 @@ func New(cfg *rest.Config, o Options) (*Manager, error) {
 	if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
 		return nil, err
 	}
-	return &Manager{Coordinator: coord, Manager: mgr, Swept: sweep, log: log}, nil
+	return &Manager{Coordinator: coord, Manager: mgr, Swept: sweep, log: log, arts: arts, gcClient: mgr.GetClient()}, nil
 }
 
 // Run runs the manager until ctx ends, then stops every provider (after
