@@ -7,7 +7,6 @@ import (
 
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
 	"iteron.dev/operator/internal/activation"
-	"iteron.dev/operator/internal/artifacts"
 	"iteron.dev/operator/internal/graph"
 	"iteron.dev/operator/internal/reasons"
 )
@@ -51,9 +50,11 @@ func NewResolver(v *activation.Verifier) func(context.Context, *iteronv1.Impleme
 func retryAfter(res *activation.Result) time.Duration {
 	var soonest time.Duration
 	for _, f := range res.Failed() {
-		var ae *artifacts.Error
-		if errors.As(f.Err, &ae) && ae.Retryable() && ae.RetryAfter > 0 && (soonest == 0 || ae.RetryAfter < soonest) {
-			soonest = ae.RetryAfter
+		var ae interface{ RetryIn() time.Duration }
+		if errors.As(f.Err, &ae) {
+			if d := ae.RetryIn(); d > 0 && (soonest == 0 || d < soonest) {
+				soonest = d
+			}
 		}
 	}
 	return soonest

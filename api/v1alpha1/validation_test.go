@@ -148,8 +148,52 @@ func TestPathRuleMatchesTheSharedVectors(t *testing.T) {
 			if v.Valid && err != nil {
 				t.Fatalf("valid path %q refused: %v", v.Path, err)
 			}
-			if !v.Valid {
+			switch {
+			case !v.Valid && v.Path == "":
+				// An empty path is an absent one (omitempty): the source
+				// then gives neither paths nor oci.
+				expectInvalid(t, err, "spec.sources[0]: Invalid value: give either catalogPath and artifactRoot, or oci")
+			case !v.Valid:
 				expectInvalid(t, err, "spec.sources[0].catalogPath")
+			}
+		})
+	}
+}
+
+func TestAnOCISourceMustPinADigestAndReplacesBothPaths(t *testing.T) {
+	pinned := "127.0.0.1:5000/providers/counter@" + digestA
+	oci := func(ref string) func(*iteronv1.ActivationSource) {
+		return func(s *iteronv1.ActivationSource) {
+			s.CatalogPath, s.ArtifactRoot, s.OCI = "", "", &iteronv1.OCISource{Ref: ref}
+		}
+	}
+	for _, tc := range []struct {
+		name   string
+		edit   func(*iteronv1.ActivationSource)
+		refuse string // "" accepted
+	}{
+		{"a pinned digest", oci(pinned), ""},
+		{"a tag before the pinned digest", oci("127.0.0.1:5000/providers/counter:v1@" + digestA), ""},
+		{"a tag alone", oci("127.0.0.1:5000/providers/counter:v1"), "spec.sources[0].oci.ref: Invalid value"},
+		{"an upper-case digest", oci("127.0.0.1:5000/providers/counter@sha256:" + strings.ToUpper(digestA[7:])), "spec.sources[0].oci.ref"},
+		{"a sha512 digest", oci("127.0.0.1:5000/providers/counter@sha512:" + digestA[7:]), "spec.sources[0].oci.ref"},
+		{"oci and a catalogPath", func(s *iteronv1.ActivationSource) { oci(pinned)(s); s.CatalogPath = "/var/lib/iteron/providers/c/catalog.json" }, "spec.sources[0]: Invalid value: give either"},
+		{"only a catalogPath", func(s *iteronv1.ActivationSource) { s.ArtifactRoot = "" }, "spec.sources[0]: Invalid value: give either"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			act := validActivation("oci")
+			tc.edit(&act.Spec.Sources[0])
+			err := createDryRun(t, act)
+			t.Logf("%+v: %v", act.Spec.Sources[0], err)
+			if tc.refuse == "" {
+				if err != nil {
+					t.Fatalf("refused: %v", err)
+				}
+				return
+			}
+			expectInvalid(t, err, tc.refuse)
+			if strings.Contains(tc.name, "tag alone") && !strings.Contains(err.Error(), "a tag alone is refused") {
+				t.Fatalf("the refusal does not say why: %v", err)
 			}
 		})
 	}

@@ -73,6 +73,8 @@ func newRootCmd() *cobra.Command {
 		newConformanceCmd(),
 		newInvokeCmd(),
 		newDoctorCmd(),
+		newPushCmd(),
+		newPullCmd(),
 	)
 	return root
 }

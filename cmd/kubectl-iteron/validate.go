@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/go-json-experiment/json/jsontext"
@@ -15,6 +16,7 @@ import (
 
 	"iteron.dev/operator/api/v1alpha1"
 	"iteron.dev/operator/internal/activation"
+	"iteron.dev/operator/internal/artifacts"
 	"iteron.dev/operator/internal/catalog"
 	"iteron.dev/operator/internal/graph"
 	"iteron.dev/operator/pkg/strictjson"
@@ -28,9 +30,10 @@ const maxInputBytes = 1 << 20
 // defaults are the manager's, allowed roots included: an offline check that
 // passed what the manager refuses would only move the failure to the node.
 type verifyFlags struct {
-	allowedRoots []string
-	ceiling      string
-	graphFile    string
+	allowedRoots  []string
+	ceiling       string
+	graphFile     string
+	artifactStore string
 }
 
 func (f *verifyFlags) register(cmd *cobra.Command) {
@@ -38,14 +41,32 @@ func (f *verifyFlags) register(cmd *cobra.Command) {
 		"comma-separated directories every catalog and artifact root must lie under; pass the manager's --allowed-roots (the default is the manager's default)")
 	cmd.Flags().StringVar(&f.ceiling, "capability-ceiling", catalog.DefaultCeiling, "the node's capability ceiling, comma-separated")
 	cmd.Flags().StringVar(&f.graphFile, "graph", "", "a custom seam graph file (default: the built-in graph)")
+	cmd.Flags().StringVar(&f.artifactStore, "artifact-store", "", "verify OCI sources (oci.ref) from this store, filled by `kubectl iteron pull REF --to DIR`; nothing is pulled")
 }
 
 func (f *verifyFlags) verifier() (*activation.Verifier, error) {
+	if f.artifactStore == "" {
+		return f.verifierWith(nil)
+	}
+	abs, err := filepath.Abs(f.artifactStore)
+	if err != nil {
+		return nil, usage(err)
+	}
+	store, err := artifacts.OpenStore(abs, 0)
+	if err != nil {
+		return nil, usage(fmt.Errorf("--artifact-store: %w", err))
+	}
+	return f.verifierWith(offlineStore{store})
+}
+
+// verifierWith builds the verifier, resolving OCI sources with arts (nil
+// refuses them).
+func (f *verifyFlags) verifierWith(arts activation.ArtifactResolver) (*activation.Verifier, error) {
 	ceiling, err := catalog.ParseCeiling(f.ceiling)
 	if err != nil {
 		return nil, usage(fmt.Errorf("--capability-ceiling: %w", err))
 	}
-	cfg := activation.Config{AllowedRoots: f.allowedRoots, Ceiling: ceiling}
+	cfg := activation.Config{AllowedRoots: f.allowedRoots, Ceiling: ceiling, Artifacts: arts}
 	if f.graphFile != "" {
 		if cfg.Graph, err = catalog.LoadSeamGraph(f.graphFile); err != nil {
 			return nil, invalid(fmt.Errorf("--graph: %w", err))

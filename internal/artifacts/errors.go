@@ -47,6 +47,15 @@ func (e *Error) Unwrap() error { return e.Err }
 // ReasonCode is the reason (internal/reasons).
 func (e *Error) ReasonCode() string { return e.Code }
 
+// RetryIn is when a retryable failure is looked at again (0 for the
+// others): the controllers read it without importing this package.
+func (e *Error) RetryIn() time.Duration {
+	if e.Retryable() {
+		return e.RetryAfter
+	}
+	return 0
+}
+
 // Retryable reports whether the pull is tried again without a change.
 func (e *Error) Retryable() bool { return e.Code == reasons.ArtifactUnavailable }
 
