@@ -177,7 +177,10 @@ func TestAnOCISourceMustPinADigestAndReplacesBothPaths(t *testing.T) {
 		{"a tag alone", oci("127.0.0.1:5000/providers/counter:v1"), "spec.sources[0].oci.ref: Invalid value"},
 		{"an upper-case digest", oci("127.0.0.1:5000/providers/counter@sha256:" + strings.ToUpper(digestA[7:])), "spec.sources[0].oci.ref"},
 		{"a sha512 digest", oci("127.0.0.1:5000/providers/counter@sha512:" + digestA[7:]), "spec.sources[0].oci.ref"},
-		{"oci and a catalogPath", func(s *iteronv1.ActivationSource) { oci(pinned)(s); s.CatalogPath = "/var/lib/iteron/providers/c/catalog.json" }, "spec.sources[0]: Invalid value: give either"},
+		{"oci and a catalogPath", func(s *iteronv1.ActivationSource) {
+			oci(pinned)(s)
+			s.CatalogPath = "/var/lib/iteron/providers/c/catalog.json"
+		}, "spec.sources[0]: Invalid value: give either"},
 		{"only a catalogPath", func(s *iteronv1.ActivationSource) { s.ArtifactRoot = "" }, "spec.sources[0]: Invalid value: give either"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -28,8 +28,8 @@ type Error struct {
 	Digest string
 	// Detail says what happened.
 	Detail string
-	// RetryAfter is when an artifact_unavailable pull is tried again (0:
-	// at the next reconcile, or never for the other codes).
+	// RetryAfter is when to look again: an artifact_unavailable pull is
+	// tried again then; a refused one is only checked for new credentials.
 	RetryAfter time.Duration
 	// Pending marks a pull still in progress (artifact_unavailable).
 	Pending bool
@@ -47,14 +47,11 @@ func (e *Error) Unwrap() error { return e.Err }
 // ReasonCode is the reason (internal/reasons).
 func (e *Error) ReasonCode() string { return e.Code }
 
-// RetryIn is when a retryable failure is looked at again (0 for the
-// others): the controllers read it without importing this package.
-func (e *Error) RetryIn() time.Duration {
-	if e.Retryable() {
-		return e.RetryAfter
-	}
-	return 0
-}
+// RetryIn is when the caller should look again (0: no need): a pull in
+// progress, the next attempt of an unavailable one, or the next check of
+// whether the credentials of a refused one changed (which asks nothing of
+// the registry). The controllers read it without importing this package.
+func (e *Error) RetryIn() time.Duration { return e.RetryAfter }
 
 // Retryable reports whether the pull is tried again without a change.
 func (e *Error) Retryable() bool { return e.Code == reasons.ArtifactUnavailable }

@@ -3,6 +3,7 @@ package artifacts
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -92,7 +93,12 @@ func (r *Resolver) Resolve(refString, token string) (*Layout, error) {
 	case st.inFlight:
 		return nil, r.pending(refString)
 	case st.err != nil && !st.err.Retryable() && st.token == token && st.creds == creds:
-		return nil, st.err
+		e := *st.err
+		e.RetryAfter = r.retryMax // a look at the credentials, not a pull
+		if !strings.Contains(e.Detail, notRetried) {
+			e.Detail += notRetried
+		}
+		return nil, &e
 	case st.err != nil && st.err.Retryable() && now.Before(st.nextAttempt):
 		e := *st.err
 		e.RetryAfter = st.nextAttempt.Sub(now)
@@ -103,6 +109,8 @@ func (r *Resolver) Resolve(refString, token string) (*Layout, error) {
 	go r.pull(refString, ref.Digest, token, creds)
 	return nil, r.pending(refString)
 }
+
+const notRetried = " (not tried again until the spec or the registry credentials change)"
 
 func (r *Resolver) pending(ref string) *Error {
 	return &Error{Code: reasons.ArtifactUnavailable, Ref: ref, Pending: true, RetryAfter: pendingRetry,

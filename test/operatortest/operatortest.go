@@ -49,13 +49,17 @@ type Options struct {
 	AllowedRoots []string
 	// Gateway, when set, serves the gateway.
 	Gateway *app.GatewayOptions
+	// Artifacts, when set, configure OCI sources (the artifact store).
+	Artifacts *app.ArtifactOptions
 }
 
 // Manager is the controllers running in-process.
 type Manager struct {
 	// Coordinator is the node-local coordinator the controllers drive.
 	Coordinator *hotswap.Coordinator
-	done        chan struct{}
+	// App is the manager as cmd/manager/app built it.
+	App  *app.Manager
+	done chan struct{}
 }
 
 // StartManager installs config/rbac and config/admission as shipped and
@@ -80,12 +84,12 @@ func StartManager(ctx context.Context, env *kubeapi.Environment, o Options) (*Ma
 	m, err := app.New(cfg, app.Options{
 		NodeName: o.Node, StateDir: o.StateDir, AllowedRoots: o.AllowedRoots, Interpreters: defaults.Interpreters,
 		ProviderUID: defaults.ProviderUID, ProviderGID: defaults.ProviderGID, CapabilityCeiling: []string{"read_only", "reversible_local"},
-		MetricsBindAddress: "0", HealthProbeBindAddress: "0", Gateway: o.Gateway, Log: log,
+		MetricsBindAddress: "0", HealthProbeBindAddress: "0", Gateway: o.Gateway, Artifacts: o.Artifacts, Log: log,
 	})
 	if err != nil {
 		return nil, err
 	}
-	mgr := &Manager{Coordinator: m.Coordinator, done: make(chan struct{})}
+	mgr := &Manager{Coordinator: m.Coordinator, App: m, done: make(chan struct{})}
 	go func() {
 		defer close(mgr.done)
 		if err := m.Run(ctx); err != nil {

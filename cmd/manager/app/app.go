@@ -94,6 +94,13 @@ func (m *Manager) CollectArtifacts(ctx context.Context) (artifacts.GCReport, err
 	return (&artifactGC{a: m.arts, c: m.gcClient, log: m.log}).collect(ctx)
 }
 
+// ArtifactKeepSet is what a collection keeps now; recent adds the sources
+// resolved within the grace period (tests collect without it to see the
+// rule alone).
+func (m *Manager) ArtifactKeepSet(ctx context.Context, recent bool) (map[string]bool, error) {
+	return (&artifactGC{a: m.arts, c: m.gcClient, log: m.log}).keepSet(ctx, recent)
+}
+
 // ArtifactStore is the artifact store, once something was pulled (nil before).
 func (m *Manager) ArtifactStore() *artifacts.Store {
 	if r := m.arts.opened(); r != nil {

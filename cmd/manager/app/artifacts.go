@@ -138,10 +138,34 @@ func (g *artifactGC) collect(ctx context.Context) (artifacts.GCReport, error) {
 	if r == nil {
 		return artifacts.GCReport{}, nil // no store: nothing was ever pulled
 	}
-	keep := r.RecentlyUsed()
+	keep, err := g.keepSet(ctx, true)
+	if err != nil {
+		return artifacts.GCReport{}, err
+	}
+	gcCtx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	rep, err := r.Store().GC(gcCtx, keep, artifactGCSteps)
+	if err == nil && (len(rep.RemovedSources) > 0 || len(rep.RemovedBlobs) > 0) {
+		g.log.Info("collected unreferenced artifacts", "sources", len(rep.RemovedSources), "blobs", len(rep.RemovedBlobs), "freedBytes", rep.FreedBytes, "kept", rep.KeptSources, "incomplete", rep.Incomplete)
+	}
+	return rep, err
+}
+
+// keepSet is the reference digests nothing may collect: every oci.ref of an
+// activation on this node, the source of every Generation on this node, and
+// (with recent) every source resolved within the grace period.
+func (g *artifactGC) keepSet(ctx context.Context, recent bool) (map[string]bool, error) {
+	r := g.a.opened()
+	keep := map[string]bool{}
+	if r == nil {
+		return keep, nil
+	}
+	if recent {
+		keep = r.RecentlyUsed()
+	}
 	var acts iteronv1.ImplementationActivationList
 	if err := g.c.List(ctx, &acts); err != nil {
-		return artifacts.GCReport{}, fmt.Errorf("list activations: %w", err)
+		return nil, fmt.Errorf("list activations: %w", err)
 	}
 	for _, a := range acts.Items {
 		for _, s := range a.Spec.Sources {
@@ -154,7 +178,7 @@ func (g *artifactGC) collect(ctx context.Context) (artifacts.GCReport, error) {
 	}
 	var gens iteronv1.GenerationList
 	if err := g.c.List(ctx, &gens); err != nil {
-		return artifacts.GCReport{}, fmt.Errorf("list generations: %w", err)
+		return nil, fmt.Errorf("list generations: %w", err)
 	}
 	store := r.Store()
 	for _, gen := range gens.Items {
@@ -164,11 +188,5 @@ func (g *artifactGC) collect(ctx context.Context) (artifacts.GCReport, error) {
 			}
 		}
 	}
-	gcCtx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
-	rep, err := store.GC(gcCtx, keep, artifactGCSteps)
-	if err == nil && (len(rep.RemovedSources) > 0 || len(rep.RemovedBlobs) > 0) {
-		g.log.Info("collected unreferenced artifacts", "sources", len(rep.RemovedSources), "blobs", len(rep.RemovedBlobs), "freedBytes", rep.FreedBytes, "kept", rep.KeptSources, "incomplete", rep.Incomplete)
-	}
-	return rep, err
+	return keep, nil
 }
