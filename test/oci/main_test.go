@@ -2,9 +2,10 @@ package oci_test
 
 import (
 	"context"
-	"encoding/json"
+	"crypto/tls"
 	"fmt"
 	"io"
+	"log"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -12,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -109,7 +111,7 @@ func run(m *testing.M) int {
 	if mgr, err = operatortest.StartManager(ctx, env, operatortest.Options{
 		Node: node, StateDir: filepath.Join(base, "state"), AllowedRoots: []string{providers},
 		Artifacts: &app.ArtifactOptions{
-			Store: storeDir, MaxBytes: 1 << 30, RegistryConfig: credFile, RegistryCA: bundle, PlainHTTP: true,
+			Store: storeDir, MaxBytes: 1 << 30, RegistryConfig: credFile, RegistryCA: bundle,
 			PullTimeout: 30 * time.Second, RetryBase: 200 * time.Millisecond, RetryMax: 2 * time.Second,
 		},
 	}); err != nil {
@@ -120,7 +122,67 @@ func run(m *testing.M) int {
 	code := m.Run()
 	cancel()
 	mgr.Stop()
+	printTable()
 	return code
+}
+
+// row is one line of the failure table: what failed, the reason the
+// module's status gave, whether the generation from before kept serving,
+// and what the store held after.
+type row struct {
+	Case, Reason, OldServing, Store string
+}
+
+var (
+	tableMu sync.Mutex
+	table   []row
+)
+
+func record(t *testing.T, r row) {
+	t.Helper()
+	t.Logf("failure table: %s | %s | %s | %s", r.Case, r.Reason, r.OldServing, r.Store)
+	tableMu.Lock()
+	defer tableMu.Unlock()
+	table = append(table, r)
+}
+
+func printTable() {
+	tableMu.Lock()
+	defer tableMu.Unlock()
+	if len(table) == 0 {
+		return
+	}
+	fmt.Println("\nfailure table (case | reason | old generation serving? | store contents after):")
+	for _, r := range table {
+		fmt.Printf("| %s | %s | %s | %s |\n", r.Case, r.Reason, r.OldServing, r.Store)
+	}
+}
+
+// storeContents says which of an artifact's blobs the store holds, whether
+// its source is laid out, and what tmp/ holds.
+func storeContents(root string, p *pushed) string {
+	has := func(d string) string {
+		info, err := os.Lstat(filepath.Join(root, "blobs", "sha256", strings.TrimPrefix(d, "sha256:")))
+		if err == nil && info.Mode().IsRegular() {
+			return "yes"
+		}
+		return "no"
+	}
+	var parts []string
+	parts = append(parts, "manifest "+has(p.Digest), "catalog "+has(p.pkg.Parsed.Catalog.Digest))
+	for _, e := range p.pkg.Parsed.Executables {
+		parts = append(parts, "executable "+has(e.Layer.Digest))
+	}
+	src := "no"
+	if _, err := os.Stat(filepath.Join(root, "sources", "sha256", strings.TrimPrefix(p.Digest, "sha256:"))); err == nil {
+		src = "yes"
+	}
+	tmp, _ := os.ReadDir(filepath.Join(root, "tmp"))
+	var names []string
+	for _, e := range tmp {
+		names = append(names, e.Name())
+	}
+	return fmt.Sprintf("%s; source laid out %s; tmp/ %v", strings.Join(parts, ", "), src, names)
 }
 
 // uniqueExecutable copies an example provider and appends a trailer, so
@@ -148,7 +210,7 @@ type impl struct {
 
 // push packs the implementations of module prompt_system as one provider
 // directory and pushes it to r (through the CLI's push path).
-func push(t *testing.T, r *registrytest.Registry, repo string, impls ...impl) *artifacts.PushResult {
+func push(t *testing.T, r *registrytest.Registry, repo string, impls ...impl) *pushed {
 	t.Helper()
 	dir := providertest.Dir(t)
 	var specs []exartifacts.Spec
@@ -171,13 +233,33 @@ func push(t *testing.T, r *registrytest.Registry, repo string, impls ...impl) *a
 	if err != nil {
 		t.Fatalf("push: %v", err)
 	}
+	pkg, err := artifacts.Pack(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Logf("pushed %s", res.Ref)
-	return res
+	return &pushed{PushResult: res, pkg: pkg}
+}
+
+// pushed is a pushed artifact and its package (the blobs it names).
+type pushed struct {
+	*artifacts.PushResult
+	pkg *artifacts.Package
+}
+
+// exe is the digest of the executable of implementation id.
+func (p *pushed) exe(id string) string {
+	for _, s := range p.Sources {
+		if s.ImplementationID == id {
+			return s.ArtifactSHA256
+		}
+	}
+	panic("no source " + id)
 }
 
 // source selects implementation id of a pushed artifact, by ref (which
 // may name a proxy in front of the registry).
-func source(res *artifacts.PushResult, ref, id string) iteronv1.ActivationSource {
+func source(res *pushed, ref, id string) iteronv1.ActivationSource {
 	for _, s := range res.Sources {
 		if s.ImplementationID == id {
 			return iteronv1.ActivationSource{Module: s.Module, ImplementationID: id, OCI: &iteronv1.OCISource{Ref: ref},
@@ -200,14 +282,6 @@ func newActivation(t *testing.T, srcs ...iteronv1.ActivationSource) *iteronv1.Im
 	return act
 }
 
-// moduleIs waits for prompt_system's status to satisfy cond.
-func moduleIs(t *testing.T, act *iteronv1.ImplementationActivation, what string, cond func(iteronv1.ModuleStatus) bool) *iteronv1.ImplementationActivation {
-	t.Helper()
-	return operatortest.WaitFor(t, env.Client, act, what, func(a *iteronv1.ImplementationActivation) bool {
-		return cond(operatortest.ModuleStatus(a, "prompt_system"))
-	})
-}
-
 // generations lists an activation's Generation objects.
 func generations(t *testing.T, act *iteronv1.ImplementationActivation) []iteronv1.Generation {
 	t.Helper()
@@ -224,13 +298,9 @@ func generations(t *testing.T, act *iteronv1.ImplementationActivation) []iteronv
 	return out
 }
 
-func statusJSON(a *iteronv1.ImplementationActivation) string {
-	b, _ := json.MarshalIndent(a.Status.Modules, "", "  ")
-	return string(b)
-}
-
-// proxy is a plain-HTTP loopback front of a registry; handle may answer a
-// request itself (true) instead of passing it through.
+// proxy is a loopback front of a registry, serving TLS with a certificate
+// from the registry's CA; handle may answer a request itself (true)
+// instead of passing it through.
 type proxy struct {
 	host string
 }
@@ -244,20 +314,32 @@ func startProxy(t *testing.T, r *registrytest.Registry, handle func(w http.Respo
 	if err != nil {
 		t.Fatal(err)
 	}
+	tlsConfig, err := r.ServerTLS()
+	if err != nil {
+		t.Fatal(err)
+	}
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		if handle != nil && handle(w, req) {
 			return
 		}
 		rp.ServeHTTP(w, req)
-	})}
-	go srv.Serve(l)
+	}), TLSConfig: tlsConfig, ErrorLog: log.New(io.Discard, "", 0),
+		// HTTP/1.1, as a registry behind a plain proxy speaks it: a body cut
+		// short is a connection that ends, not an HTTP/2 stream reset.
+		TLSNextProto: map[string]func(*http.Server, *tls.Conn, http.Handler){}}
+	go srv.ServeTLS(l, "", "")
 	t.Cleanup(func() { srv.Close() })
 	return &proxy{host: l.Addr().String()}
 }
 
 // upstream reads path from the registry.
 func upstream(r *registrytest.Registry, path string) ([]byte, error) {
-	resp, err := r.Client.Get(r.URL() + path)
+	req, err := http.NewRequest(http.MethodGet, r.URL()+path, nil)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Accept", artifacts.MediaTypeImageManifest+", "+artifacts.MediaTypeImageIndex)
+	resp, err := r.Client.Do(req)
 	if err != nil {
 		return nil, err
 	}

@@ -13,10 +13,12 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"encoding/pem"
 	"errors"
@@ -61,6 +63,8 @@ type Registry struct {
 
 	o      Options
 	config string
+	ca     *x509.Certificate
+	caKey  *ecdsa.PrivateKey
 	mu     sync.Mutex
 	cmd    *exec.Cmd
 	done   chan struct{}
@@ -125,10 +129,16 @@ http:
 `, filepath.Join(o.Dir, "storage"), r.Host)
 	r.Client = &http.Client{Timeout: 30 * time.Second}
 	if !o.PlainHTTP {
-		caPEM, certPEM, keyPEM, err := certificates()
+		ca, caKey, err := newCA()
 		if err != nil {
 			return nil, err
 		}
+		r.ca, r.caKey = ca, caKey
+		certPEM, keyPEM, err := leafPEM(ca, caKey)
+		if err != nil {
+			return nil, err
+		}
+		caPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.Raw})
 		r.CAFile = filepath.Join(o.Dir, "ca.pem")
 		for name, data := range map[string][]byte{"ca.pem": caPEM, "cert.pem": certPEM, "key.pem": keyPEM} {
 			if err := os.WriteFile(filepath.Join(o.Dir, name), data, 0o600); err != nil {
@@ -294,46 +304,121 @@ func freePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
-// certificates makes a CA and a server certificate for 127.0.0.1 and
-// localhost signed by it.
-func certificates() (caPEM, certPEM, keyPEM []byte, err error) {
+// newCA makes a CA for the registry's certificates.
+func newCA() (*x509.Certificate, *ecdsa.PrivateKey, error) {
 	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, err
 	}
 	now := time.Now()
-	ca := &x509.Certificate{
+	tmpl := &x509.Certificate{
 		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "iteron test registry CA"},
 		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
 		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
 	}
-	caDER, err := x509.CreateCertificate(rand.Reader, ca, ca, &caKey.PublicKey, caKey)
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &caKey.PublicKey, caKey)
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, err
 	}
+	ca, err := x509.ParseCertificate(der)
+	return ca, caKey, err
+}
+
+// leafPEM makes a server certificate for 127.0.0.1, ::1 and localhost
+// signed by the CA.
+func leafPEM(ca *x509.Certificate, caKey *ecdsa.PrivateKey) (certPEM, keyPEM []byte, err error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, err
 	}
+	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 62))
+	if err != nil {
+		return nil, nil, err
+	}
+	now := time.Now()
 	leaf := &x509.Certificate{
-		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "127.0.0.1"},
+		SerialNumber: serial, Subject: pkix.Name{CommonName: "127.0.0.1"},
 		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
 		IPAddresses: []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP("::1")}, DNSNames: []string{"localhost"},
 		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 	}
-	caCert, err := x509.ParseCertificate(caDER)
+	der, err := x509.CreateCertificate(rand.Reader, leaf, ca, &key.PublicKey, caKey)
 	if err != nil {
-		return nil, nil, nil, err
-	}
-	der, err := x509.CreateCertificate(rand.Reader, leaf, caCert, &key.PublicKey, caKey)
-	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, err
 	}
 	keyDER, err := x509.MarshalECPrivateKey(key)
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, err
 	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}),
-		pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
 		pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), nil
+}
+
+// ServerTLS is a TLS configuration for another loopback server (a test
+// handler in front of the registry) with a certificate signed by the
+// registry's CA, so that whoever trusts CAFile trusts it too.
+func (r *Registry) ServerTLS() (*tls.Config, error) {
+	if r.ca == nil {
+		return nil, errors.New("registrytest: a plain-HTTP registry has no CA")
+	}
+	certPEM, keyPEM, err := leafPEM(r.ca, r.caKey)
+	if err != nil {
+		return nil, err
+	}
+	cert, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		return nil, err
+	}
+	return &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}, nil
+}
+
+// PushRaw pushes an artifact with plain registry API calls, as a client
+// other than ours would: per blob a POST that opens an upload session and
+// a PUT of the whole blob to its Location with the digest (the monolithic
+// upload), then a PUT of the manifest by its digest. blobs maps a digest
+// to its bytes; it returns the manifest's digest.
+func (r *Registry) PushRaw(repo string, blobs map[string][]byte, manifest []byte, mediaType string) (string, error) {
+	for d, b := range blobs {
+		resp, err := r.Client.Post(fmt.Sprintf("%s/v2/%s/blobs/uploads/", r.URL(), repo), "", nil)
+		if err != nil {
+			return "", err
+		}
+		resp.Body.Close()
+		loc, err := resp.Location()
+		if resp.StatusCode != http.StatusAccepted || err != nil {
+			return "", fmt.Errorf("upload session for %s: %s %v", d, resp.Status, err)
+		}
+		q := loc.Query()
+		q.Set("digest", d)
+		loc.RawQuery = q.Encode()
+		req, err := http.NewRequest(http.MethodPut, loc.String(), bytes.NewReader(b))
+		if err != nil {
+			return "", err
+		}
+		req.Header.Set("Content-Type", "application/octet-stream")
+		resp, err = r.Client.Do(req)
+		if err != nil {
+			return "", err
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusCreated {
+			return "", fmt.Errorf("blob upload %s: %s", d, resp.Status)
+		}
+	}
+	sum := sha256.Sum256(manifest)
+	digest := "sha256:" + hex.EncodeToString(sum[:])
+	req, err := http.NewRequest(http.MethodPut, fmt.Sprintf("%s/v2/%s/manifests/%s", r.URL(), repo, digest), bytes.NewReader(manifest))
+	if err != nil {
+		return "", err
+	}
+	req.Header.Set("Content-Type", mediaType)
+	resp, err := r.Client.Do(req)
+	if err != nil {
+		return "", err
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusCreated {
+		return "", fmt.Errorf("manifest put %s: %s", digest, resp.Status)
+	}
+	return digest, nil
 }
