@@ -150,7 +150,19 @@ func (r *ActivationReconciler) reconcileGenerations(ctx context.Context, s *acti
 	for _, rm := range s.res.Modules {
 		if rm.Plan == nil {
 			// Not runnable now: whatever runs keeps running (bad input
-			// changes nothing); only removing the source retires it.
+			// changes nothing); only removing the source retires it. After
+			// a restart nothing runs yet: the last committed generation is
+			// relaunched from its Generation object, so that what served
+			// before keeps serving while the spec's source cannot be had
+			// (an artifact still being pulled, a registry down).
+			if c := s.status.Modules[rm.Module].Committed; c != nil && r.activeOf(s, rm.Module).name == "" {
+				if target, _, failure := r.committedTarget(ctx, s, rm, c, gens); failure == nil && target != nil && !target.Keep {
+					decisions = append(decisions, decision{rm, target, nil})
+					continue
+				} else if failure != nil {
+					r.Recorder.Eventf(s.act, nil, corev1.EventTypeWarning, reasonOf(failure.Code), "Relaunch", "module %s: %s", rm.Module, failure.Message)
+				}
+			}
 			s.targets[rm.Module] = hotswap.ModuleTarget{Module: rm.Module, Keep: true}
 			continue
 		}
@@ -471,16 +483,26 @@ func (r *ActivationReconciler) reconcileApply(ctx context.Context, s *activation
 			d.Modules = append(d.Modules, t)
 		}
 	}
+	var relaunched []string
 	for _, rm := range s.res.Modules {
 		if t, ok := s.targets[rm.Module]; ok && !slices.Contains(d.ActivateOrder, rm.Module) {
-			d.Modules = append(d.Modules, t) // a Keep target outside the order
+			// A Keep target outside the order, or the relaunch of a module
+			// the spec cannot resolve now: it runs what it ran before, so it
+			// comes first (what others may depend on) and drains last.
+			d.Modules = append(d.Modules, t)
+			if !t.Keep {
+				relaunched = append(relaunched, rm.Module)
+			}
 		}
 	}
+	d.ActivateOrder = append(slices.Clone(relaunched), d.ActivateOrder...)
 	for _, m := range s.res.DrainOrder {
 		if _, ok := s.targets[m]; ok {
 			d.DrainOrder = append(d.DrainOrder, m)
 		}
 	}
+	slices.Reverse(relaunched)
+	d.DrainOrder = append(d.DrainOrder, relaunched...)
 	// The plan compares the spec with what ran before this Apply: a
 	// transaction that finishes quickly must not make a reload look like
 	// "unchanged".

@@ -7,6 +7,7 @@
 //
 //	go run ./hack/catalog -out /var/lib/iteron/providers [-modules prompt_system,tool_exposure] [-faulty]
 //	go run ./hack/catalog -out DIR -modules prompt_system,context_assembly -activation stack [-node NODE] [-use counter-v2]
+//	go run ./hack/catalog -out DIR -modules prompt_system,context_assembly -oci
 //
 // Layout under -out:
 //
@@ -14,6 +15,10 @@
 //	artifacts/<module>/<example>/<example> one artifact root per implementation
 //	catalogs/<module>.json              counter-v1.<module>, counter-v2.<module>, stateless.<module> (and faulty.<module>):
 //	                                    implementation IDs carry the module, since an activation needs them unique
+//	oci/<module>/                       with -oci: one provider directory per module, as
+//	                                    `kubectl iteron push DIR REF` reads it: catalog.json (the
+//	                                    module's catalog) and <implementation_id>/<executable>
+//	                                    (hard links to the files above)
 package main
 
 import (
@@ -64,19 +69,20 @@ func main() {
 	out := flag.String("out", "", "directory to lay the providers out in (required)")
 	modules := flag.String("modules", "prompt_system", "comma-separated modules to write a catalog for")
 	faulty := flag.Bool("faulty", false, "also list the faulty provider (no fault armed) in each catalog")
+	oci := flag.Bool("oci", false, "also lay out oci/<module>/, one provider directory per module for `kubectl iteron push DIR REF`")
 	var act activationOptions
 	flag.StringVar(&act.Name, "activation", "", "print an ImplementationActivation with this name (ready to apply) instead of the JSON list of sources")
 	flag.StringVar(&act.Namespace, "namespace", "default", "with -activation: its namespace")
 	flag.StringVar(&act.Node, "node", "", "with -activation: spec.nodeName (default: this machine's hostname, lowercased)")
 	flag.StringVar(&act.Use, "use", artifacts.CounterV1, "with -activation: the example filling every module, or module=example pairs, comma-separated")
 	flag.Parse()
-	if err := run(os.Stdout, *out, strings.Split(*modules, ","), *faulty, act); err != nil {
+	if err := run(os.Stdout, *out, strings.Split(*modules, ","), *faulty, *oci, act); err != nil {
 		fmt.Fprintln(os.Stderr, "catalog:", err)
 		os.Exit(1)
 	}
 }
 
-func run(stdout io.Writer, out string, modules []string, withFaulty bool, act activationOptions) error {
+func run(stdout io.Writer, out string, modules []string, withFaulty, withOCI bool, act activationOptions) error {
 	if out == "" {
 		return fmt.Errorf("-out is required")
 	}
@@ -139,6 +145,11 @@ func run(stdout io.Writer, out string, modules []string, withFaulty bool, act ac
 		if err != nil {
 			return err
 		}
+		if withOCI {
+			if err := providerDir(filepath.Join(out, "oci", module), srcs); err != nil {
+				return err
+			}
+		}
 		for _, s := range srcs {
 			v := s.Manifest.ImplementationVersion
 			sources = append(sources, Source{
@@ -157,6 +168,33 @@ func run(stdout io.Writer, out string, modules []string, withFaulty bool, act ac
 	enc := json.NewEncoder(stdout)
 	enc.SetIndent("", "  ")
 	return enc.Encode(map[string]any{"sources": sources})
+}
+
+// providerDir lays out a provider directory as `kubectl iteron push` reads
+// it: DIR/catalog.json and DIR/<implementation_id>/<executable>, hard links
+// to the catalog and executables just written (same bytes, same digests).
+func providerDir(dir string, srcs []artifacts.Source) error {
+	if err := os.RemoveAll(dir); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	for i, s := range srcs {
+		if i == 0 {
+			if err := os.Link(s.CatalogPath, filepath.Join(dir, "catalog.json")); err != nil {
+				return err
+			}
+		}
+		root := filepath.Join(dir, s.Manifest.ImplementationID)
+		if err := os.Mkdir(root, 0o755); err != nil {
+			return err
+		}
+		if err := os.Link(s.Executable, filepath.Join(root, filepath.Base(s.Executable))); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // parseUse reads -use: one example for every module, or module=example

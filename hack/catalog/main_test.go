@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"io"
+	ociartifacts "iteron.dev/operator/internal/artifacts"
 	"os"
 	"path/filepath"
 	"strings"
@@ -25,7 +26,7 @@ func TestTheGeneratorWritesCatalogsWhoseDigestsMatchTheBytes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = run(f, out, []string{"prompt_system", "tool_exposure"}, true, activationOptions{})
+	err = run(f, out, []string{"prompt_system", "tool_exposure"}, true, true, activationOptions{})
 	f.Close()
 	if err != nil {
 		t.Fatal(err)
@@ -37,6 +38,26 @@ func TestTheGeneratorWritesCatalogsWhoseDigestsMatchTheBytes(t *testing.T) {
 	}
 	if len(summary.Sources) != 8 {
 		t.Fatalf("%d sources, want 4 implementations × 2 modules", len(summary.Sources))
+	}
+	// -oci: each module's provider directory packs, carrying every
+	// implementation with the digests printed.
+	for _, module := range []string{"prompt_system", "tool_exposure"} {
+		pkg, err := ociartifacts.Pack(filepath.Join(out, "oci", module))
+		if err != nil {
+			t.Fatalf("oci/%s does not pack: %v", module, err)
+		}
+		if len(pkg.Sources) != 4 {
+			t.Fatalf("oci/%s carries %d implementations, want 4", module, len(pkg.Sources))
+		}
+		for _, ps := range pkg.Sources {
+			found := false
+			for _, s := range summary.Sources {
+				found = found || s.ImplementationID == ps.ImplementationID && s.ManifestSHA256 == ps.ManifestSHA256 && s.ArtifactSHA256 == ps.ArtifactSHA256
+			}
+			if !found {
+				t.Fatalf("oci/%s packs %+v, which the summary does not list", module, ps)
+			}
+		}
 	}
 	ids := map[string]bool{}
 	for _, s := range summary.Sources {
@@ -68,10 +89,10 @@ func TestTheGeneratorWritesCatalogsWhoseDigestsMatchTheBytes(t *testing.T) {
 			t.Fatalf("%s is not in %s", s.ImplementationID, s.CatalogPath)
 		}
 	}
-	if err := run(io.Discard, "", nil, false, activationOptions{}); err == nil {
+	if err := run(io.Discard, "", nil, false, false, activationOptions{}); err == nil {
 		t.Fatal("a missing -out was accepted")
 	}
-	if err := run(io.Discard, out, []string{"Bad-Module"}, false, activationOptions{}); err == nil {
+	if err := run(io.Discard, out, []string{"Bad-Module"}, false, false, activationOptions{}); err == nil {
 		t.Fatal("a bad module was accepted")
 	}
 }
@@ -83,7 +104,7 @@ func TestTheActivationItPrintsVerifiesAsIs(t *testing.T) {
 	out := t.TempDir()
 	var buf bytes.Buffer
 	act := activationOptions{Name: "stack", Namespace: "default", Node: "worker-1", Use: "prompt_system=counter-v2,context_assembly=stateless"}
-	if err := run(&buf, out, []string{"prompt_system", "context_assembly"}, false, act); err != nil {
+	if err := run(&buf, out, []string{"prompt_system", "context_assembly"}, false, false, act); err != nil {
 		t.Fatal(err)
 	}
 	j, err := yaml.YAMLToJSONStrict(buf.Bytes())
@@ -124,7 +145,7 @@ func TestTheActivationItPrintsVerifiesAsIs(t *testing.T) {
 		t.Run(tc.name+" is refused before anything is built", func(t *testing.T) {
 			bad := act
 			bad.Use = tc.use
-			err := run(io.Discard, t.TempDir(), []string{"prompt_system", "context_assembly"}, false, bad)
+			err := run(io.Discard, t.TempDir(), []string{"prompt_system", "context_assembly"}, false, false, bad)
 			if err == nil || !strings.Contains(err.Error(), "-use") {
 				t.Fatalf("got %v, want an error naming -use", err)
 			}

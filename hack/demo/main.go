@@ -1,8 +1,12 @@
 // Command demo is `make demo`: it builds and starts a real local control
-// plane, runs the manager for this machine, applies an activation of two
-// modules, calls a module through the gateway, applies a new version (a
-// stateful hot swap), shows the Generations, the status and the verified
-// ledger, and tears everything down — on success, on failure and on Ctrl-C.
+// plane and a real OCI registry (the CNCF distribution registry, on
+// loopback, TLS from a CA made for the run), pushes the example providers
+// to it as OCI artifacts, runs the manager for this machine, applies an
+// activation of two modules that names them by digest (the manager pulls
+// and verifies them), calls a module through the gateway, applies a new
+// version (a stateful hot swap), shows the Generations, the status and the
+// verified ledger, and tears everything down — on success, on failure and
+// on Ctrl-C.
 // Every step is narrated with the command a user would type. It exits
 // non-zero if any step fails.
 package main
@@ -30,6 +34,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"iteron.dev/operator/test/kubeapi"
+	"iteron.dev/operator/test/registrytest"
 )
 
 const (
@@ -78,6 +83,10 @@ type demo struct {
 	providers  string
 	node       string
 	sources    map[string]source
+	registry   *registrytest.Registry
+	store      string
+	// refs are the pinned references pushed, by module.
+	refs map[string]string
 
 	env        *kubeapi.Environment
 	manager    *exec.Cmd
@@ -150,6 +159,7 @@ func (d *demo) run(ctx context.Context) error {
 		return err
 	}
 	d.providers, d.stateDir = filepath.Join(d.work, "providers"), filepath.Join(d.work, "state")
+	d.store = filepath.Join(d.work, "artifacts")
 	d.socket = filepath.Join(d.work, "gw.sock")
 	d.kubeconfig = filepath.Join(d.work, "kubeconfig")
 	d.kubectl = filepath.Join(d.root, "bin", "k8s", "kubectl")
@@ -164,14 +174,19 @@ func (d *demo) run(ctx context.Context) error {
 		return err
 	}
 
+	d.step("Build the OCI registry: the CNCF distribution registry from the Go module proxy (once; later runs reuse bin/registry)")
+	if _, err := d.sh(ctx, "make registry", "make", "--no-print-directory", "registry"); err != nil {
+		return err
+	}
+
 	d.step("Build the manager and the kubectl plugin")
 	if _, err := d.sh(ctx, "make build", "make", "--no-print-directory", "build"); err != nil {
 		return err
 	}
 
-	d.step("Lay out the example providers (counter v1 and v2, digests computed from the bytes written)")
-	fmt.Fprintf(d.out, "   $ go run ./hack/catalog -out %s -modules prompt_system,context_assembly\n", d.providers)
-	cat := exec.CommandContext(ctx, "go", "run", "./hack/catalog", "-out", d.providers, "-modules", "prompt_system,context_assembly")
+	d.step("Lay out the example providers (counter v1 and v2, digests computed from the bytes written), one provider directory per module")
+	fmt.Fprintf(d.out, "   $ go run ./hack/catalog -out %s -modules prompt_system,context_assembly -oci\n", d.providers)
+	cat := exec.CommandContext(ctx, "go", "run", "./hack/catalog", "-out", d.providers, "-modules", "prompt_system,context_assembly", "-oci")
 	cat.Dir = d.root
 	cat.Stderr = os.Stderr
 	out, err := cat.Output()
@@ -185,6 +200,30 @@ func (d *demo) run(ctx context.Context) error {
 	for _, key := range slices.Sorted(maps.Keys(d.sources)) {
 		s := d.sources[key]
 		d.say("%-20s %-30s %-8s %s…", s.Module, s.ImplementationID, s.Version, s.ArtifactSHA256[:19])
+	}
+
+	d.step("Start an OCI registry on 127.0.0.1 (TLS from a CA made for this run) and push each module's providers as one OCI artifact")
+	if d.registry, err = registrytest.Start(ctx, registrytest.Options{Dir: filepath.Join(d.work, "registry")}); err != nil {
+		return err
+	}
+	d.say("registry %s (storage and CA under %s)", d.registry.Host, filepath.Join(d.work, "registry"))
+	d.refs = map[string]string{}
+	for _, module := range []string{"prompt_system", "context_assembly"} {
+		dir := filepath.Join(d.providers, "oci", module)
+		target := d.registry.Host + "/iteron/" + strings.ReplaceAll(module, "_", "-") + ":demo"
+		out, err := d.sh(ctx, "kubectl iteron push "+dir+" "+target+" --registry-ca "+d.registry.CAFile,
+			d.plugin, "push", dir, target, "--registry-ca", d.registry.CAFile)
+		if err != nil {
+			return err
+		}
+		for _, line := range strings.Split(out, "\n") {
+			if ref, ok := strings.CutPrefix(line, "pushed "); ok {
+				d.refs[module] = strings.TrimSpace(ref)
+			}
+		}
+		if d.refs[module] == "" {
+			return fmt.Errorf("kubectl iteron push printed no pinned reference for %s", module)
+		}
 	}
 
 	d.step("Start etcd and kube-apiserver on 127.0.0.1, install the CRDs, register this node (" + d.node + ")")
@@ -208,12 +247,12 @@ func (d *demo) run(ctx context.Context) error {
 		return err
 	}
 
-	d.step("Start the manager for node " + d.node)
+	d.step("Start the manager for node " + d.node + " (it pulls OCI sources into its own content-addressed store and verifies them)")
 	if err := d.startManager(); err != nil {
 		return err
 	}
 
-	d.step("Apply an activation: counter v1 fills prompt_system and context_assembly (which depends on it)")
+	d.step("Apply an activation by digest: counter v1 fills prompt_system and context_assembly (which depends on it), both pulled from the registry")
 	manifest := filepath.Join(d.work, "activation.yaml")
 	if err := d.writeActivation(manifest, "counter-v1", "counter-v1"); err != nil {
 		return err
@@ -228,6 +267,14 @@ func (d *demo) run(ctx context.Context) error {
 		return err
 	}
 	if _, err := d.sh(ctx, "kubectl get implementationactivations,generations", d.kubectl, "get", "implementationactivations,generations", "-n", namespace); err != nil {
+		return err
+	}
+	if _, err := d.sh(ctx, "kubectl get implementationactivation "+activationName+" -o jsonpath='{.spec.sources[*].oci.ref}'", d.kubectl, "get", "implementationactivation", activationName, "-n", namespace,
+		"-o", `jsonpath={range .spec.sources[*]}{.module}{"\t"}oci.ref {.oci.ref}{"\n"}{end}`); err != nil {
+		return err
+	}
+	if _, err := d.sh(ctx, "kubectl get generations -o jsonpath='{.spec.implementation.executable}'   # what runs: files in the manager's artifact store", d.kubectl, "get", "generations", "-n", namespace,
+		"-o", `jsonpath={range .items[*]}{.metadata.name}{"\t"}{.spec.implementation.executable}{"\n"}{end}`); err != nil {
 		return err
 	}
 
@@ -319,6 +366,7 @@ func (d *demo) startManager() error {
 		"--allowed-roots=" + d.providers, "--gateway-socket=" + d.socket,
 		fmt.Sprintf("--gateway-allow=uid:%d=%s", os.Getuid(), namespace),
 		"--metrics-bind-address=0", "--health-probe-bind-address=0",
+		"--artifact-store=" + d.store, "--registry-ca=" + d.registry.CAFile,
 	}
 	if os.Getuid() != 0 {
 		// Without root the manager cannot switch uid: providers run as you.
@@ -360,8 +408,8 @@ func (d *demo) writeActivation(path, systemImpl, contextImpl string) error {
 	fmt.Fprintf(&b, "apiVersion: iteron.dev/v1alpha1\nkind: ImplementationActivation\nmetadata:\n  name: %s\n  namespace: %s\nspec:\n  nodeName: %s\n", activationName, namespace, d.node)
 	fmt.Fprintf(&b, "  candidateSHA256: sha256:%064x\n  sources:\n", 1)
 	for _, s := range []source{sys, ctxSrc} {
-		fmt.Fprintf(&b, "  - module: %s\n    implementationID: %s\n    catalogPath: %s\n    artifactRoot: %s\n    manifestSHA256: %s\n    artifactSHA256: %s\n",
-			s.Module, s.ImplementationID, s.CatalogPath, s.ArtifactRoot, s.ManifestSHA256, s.ArtifactSHA256)
+		fmt.Fprintf(&b, "  - module: %s\n    implementationID: %s\n    oci:\n      ref: %s\n    manifestSHA256: %s\n    artifactSHA256: %s\n",
+			s.Module, s.ImplementationID, d.refs[s.Module], s.ManifestSHA256, s.ArtifactSHA256)
 	}
 	b.WriteString("  swap:\n    deadlineSeconds: 30\n    quiesceTimeoutSeconds: 10\n    strategy: Hot\n")
 	return os.WriteFile(path, []byte(b.String()), 0o644)
@@ -442,6 +490,9 @@ func (d *demo) cleanup(keepLog bool) {
 	}
 	if d.env != nil {
 		_ = d.env.Stop()
+	}
+	if d.registry != nil {
+		d.registry.Stop()
 	}
 	if d.work != "" {
 		if keepLog && d.managerLog != "" {

@@ -234,6 +234,19 @@ func (v *Verifier) Verify(doc *Document) (*Result, error) {
 	return res, nil
 }
 
+// inArtifactStore reports whether a path source's path lies in a source the
+// manager laid out in its artifact store (an allowed root by construction):
+// a Generation made from an OCI source records such paths, and recovery
+// verifies them again to relaunch it. The store is looked at only for a
+// path outside the allowed roots.
+func (v *Verifier) inArtifactStore(s Source, p string) bool {
+	if s.HasOCI() || v.artifacts == nil {
+		return false
+	}
+	st := v.artifacts.Store()
+	return st != nil && underRoots(p, []string{st.SourcesDir()})
+}
+
 func (v *Verifier) verifySource(doc *Document, i int, ceiling []string, token string) (*VerifiedSource, *Error) {
 	s := doc.Sources[i]
 	field := func(key int) string { return doc.sourceField(i, key) }
@@ -292,7 +305,7 @@ func (v *Verifier) verifySource(doc *Document, i int, ceiling []string, token st
 		if reason, ok := checkCanonicalPath(p.value); !ok {
 			return nil, failf(pathField(p.key), ErrNotCanonical, "%q %s: paths must be absolute and canonical", p.value, reason)
 		}
-		if !underRoots(p.value, roots) {
+		if !underRoots(p.value, roots) && !v.inArtifactStore(s, p.value) {
 			return nil, failf(pathField(p.key), ErrOutsideAllowedRoots, "%s %s (%s)", p.value, PhraseOutsideAllowedRoots, strings.Join(roots, ", "))
 		}
 	}

@@ -43,7 +43,7 @@ type cluster struct {
 	local *localnode.Node
 	// node is the Node's name.
 	node string
-	// hostRoot holds state/, providers/ and run/ (the hostPath volumes),
+	// hostRoot holds state/, providers/, run/ and artifacts/ (the hostPath volumes),
 	// reachable from this process at the same path as on the node.
 	hostRoot string
 	// kubeconfig and kubectl: how to run kubectl as an administrator.
@@ -254,6 +254,9 @@ patches:
           - name: gateway
             hostPath:
               path: %s
+          - name: artifacts
+            hostPath:
+              path: %s
 - target:
     kind: DaemonSet
     name: iteron-manager
@@ -264,7 +267,7 @@ patches:
     - op: add
       path: /spec/template/spec/containers/0/args/-
       value: --gateway-allow=uid:%d=default
-`, base, filepath.Join(c.hostRoot, "state"), filepath.Join(c.hostRoot, "providers"), filepath.Join(c.hostRoot, "run"), os.Getgid(), os.Getuid())
+`, base, filepath.Join(c.hostRoot, "state"), filepath.Join(c.hostRoot, "providers"), filepath.Join(c.hostRoot, "run"), filepath.Join(c.hostRoot, "artifacts"), os.Getgid(), os.Getuid())
 	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(text), 0o644); err != nil {
 		t.Fatal(err)
 	}

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/clientcmd"
 
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
 	exartifacts "iteron.dev/operator/examples/providers/artifacts"
@@ -24,6 +25,25 @@ import (
 )
 
 const killNode = "oci-kill-node"
+
+// managerKubeconfig writes an administrator kubeconfig that impersonates
+// the manager's service account (the admission policy lets only it write
+// Generations), as operatortest does for the manager in-process.
+func managerKubeconfig() (string, error) {
+	path, err := env.Kubeconfig(base)
+	if err != nil {
+		return "", err
+	}
+	cfg, err := clientcmd.LoadFromFile(path)
+	if err != nil {
+		return "", err
+	}
+	for _, ai := range cfg.AuthInfos {
+		ai.Impersonate = operatortest.ManagerUser
+		ai.ImpersonateGroups = []string{"system:serviceaccounts", "system:serviceaccounts:iteron-system", "system:authenticated"}
+	}
+	return path, clientcmd.WriteToFile(*cfg, path)
+}
 
 // managerProc is one run of the manager binary (cmd/manager) on killNode.
 type managerProc struct {
@@ -112,7 +132,7 @@ func TestAManagerKilledMidPullLeavesNoPartialBlobThatIsEverUsed(t *testing.T) {
 	if out, err := exec.Command("go", "build", "-o", bin, filepath.Join(env.RepoRoot, "cmd", "manager")).CombinedOutput(); err != nil {
 		t.Fatalf("build the manager: %v\n%s", err, out)
 	}
-	kubeconfig, err := env.Kubeconfig(base)
+	kubeconfig, err := managerKubeconfig()
 	if err != nil {
 		t.Fatal(err)
 	}
