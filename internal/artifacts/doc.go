@@ -23,10 +23,12 @@
 //     MaxManifestBytes, the catalog by 512 KiB, an executable by 256 MiB, the
 //     whole store by its configured maximum; a body longer than its
 //     descriptor is cut at size+1 and refused.
-//   - A blob is written to a temporary file under tmp/, fsynced, and renamed
-//     into blobs/sha256/<hex> only when its digest matched; the directory is
-//     fsynced after. tmp/ is emptied when a store opens, so a partial
-//     download is never visible under blobs/ and never used.
+//   - A blob is written to a temporary file under tmp/ and fsynced; the
+//     blobs of one pull are renamed into blobs/sha256/<hex> together, only
+//     once every one of them matched its descriptor, and the directory is
+//     fsynced after: a failed pull leaves blobs/ as it found it. tmp/ is
+//     emptied when a store opens, so a partial download is never visible
+//     under blobs/ and never used.
 //   - A source is laid out in a temporary directory (hard links to the
 //     blobs, read-only, file names only from annotations that are plain
 //     names) and renamed into sources/sha256/<hex> complete; nothing is

@@ -249,10 +249,14 @@ func (p *Puller) pull(ctx context.Context, ref Ref, refString string) (*Layout, 
 	if err != nil {
 		return nil, verificationf(refString, blobs[len(blobs)-1], "manifest %s is not a provider artifact: %v", blobs[len(blobs)-1], err)
 	}
-	// Blobs: the catalog first (small), then the executables.
+	// Blobs: the catalog first (small), then the executables, each verified
+	// into tmp/; renamed into blobs/ together only once every one matched,
+	// so that a failed pull leaves the store's blobs as they were.
+	st := p.o.Store.newStaging()
+	defer st.discard()
 	for _, d := range append([]Descriptor{m.Config, m.Catalog}, layersOf(m)...) {
 		d := d
-		if err := p.o.Store.writeBlob(refString, d, func() (io.ReadCloser, error) {
+		if err := st.add(refString, d, func() (io.ReadCloser, error) {
 			return repo.Blobs().Fetch(ctx, toOCI(d))
 		}); err != nil {
 			return nil, err
@@ -260,9 +264,12 @@ func (p *Puller) pull(ctx context.Context, ref Ref, refString string) (*Layout, 
 		blobs = append(blobs, d.Digest)
 	}
 	for _, d := range blobs[:len(pending)] {
-		if err := p.o.Store.putBlob(refString, d, pending[d]); err != nil {
+		if err := st.put(refString, d, pending[d]); err != nil {
 			return nil, err
 		}
+	}
+	if err := st.commit(); err != nil {
+		return nil, err
 	}
 	return p.o.Store.layOut(refString, ref.Digest, m, dedupe(blobs))
 }

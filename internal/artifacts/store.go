@@ -172,17 +172,29 @@ func (s *Store) TmpEntries() ([]string, error) {
 	return out, nil
 }
 
-// writeBlob streams r into the store as the blob d: through one hash, cut
-// at d.Size+1 bytes, into a temporary file that is fsynced and renamed into
-// place only when its size and digest are d's. An existing blob is kept
-// (its bytes were verified when written) and r is not read.
-func (s *Store) writeBlob(ref string, d Descriptor, open func() (io.ReadCloser, error)) error {
-	if s.HasBlob(d.Digest) {
+// staging is the blobs of one pull downloaded and verified but not yet in
+// blobs/: a pull renames them all at the end (commit) or removes them all
+// (discard), so that a failed pull leaves the store as it found it.
+type staging struct {
+	s     *Store
+	files map[string]string // digest → temporary file
+	bytes int64
+}
+
+func (s *Store) newStaging() *staging { return &staging{s: s, files: map[string]string{}} }
+
+// add streams r into a temporary file as the blob d: through one hash, cut
+// at d.Size+1 bytes, fsynced, kept only when its size and digest are d's.
+// A blob already in the store or staged is kept (its bytes were verified)
+// and r is not read.
+func (st *staging) add(ref string, d Descriptor, open func() (io.ReadCloser, error)) error {
+	s := st.s
+	if _, ok := st.files[d.Digest]; ok || s.HasBlob(d.Digest) {
 		return nil
 	}
-	if s.used.Load()+d.Size > s.maxBytes {
+	if used := s.used.Load() + st.bytes; used+d.Size > s.maxBytes {
 		return &Error{Code: reasons.ArtifactUnavailable, Ref: ref, Digest: d.Digest,
-			Detail: fmt.Sprintf("the artifact store %s is full: %d bytes used, blob %s needs %d, the bound is %d (--artifact-store-max-bytes)", s.root, s.used.Load(), d.Digest, d.Size, s.maxBytes)}
+			Detail: fmt.Sprintf("the artifact store %s is full: %d bytes used, blob %s needs %d, the bound is %d (--artifact-store-max-bytes)", s.root, used, d.Digest, d.Size, s.maxBytes)}
 	}
 	rc, err := open()
 	if err != nil {
@@ -194,9 +206,9 @@ func (s *Store) writeBlob(ref string, d Descriptor, open func() (io.ReadCloser, 
 		return fmt.Errorf("artifact store: %w", err)
 	}
 	tmp := f.Name()
-	committed := false
+	kept := false
 	defer func() {
-		if !committed {
+		if !kept {
 			f.Close()
 			os.Remove(tmp)
 		}
@@ -228,19 +240,43 @@ func (s *Store) writeBlob(ref string, d Descriptor, open func() (io.ReadCloser, 
 	if err := f.Close(); err != nil {
 		return fmt.Errorf("artifact store: %w", err)
 	}
-	if err := os.Rename(tmp, s.blobPath(d.Digest)); err != nil {
-		return fmt.Errorf("artifact store: %w", err)
+	kept = true
+	st.files[d.Digest] = tmp
+	st.bytes += d.Size
+	return nil
+}
+
+// put stages bytes already in memory and verified (a manifest).
+func (st *staging) put(ref, digest string, data []byte) error {
+	return st.add(ref, Descriptor{Digest: digest, Size: int64(len(data))}, func() (io.ReadCloser, error) {
+		return io.NopCloser(strings.NewReader(string(data))), nil
+	})
+}
+
+// commit renames every staged blob into blobs/sha256/ and fsyncs the
+// directory.
+func (st *staging) commit() error {
+	s := st.s
+	for d, tmp := range st.files {
+		info, err := os.Lstat(tmp)
+		if err != nil {
+			return fmt.Errorf("artifact store: %w", err)
+		}
+		if err := os.Rename(tmp, s.blobPath(d)); err != nil {
+			return fmt.Errorf("artifact store: %w", err)
+		}
+		delete(st.files, d)
+		s.used.Add(info.Size())
 	}
-	committed = true
-	s.used.Add(d.Size)
 	return syncDir(s.path("blobs", "sha256"))
 }
 
-// putBlob stores bytes already in memory and verified (a manifest).
-func (s *Store) putBlob(ref, digest string, data []byte) error {
-	return s.writeBlob(ref, Descriptor{Digest: digest, Size: int64(len(data))}, func() (io.ReadCloser, error) {
-		return io.NopCloser(strings.NewReader(string(data))), nil
-	})
+// discard removes whatever is still staged.
+func (st *staging) discard() {
+	for d, tmp := range st.files {
+		os.Remove(tmp)
+		delete(st.files, d)
+	}
 }
 
 func isLocalWriteError(err error) bool {
