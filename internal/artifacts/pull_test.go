@@ -267,6 +267,11 @@ func TestAnArtifactPushedByAnotherClientVerifiesAndATamperedCopyIsRefusedWithThe
 	if store.HasBlob(exe.Digest) {
 		t.Fatal("the tampered blob was written to the store")
 	}
+	// The config and the catalog matched, but the pull failed: nothing of
+	// it is in blobs/.
+	if b, _ := store.Blobs(); len(b) != 0 || store.Used() != 0 {
+		t.Fatalf("a failed pull left blobs %v (%d bytes) in the store", b, store.Used())
+	}
 	if tmp, _ := store.TmpEntries(); len(tmp) != 0 {
 		t.Fatalf("tmp/ holds %v after a refused blob", tmp)
 	}
