@@ -48,4 +48,7 @@ const (
 	ReasonInvalidSpec = "InvalidSpec"
 	// ReasonDeleting: the set is being deleted.
 	ReasonDeleting = "Deleting"
+	// ReasonNodeConflict: a selected node has no stamped activation (a name
+	// held by an activation the set did not stamp, or a name collision).
+	ReasonNodeConflict = "NodeConflict"
 )
