@@ -35,9 +35,10 @@ generate-proto: ## Generate api/gateway/v1 from gateway.proto (Debian's protoc, 
 	hack/generate-proto.sh
 
 .PHONY: manifests
-manifests: ## Generate CRDs (config/crd/bases) and the manager's RBAC (config/rbac/role.yaml).
+manifests: ## Generate CRDs (config/crd/bases), the node manager's RBAC (config/rbac/role.yaml) and the fleet controller's (config/fleet/role.yaml).
 	$(CONTROLLER_GEN) crd paths=./api/... output:crd:artifacts:config=config/crd/bases
-	$(CONTROLLER_GEN) rbac:roleName=iteron-manager paths=./controllers/... output:rbac:artifacts:config=config/rbac
+	$(CONTROLLER_GEN) rbac:roleName=iteron-manager paths=./controllers output:rbac:artifacts:config=config/rbac
+	$(CONTROLLER_GEN) rbac:roleName=iteron-fleet paths=./controllers/activationset output:rbac:artifacts:config=config/fleet
 
 .PHONY: verify-generated
 verify-generated: ## Fail when committed generated files differ from what `make generate` writes.

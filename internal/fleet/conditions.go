@@ -23,9 +23,10 @@ var phaseReason = map[iteronv1.RolloutPhase]string{
 
 // AtRest reports whether a phase lasts without a change: only then does
 // status.observedGeneration advance (kstatus reads InProgress until then).
+// No phase is a spec that cannot be acted on (Stalled).
 func AtRest(phase iteronv1.RolloutPhase) bool {
 	switch phase {
-	case iteronv1.RolloutCompleted, iteronv1.RolloutHalted, iteronv1.RolloutReverted, iteronv1.RolloutRevertFailed, iteronv1.RolloutPaused:
+	case "", iteronv1.RolloutCompleted, iteronv1.RolloutHalted, iteronv1.RolloutReverted, iteronv1.RolloutRevertFailed, iteronv1.RolloutPaused:
 		return true
 	}
 	return false

@@ -300,8 +300,7 @@ func (p *planner) observe() {
 			continue // an unknown revision: the rollout moves it
 		}
 		discard := m.act.RevertedFrom != "" && discardOnRevert
-		want := StampSpec(m.rev.Template, m.node, discard)
-		if !SameSpec(&want, m.act.Spec) {
+		if !Stamped(m.act.Spec, m.rev.Template, m.node, discard) {
 			m.ready, m.stalled, m.moved = false, nil, true
 			p.act(Action{Kind: Restore, Node: m.node, Activation: m.name, Revision: m.rev, Wave: m.act.Wave, RevertedFrom: m.act.RevertedFrom, Discard: discard,
 				Why: fmt.Sprintf("activation %s differs from revision %s: set back", m.name, m.rev.Name)})

@@ -586,3 +586,90 @@ func TestConditionsPerPhase(t *testing.T) {
 		}
 	}
 }
+
+// TestStampedComparesEveryFieldOfTheSpec changes each leaf field of a
+// stamped spec in turn (found by reflection, so a field added to the API is
+// covered) and expects Stamped to see the difference.
+func TestStampedComparesEveryFieldOfTheSpec(t *testing.T) {
+	tpl := template("counter-v1")
+	tpl.CapabilityCeiling = []iteronv1.Capability{iteronv1.CapabilityReadOnly}
+	tpl.Swap.DeadlineSeconds, tpl.Swap.QuiesceTimeoutSeconds = 30, ptr.To[int32](10)
+	tpl.Checkpoint.IntervalSeconds, tpl.GenerationHistoryLimit = ptr.To[int32](60), ptr.To[int32](10)
+	base := StampSpec(tpl, "node-1", false)
+	if !Stamped(&base, tpl, "node-1", false) {
+		t.Fatal("a stamped spec does not read as stamped")
+	}
+	if Stamped(&base, tpl, "node-1", true) {
+		t.Fatal("a spec stamped without discard reads as stamped with it")
+	}
+	if d := StampSpec(tpl, "node-1", true); !Stamped(&d, tpl, "node-1", true) {
+		t.Fatal("a spec stamped with discard does not read as stamped with it")
+	}
+	var leaves []string
+	var walk func(v reflect.Value, path string)
+	walk = func(v reflect.Value, path string) {
+		switch v.Kind() {
+		case reflect.Struct:
+			for i := range v.NumField() {
+				walk(v.Field(i), path+"."+v.Type().Field(i).Name)
+			}
+			return
+		case reflect.Slice:
+			if v.Len() == 0 {
+				t.Fatalf("%s: give the test template an item here", path)
+			}
+			walk(v.Index(0), path+"[0]")
+			return
+		case reflect.Pointer:
+			if v.IsNil() {
+				t.Fatalf("%s: give the test template a value here", path)
+			}
+			walk(v.Elem(), path+"*")
+			return
+		}
+		leaves = append(leaves, path)
+	}
+	walk(reflect.ValueOf(&base).Elem(), "spec")
+	for i, path := range leaves {
+		spec := *base.DeepCopy()
+		var change func(v reflect.Value, n int) bool
+		n := -1
+		change = func(v reflect.Value, _ int) bool {
+			switch v.Kind() {
+			case reflect.Struct:
+				for j := range v.NumField() {
+					if change(v.Field(j), 0) {
+						return true
+					}
+				}
+				return false
+			case reflect.Slice:
+				return change(v.Index(0), 0)
+			case reflect.Pointer:
+				return change(v.Elem(), 0)
+			}
+			n++
+			if n != i {
+				return false
+			}
+			switch v.Kind() {
+			case reflect.String:
+				v.SetString(v.String() + "x")
+			case reflect.Bool:
+				v.SetBool(!v.Bool())
+			case reflect.Int32, reflect.Int64, reflect.Int:
+				v.SetInt(v.Int() + 1)
+			default:
+				t.Fatalf("%s: teach the test to change a %s", path, v.Kind())
+			}
+			return true
+		}
+		change(reflect.ValueOf(&spec).Elem(), 0)
+		if Stamped(&spec, tpl, "node-1", false) {
+			t.Errorf("a change of %s is not seen by Stamped", path)
+		}
+	}
+	if len(leaves) < 12 {
+		t.Fatalf("only %d leaves found: %v", len(leaves), leaves)
+	}
+}

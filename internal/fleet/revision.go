@@ -6,11 +6,14 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"reflect"
+	"slices"
 
 	appsv1 "k8s.io/api/apps/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/utils/ptr"
 
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
 )
@@ -112,7 +115,29 @@ func StampSpec(tpl *iteronv1.ActivationTemplate, node string, discard bool) iter
 	return spec
 }
 
-// SameSpec reports whether an activation's spec is the stamped one.
-func SameSpec(a, b *iteronv1.ImplementationActivationSpec) bool {
-	return equality.Semantic.DeepEqual(a, b)
+// Stamped reports whether an activation's spec is the one StampSpec(tpl,
+// node, discard) makes, without building it: every field of the spec is
+// compared (a test changes each one and expects a difference), lists of no
+// items equal to absent ones.
+func Stamped(spec *iteronv1.ImplementationActivationSpec, tpl *iteronv1.ActivationTemplate, node string, discard bool) bool {
+	swap := tpl.Swap
+	if discard {
+		swap.StateDisposition = iteronv1.StateDispositionDiscard
+	}
+	return spec.NodeName == node && !spec.Paused && spec.CandidateSHA256 == tpl.CandidateSHA256 &&
+		sameSources(spec.Sources, tpl.Sources) && slices.Equal(spec.CapabilityCeiling, tpl.CapabilityCeiling) &&
+		ptr.Equal(spec.GenerationHistoryLimit, tpl.GenerationHistoryLimit) &&
+		reflect.DeepEqual(spec.Swap, swap) && reflect.DeepEqual(spec.Checkpoint, tpl.Checkpoint)
+}
+
+func sameSources(a, b []iteronv1.ActivationSource) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if !reflect.DeepEqual(a[i], b[i]) {
+			return false
+		}
+	}
+	return true
 }
