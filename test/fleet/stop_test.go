@@ -1,0 +1,147 @@
+package fleet
+
+import (
+	"slices"
+	"strings"
+	"testing"
+
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	iteronv1 "iteron.dev/operator/api/v1alpha1"
+	"iteron.dev/operator/examples/providers/artifacts"
+	"iteron.dev/operator/test/fleettest"
+)
+
+// faultyV2 is counter v2 whose migrate crashes when the state it carries
+// holds the key "poison": the same bytes swap on one node and fail on
+// another.
+func faultyV2(t *testing.T) iteronv1.ActivationSource {
+	return source(t, artifacts.Faulty, "counter-v2", "--fault", "crash", "--at", "migrate", "--if-request-contains", "poison")
+}
+
+// poisonedRollout deploys counter v1 (with its down-migration) on the pool,
+// counts on every node, puts the key "poison" into fleet-3's state, and
+// rolls the faulty v2 out with a canary of 1 and maxUnavailable 2: the
+// canary (fleet-1) and fleet-2 swap, fleet-3 (the second wave) fails at
+// migrate and its old generation keeps serving.
+func poisonedRollout(t *testing.T, name string, strategy iteronv1.RolloutStrategy) (client.ObjectKey, before, *rolloutWatch) {
+	t.Helper()
+	v1 := source(t, artifacts.CounterV1Down, "counter-v1")
+	key := newSet(t, name, template(v1), strategy)
+	b := deployAndCount(t, key)
+	if obs := count(t, 3, b.nodes[3].activation.Name, "poison", 1); obs.Count != 1 {
+		t.Fatalf("fleet-3 counted poison=%d", obs.Count)
+	}
+	w := watchRollout(t, key)
+	editSet(t, key, func(s *iteronv1.ActivationSet) { s.Spec.Template = template(faultyV2(t)) })
+	return key, b, w
+}
+
+// TestAFailedNodeInTheSecondWaveHaltsTheRollout: fleet-3 fails; the set
+// halts naming it and why, Argo CD and kstatus read Degraded, the nodes not
+// reached (fleet-4, fleet-5) keep their v1 processes, fleet-3 keeps serving
+// v1 with the same process, and kubectl iteron rollout status shows where.
+func TestAFailedNodeInTheSecondWaveHaltsTheRollout(t *testing.T) {
+	key, b, w := poisonedRollout(t, "halt", canary(2, iteronv1.FailurePolicyHalt))
+	halted := waitSet(t, key, "Halted", fleettest.Phase(iteronv1.RolloutHalted))
+	w.stop()
+	t.Logf("moves: \n%s", w.describe())
+	h := halted.Status.Halt
+	if h == nil || h.Action != iteronv1.FailurePolicyHalt || !slices.Equal(h.Nodes, []string{"fleet-3"}) {
+		t.Fatalf("status.halt %+v; want a Halt naming fleet-3", h)
+	}
+	if len(halted.Status.Failed) != 1 || halted.Status.Failed[0].Node != "fleet-3" || halted.Status.Failed[0].Reason == "" {
+		t.Fatalf("status.failed %+v; want fleet-3 with a reason", halted.Status.Failed)
+	}
+	t.Logf("status.halt: %s on %v: %s", h.Action, h.Nodes, h.Message)
+	t.Logf("status.failed[0]: node %s, reason %s: %s", halted.Status.Failed[0].Node, halted.Status.Failed[0].Reason, halted.Status.Failed[0].Message)
+	for _, i := range []int{4, 5} {
+		if moves := w.movesOf(nodeName(i)); len(moves) != 0 {
+			t.Errorf("%s was moved (%+v); the halt came before its wave", nodeName(i), moves)
+		}
+	}
+	// fleet-2 swapped (it was in the wave with fleet-3); fleet-1 before.
+	for _, i := range []int{1, 2} {
+		// A halt does not stop the swaps under way: fleet-2's may still run.
+		waitActivation(t, key, i, "Ready on v2", func(n node) bool { return n.impl == "counter-v2" && readyNode(n) })
+		n := nodeOf(t, key, i)
+		obs := count(t, i, n.activation.Name, "n", 0)
+		if n.impl != "counter-v2" || obs.Count != b.counts[i] || obs.Version != "2.0.0" {
+			t.Errorf("%s: %s count %d version %s; want the faulty v2 (a counter v2 when nothing fires) with count %d", n.name, n.impl, obs.Count, obs.Version, b.counts[i])
+		}
+	}
+	n3 := nodeOf(t, key, 3)
+	if obs := count(t, 3, n3.activation.Name, "poison", 0); obs.Count != 1 || obs.Version != "1.1.0" {
+		t.Errorf("fleet-3 after its failed swap: poison=%d version %s; want 1 on v1.1.0 (the old generation serves)", obs.Count, obs.Version)
+	}
+	health, err := fleettest.SetHealth(env.RepoRoot, halted)
+	if err != nil || health.Argo != "Degraded" || health.KStatus != "Failed" {
+		t.Errorf("a halted set reads as %s (%v); want Argo CD Degraded, kstatus Failed", health, err)
+	}
+	t.Logf("read by GitOps tools: %s (%s)", health, health.ArgoMessage)
+	out, code := plugin(t, "rollout", "status", key.Name, "--watch=false")
+	t.Logf("kubectl iteron rollout status %s (exit %d):\n%s", key.Name, code, out)
+	if code == 0 || !strings.Contains(out, "Halted") || !strings.Contains(out, "fleet-3") {
+		t.Errorf("kubectl iteron rollout status of a halted set: exit %d, want non-zero, Halted and fleet-3", code)
+	}
+	v1, v2 := serving(t, key, pool5)
+	record(row{"faulty v2 on fleet-3 (wave 2), onFailure Halt", statusOf(halted), names(v1), names(v2), untouched(t, key, b, 3, 4, 5)})
+	if !slices.Equal(v1, []string{"fleet-3", "fleet-4", "fleet-5"}) {
+		t.Errorf("serving v1: %v; want fleet-3, fleet-4, fleet-5", v1)
+	}
+	managersRan(t)
+}
+
+// TestAFailedNodeWithRevertMovesTheMovedNodesBackWithTheirState: as above
+// with onFailure Revert: fleet-1 and fleet-2 go back to v1 (v1.1.0, whose
+// down-migration reads v2's state), their counts migrated back; the status
+// says the revert migrated state; fleet-4 and fleet-5 were never touched.
+func TestAFailedNodeWithRevertMovesTheMovedNodesBackWithTheirState(t *testing.T) {
+	key, b, w := poisonedRollout(t, "revert", canary(2, iteronv1.FailurePolicyRevert))
+	reverted := waitSet(t, key, "Reverted", fleettest.Phase(iteronv1.RolloutReverted))
+	w.stop()
+	t.Logf("moves:\n%s", w.describe())
+	h := reverted.Status.Halt
+	if h == nil || h.Action != iteronv1.FailurePolicyRevert || h.StateDisposition != iteronv1.StateDispositionMigrate || !slices.Equal(h.Nodes, []string{"fleet-3"}) {
+		t.Fatalf("status.halt %+v; want a Revert with Migrate naming fleet-3", h)
+	}
+	t.Logf("status: phase %s, halt %s (stateDisposition %s) on %v → back to %s; message: %s", reverted.Status.Phase, h.Action, h.StateDisposition, h.Nodes, h.ToRevision,
+		fleettest.Condition(reverted, iteronv1.ConditionReady).Message)
+	stable := strings.TrimPrefix(h.ToRevision, key.Name+"-")
+	for _, i := range []int{1, 2} {
+		n := nodeOf(t, key, i)
+		obs := count(t, i, n.activation.Name, "n", 0)
+		t.Logf("%s: pid %d (%s) → %d (%s), state n=%d → %d (version %s), reverted-from %s", n.name, b.nodes[i].pid, b.nodes[i].impl, n.pid, n.impl,
+			b.counts[i], obs.Count, obs.Version, n.activation.Annotations[iteronv1.AnnotationRevertedFrom])
+		if n.impl != "counter-v1" || obs.Version != "1.1.0" || obs.Count != b.counts[i] {
+			t.Errorf("%s after the revert: %s version %s count %d; want counter v1.1.0 with count %d (state migrated back)", n.name, n.impl, obs.Version, obs.Count, b.counts[i])
+		}
+		if n.pid == b.nodes[i].pid || !processAlive(n.pid) {
+			t.Errorf("%s: provider pid %d → %d; want a new v1 process (a swap there and back)", n.name, b.nodes[i].pid, n.pid)
+		}
+		if back := w.movesOf(n.name); len(back) != 2 || back[1].to != stable {
+			t.Errorf("%s moved %d times (%+v); want once to v2 and once back to %s", n.name, len(back), back, stable)
+		}
+	}
+	n3 := nodeOf(t, key, 3)
+	if obs := count(t, 3, n3.activation.Name, "poison", 0); obs.Count != 1 || obs.Version != "1.1.0" {
+		t.Errorf("fleet-3 after the revert: poison=%d version %s; want 1 on v1.1.0", obs.Count, obs.Version)
+	}
+	t.Logf("fleet-3 (failed, its old generation served throughout): pid %d → %d", b.nodes[3].pid, n3.pid)
+	for _, i := range []int{4, 5} {
+		if moves := w.movesOf(nodeName(i)); len(moves) != 0 {
+			t.Errorf("%s was moved (%+v); the revert came before its wave", nodeName(i), moves)
+		}
+	}
+	health, err := fleettest.SetHealth(env.RepoRoot, reverted)
+	t.Logf("read by GitOps tools: %s (%v)", health, err)
+	if err != nil || health.Argo != "Degraded" {
+		t.Errorf("a reverted set reads as %s (%v); want Argo CD Degraded (a person must look)", health, err)
+	}
+	v1, v2 := serving(t, key, pool5)
+	if len(v2) != 0 {
+		t.Errorf("nodes still serving v2 after the revert: %v", v2)
+	}
+	record(row{"faulty v2 on fleet-3 (wave 2), onFailure Revert", statusOf(reverted) + "; fleet-1,2 state migrated back (n=1,2)", names(v1), names(v2), untouched(t, key, b, 3, 4, 5)})
+	managersRan(t)
+}
