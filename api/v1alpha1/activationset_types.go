@@ -305,22 +305,22 @@ type ActivationSetStatus struct {
 	CollisionCount *int32 `json:"collisionCount,omitempty"`
 	// desiredNodes is the number of selected nodes.
 	// +optional
-	DesiredNodes int32 `json:"desiredNodes,omitempty"`
+	DesiredNodes int32 `json:"desiredNodes"`
 	// updatedNodes is the number of nodes whose activation is on the update
 	// revision.
 	// +optional
-	UpdatedNodes int32 `json:"updatedNodes,omitempty"`
+	UpdatedNodes int32 `json:"updatedNodes"`
 	// readyNodes is the number of nodes whose activation is Ready for its
 	// current spec.
 	// +optional
-	ReadyNodes int32 `json:"readyNodes,omitempty"`
+	ReadyNodes int32 `json:"readyNodes"`
 	// failedNodes is the number of nodes whose activation is Stalled.
 	// +optional
-	FailedNodes int32 `json:"failedNodes,omitempty"`
+	FailedNodes int32 `json:"failedNodes"`
 	// wave is the number of the rollout's current wave (1 is the canary
 	// when there is one); 0 before the first.
 	// +optional
-	Wave int32 `json:"wave,omitempty"`
+	Wave int32 `json:"wave"`
 	// waveNodes are the nodes of the current wave, at most 32.
 	// +optional
 	// +listType=atomic
