@@ -76,6 +76,11 @@ test: controlplane node verify-generated vet ## Unit tests, envtest suites again
 	@gofmt_out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$gofmt_out" ]; then echo "gofmt would change: $$gofmt_out"; exit 1; fi
 	GO_TEST_FLAGS="$(GO_TEST_FLAGS)" hack/test.sh ./...
 
+.PHONY: fleet
+fleet: controlplane ## The ActivationSet suites alone, verbose: test/fleet (six managers, two fleet controllers: the wave log, pids, state per node and the failure table) and test/fleetscale (100 nodes: controller time and API writes per node). make test runs both.
+	$(GO) test $(GO_TEST_FLAGS) -count=1 -v -timeout 10m ./test/fleet/
+	$(GO) test $(GO_TEST_FLAGS) -count=1 -v -timeout 5m ./test/fleetscale/
+
 .PHONY: faults
 faults: controlplane ## The full ledger-fault tables (root, /dev/fuse): every phase of every transaction kind fails its ledger append (ENOSPC, EIO) on a FUSE file system, in-process (internal/hotswap) and through the manager binary, API server and gateway (test/crash). make test runs a subset.
 	ITERON_FAULTS=all $(GO) test $(GO_TEST_FLAGS) -count=1 -v -timeout 10m -run '^TestALedgerAppendThatFails' ./internal/hotswap
