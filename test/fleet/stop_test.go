@@ -26,7 +26,14 @@ func faultyV2(t *testing.T) iteronv1.ActivationSource {
 // migrate and its old generation keeps serving.
 func poisonedRollout(t *testing.T, name string, strategy iteronv1.RolloutStrategy) (client.ObjectKey, before, *rolloutWatch) {
 	t.Helper()
-	v1 := source(t, artifacts.CounterV1Down, "counter-v1")
+	return poisonedRolloutFrom(t, artifacts.CounterV1Down, name, strategy)
+}
+
+// poisonedRolloutFrom is poisonedRollout from another v1 (counter v1.0.0
+// has no down-migration).
+func poisonedRolloutFrom(t *testing.T, v1example, name string, strategy iteronv1.RolloutStrategy) (client.ObjectKey, before, *rolloutWatch) {
+	t.Helper()
+	v1 := source(t, v1example, "counter-v1")
 	key := newSet(t, name, template(v1), strategy)
 	b := deployAndCount(t, key)
 	if obs := count(t, 3, b.nodes[3].activation.Name, "poison", 1); obs.Count != 1 {
@@ -143,5 +150,53 @@ func TestAFailedNodeWithRevertMovesTheMovedNodesBackWithTheirState(t *testing.T)
 		t.Errorf("nodes still serving v2 after the revert: %v", v2)
 	}
 	record(row{"faulty v2 on fleet-3 (wave 2), onFailure Revert", statusOf(reverted) + "; fleet-1,2 state migrated back (n=1,2)", names(v1), names(v2), untouched(t, key, b, 3, 4, 5)})
+	managersRan(t)
+}
+
+// TestARevertWithoutADownMigrationFailsUntilTheSetSaysDiscard: v1 is
+// counter v1.0.0, which cannot read v2's state. The revert with Migrate
+// fails on the moved nodes (RevertFailed: they keep serving v2 with their
+// state, the old generation serving as after any failed swap); once the set
+// says revertStateDisposition: Discard they go back to v1 with empty state,
+// and the status says Discard.
+func TestARevertWithoutADownMigrationFailsUntilTheSetSaysDiscard(t *testing.T) {
+	key, b, w := poisonedRolloutFrom(t, artifacts.CounterV1, "discard", canary(2, iteronv1.FailurePolicyRevert))
+	failed := waitSet(t, key, "RevertFailed", fleettest.Phase(iteronv1.RolloutRevertFailed))
+	t.Logf("status: phase %s: %s", failed.Status.Phase, fleettest.Condition(failed, iteronv1.ConditionReady).Message)
+	for _, i := range []int{1, 2} {
+		n := nodeOf(t, key, i)
+		obs := count(t, i, n.activation.Name, "n", 0)
+		t.Logf("%s after its failed revert: %s pid %d, state n=%d (version %s)", n.name, n.impl, n.pid, obs.Count, obs.Version)
+		if n.impl != "counter-v2" || obs.Count != b.counts[i] {
+			t.Errorf("%s after a failed revert: %s count %d; want v2 still serving with count %d", n.name, n.impl, obs.Count, b.counts[i])
+		}
+	}
+	v1, v2 := serving(t, key, pool5)
+	record(row{"faulty v2 on fleet-3, Revert with Migrate to v1.0.0 (no down-migration)", statusOf(failed) + "; fleet-1,2 keep v2 and their state", names(v1), names(v2), untouched(t, key, b, 3, 4, 5)})
+
+	editSet(t, key, func(s *iteronv1.ActivationSet) {
+		s.Spec.Strategy.RevertStateDisposition = iteronv1.StateDispositionDiscard
+	})
+	reverted := waitSet(t, key, "Reverted with Discard", fleettest.Phase(iteronv1.RolloutReverted))
+	w.stop()
+	t.Logf("moves:\n%s", w.describe())
+	h := reverted.Status.Halt
+	if h == nil || h.StateDisposition != iteronv1.StateDispositionDiscard {
+		t.Fatalf("status.halt %+v; want a revert that says Discard", h)
+	}
+	t.Logf("status: phase %s, halt %s (stateDisposition %s): %s", reverted.Status.Phase, h.Action, h.StateDisposition, fleettest.Condition(reverted, iteronv1.ConditionReady).Message)
+	for _, i := range []int{1, 2} {
+		n := nodeOf(t, key, i)
+		obs := count(t, i, n.activation.Name, "n", 0)
+		t.Logf("%s: pid %d → %d (%s), state n=%d → %d (version %s), stateDisposition %s", n.name, b.nodes[i].pid, n.pid, n.impl, b.counts[i], obs.Count, obs.Version, n.activation.Spec.Swap.StateDisposition)
+		if n.impl != "counter-v1" || obs.Version != "1.0.0" || obs.Count != 0 {
+			t.Errorf("%s after the revert with Discard: %s version %s count %d; want counter v1.0.0 started empty", n.name, n.impl, obs.Version, obs.Count)
+		}
+	}
+	if obs := count(t, 3, nodeOf(t, key, 3).activation.Name, "poison", 0); obs.Count != 1 {
+		t.Errorf("fleet-3 (never left v1) lost its state: poison=%d", obs.Count)
+	}
+	v1, v2 = serving(t, key, pool5)
+	record(row{"… then revertStateDisposition: Discard", statusOf(reverted) + "; fleet-1,2 back on v1.0.0, state discarded (n=0)", names(v1), names(v2), untouched(t, key, b, 4, 5)})
 	managersRan(t)
 }

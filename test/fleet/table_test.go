@@ -128,16 +128,20 @@ func managersRan(t *testing.T) string {
 func statusOf(s *iteronv1.ActivationSet) string {
 	out := string(s.Status.Phase)
 	if h := s.Status.Halt; h != nil {
-		out += fmt.Sprintf(" (%s on %s", h.Action, strings.Join(h.Nodes, ","))
-		for _, f := range s.Status.Failed {
-			out += ": " + f.Reason
-		}
+		out += fmt.Sprintf(" (%s of %s", h.Action, strings.Join(h.Nodes, ","))
 		if h.StateDisposition != "" {
 			out += ", state " + string(h.StateDisposition)
 		}
 		out += ")"
 	}
-	return out + fmt.Sprintf(", %d/%d updated", s.Status.UpdatedNodes, s.Status.DesiredNodes)
+	var failed []string
+	for _, f := range s.Status.Failed {
+		failed = append(failed, f.Node+" "+f.Reason)
+	}
+	if len(failed) > 0 {
+		out += "; failed: " + strings.Join(failed, ", ")
+	}
+	return out + fmt.Sprintf("; %d/%d updated", s.Status.UpdatedNodes, s.Status.DesiredNodes)
 }
 
 // snapshot is what each pool node runs now.
