@@ -325,7 +325,7 @@ func (r *Reconciler) carryOut(ctx context.Context, set *iteronv1.ActivationSet, 
 			obj := acts[a.Activation].DeepCopy()
 			fleet.Apply(obj, set, a)
 			if err = r.Client.Update(ctx, obj); err == nil {
-				r.expect.expect(key, a.Activation, expectation{generation: obj.Generation, at: now})
+				r.expect.expect(key, a.Activation, expectation{generation: obj.Generation, retry: a.Retry, at: now})
 			}
 		}
 		if apierrors.IsConflict(err) {

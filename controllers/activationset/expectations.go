@@ -43,7 +43,12 @@ type expectation struct {
 	generation int64
 	created    bool
 	deleted    bool
-	at         time.Time
+	// retry: the cache must show this iteron.dev/retry annotation (an
+	// annotation does not change metadata.generation, so a copy from
+	// before the write would pass the generation check, and its Stalled
+	// condition would halt the rollout that was just resumed).
+	retry string
+	at    time.Time
 }
 
 func newExpectations() *expectations {
@@ -106,6 +111,8 @@ func (e *expectations) unmet(set string, cached map[string]*iteronv1.Implementat
 			met = a == nil || !a.DeletionTimestamp.IsZero()
 		case x.created:
 			met = a != nil
+		case x.retry != "":
+			met = a == nil || a.Annotations[iteronv1.AnnotationRetry] == x.retry
 		default:
 			met = a == nil || a.Generation >= x.generation
 		}

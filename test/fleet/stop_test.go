@@ -1,6 +1,9 @@
 package fleet
 
 import (
+	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -199,4 +202,57 @@ func TestARevertWithoutADownMigrationFailsUntilTheSetSaysDiscard(t *testing.T) {
 	v1, v2 = serving(t, key, pool5)
 	record(row{"… then revertStateDisposition: Discard", statusOf(reverted) + "; fleet-1,2 back on v1.0.0, state discarded (n=0)", names(v1), names(v2), untouched(t, key, b, 4, 5)})
 	managersRan(t)
+}
+
+// TestAResumedRolloutRetriesTheFailedNodeAndGoesOn: fleet-3's swap fails
+// once (the fault fires only in the first process that sees the poison);
+// the set halts; kubectl iteron rollout resume retries fleet-3's swap,
+// which now carries its state into v2, and the rollout goes on to fleet-4
+// and fleet-5.
+func TestAResumedRolloutRetriesTheFailedNodeAndGoesOn(t *testing.T) {
+	markers := filepath.Join(base, "markers")
+	if err := os.MkdirAll(markers, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	_ = os.Chmod(markers, 0o777) // the providers' uid creates the marker
+	v1 := source(t, artifacts.CounterV1Down, "counter-v1")
+	once := source(t, artifacts.Faulty, "counter-v2", "--fault", "crash", "--at", "migrate", "--if-request-contains", "poison",
+		"--once-marker", filepath.Join(markers, "resume"))
+	key := newSet(t, "resume", template(v1), canary(2, iteronv1.FailurePolicyHalt))
+	b := deployAndCount(t, key)
+	if obs := count(t, 3, b.nodes[3].activation.Name, "poison", 1); obs.Count != 1 {
+		t.Fatalf("fleet-3 counted poison=%d", obs.Count)
+	}
+	w := watchRollout(t, key)
+	editSet(t, key, func(s *iteronv1.ActivationSet) { s.Spec.Template = template(once) })
+	halted := waitSet(t, key, "Halted", fleettest.Phase(iteronv1.RolloutHalted))
+	if h := halted.Status.Halt; h == nil || !slices.Equal(h.Nodes, []string{"fleet-3"}) {
+		t.Fatalf("status.halt %+v; want fleet-3", h)
+	}
+	out, code := plugin(t, "rollout", "resume", key.Name)
+	t.Logf("kubectl iteron rollout resume %s (exit %d): %s", key.Name, code, strings.TrimSpace(out))
+	if code != 0 {
+		t.Fatalf("kubectl iteron rollout resume: exit %d", code)
+	}
+	done := waitSet(t, key, "Completed after the resume", fleettest.Completed)
+	w.stop()
+	t.Logf("moves:\n%s", w.describe())
+	if done.Status.Halt != nil || done.Status.FailedNodes != 0 {
+		t.Errorf("status after the resume: halt %+v, %d failed", done.Status.Halt, done.Status.FailedNodes)
+	}
+	for _, i := range pool5 {
+		n := nodeOf(t, key, i)
+		obs := count(t, i, n.activation.Name, "n", 0)
+		moves := w.movesOf(n.name)
+		t.Logf("%s: %d move(s), pid %d → %d (%s), state n=%d → %d (version %s)", n.name, len(moves), b.nodes[i].pid, n.pid, n.impl, b.counts[i], obs.Count, obs.Version)
+		if n.impl != "counter-v2" || obs.Count != b.counts[i] || len(moves) != 1 {
+			t.Errorf("%s: %s count %d after %d moves; want v2 with count %d, moved once", n.name, n.impl, obs.Count, len(moves), b.counts[i])
+		}
+	}
+	if obs := count(t, 3, nodeOf(t, key, 3).activation.Name, "poison", 0); obs.Count != 1 {
+		t.Errorf("fleet-3's retried swap lost its state: poison=%d", obs.Count)
+	}
+	v1s, v2s := serving(t, key, pool5)
+	record(row{"faulty-once v2 on fleet-3, Halt, then kubectl iteron rollout resume", statusOf(done) + "; fleet-3's swap retried with its state, fleet-4,5 moved after", names(v1s), names(v2s),
+		fmt.Sprintf("n/a (every node moves); managers yes (%s)", managersRan(t))})
 }
