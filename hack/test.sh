@@ -38,7 +38,7 @@ table=(
   "cmd/manager       3m       serial"   # 11.6-17.0s
   "controllers       6m       serial"   # 30-35s passing; 87s and 109s when one test failed after a 60s wait
   "test/crash        9m       serial"   # 159-170s (6 runs, load 14-17: the ledger-fault subset 72-81s, SIGKILL at 11 points 56-66s)
-  "test/docs         4m       serial"   # 13-44s before docs/fleet.md; the fleet guide alone 19-22s (runs the guides: its own local control plane, managers and providers)
+  "test/docs         4m       serial"   # 13-44s before docs/fleet.md, 65.6s with it (the fleet guide 19-30s) (runs the guides: its own local control plane, managers and providers)
   "test/doctor       3m       serial"   # 11.5-16.7s
   "test/e2e          3m       serial"   # 16.7-32.1s
   "test/fleet        5m       serial"   # 47-97s, load 9-13 (6 runs) (six managers, two fleet controllers, a control plane; builds the manager and the plugin)

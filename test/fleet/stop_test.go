@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -126,7 +127,17 @@ func TestAFailedNodeWithRevertMovesTheMovedNodesBackWithTheirState(t *testing.T)
 		if n.impl != "counter-v1" || obs.Version != "1.1.0" || obs.Count != b.counts[i] {
 			t.Errorf("%s after the revert: %s version %s count %d; want counter v1.1.0 with count %d (state migrated back)", n.name, n.impl, obs.Version, obs.Count, b.counts[i])
 		}
-		if n.pid == b.nodes[i].pid || !processAlive(n.pid) {
+		switch moved := servedV2(t, n.activation.Name); {
+		case !moved && i == 1:
+			t.Errorf("the canary %s never served v2", n.name)
+		case !moved:
+			// fleet-2 moved in the same wave as fleet-3: on a slow manager
+			// its swap may not have begun when the revert came.
+			t.Logf("%s's swap to v2 had not begun when the revert came: it never left v1", n.name)
+			if n.pid != b.nodes[i].pid {
+				t.Errorf("%s never served v2 but its provider pid changed %d → %d", n.name, b.nodes[i].pid, n.pid)
+			}
+		case n.pid == b.nodes[i].pid || !processAlive(n.pid):
 			t.Errorf("%s: provider pid %d → %d; want a new v1 process (a swap there and back)", n.name, b.nodes[i].pid, n.pid)
 		}
 		if back := w.movesOf(n.name); len(back) != 2 || back[1].to != stable {
@@ -166,16 +177,27 @@ func TestARevertWithoutADownMigrationFailsUntilTheSetSaysDiscard(t *testing.T) {
 	key, b, w := poisonedRolloutFrom(t, artifacts.CounterV1, "discard", canary(2, iteronv1.FailurePolicyRevert))
 	failed := waitSet(t, key, "RevertFailed", fleettest.Phase(iteronv1.RolloutRevertFailed))
 	t.Logf("status: phase %s: %s", failed.Status.Phase, fleettest.Condition(failed, iteronv1.ConditionReady).Message)
+	movedToV2 := map[int]bool{}
 	for _, i := range []int{1, 2} {
 		n := nodeOf(t, key, i)
 		obs := count(t, i, n.activation.Name, "n", 0)
-		t.Logf("%s after its failed revert: %s pid %d, state n=%d (version %s)", n.name, n.impl, n.pid, obs.Count, obs.Version)
-		if n.impl != "counter-v2" || obs.Count != b.counts[i] {
+		movedToV2[i] = servedV2(t, n.activation.Name)
+		t.Logf("%s after the failed revert: %s pid %d, state n=%d (version %s), served v2: %v", n.name, n.impl, n.pid, obs.Count, obs.Version, movedToV2[i])
+		switch {
+		case !movedToV2[i] && i == 1:
+			t.Errorf("the canary %s never served v2", n.name)
+		case !movedToV2[i]:
+			// Its swap to v2 had not begun when the revert came: it never
+			// left v1 and has nothing to revert.
+			if n.impl != "counter-v1" || obs.Count != b.counts[i] || n.pid != b.nodes[i].pid {
+				t.Errorf("%s never served v2: %s pid %d → %d count %d; want v1 untouched with count %d", n.name, n.impl, b.nodes[i].pid, n.pid, obs.Count, b.counts[i])
+			}
+		case n.impl != "counter-v2" || obs.Count != b.counts[i]:
 			t.Errorf("%s after a failed revert: %s count %d; want v2 still serving with count %d", n.name, n.impl, obs.Count, b.counts[i])
 		}
 	}
 	v1, v2 := serving(t, key, pool5)
-	record(row{"faulty v2 on fleet-3, Revert with Migrate to v1.0.0 (no down-migration)", statusOf(failed) + "; fleet-1,2 keep v2 and their state", names(v1), names(v2), untouched(t, key, b, 3, 4, 5)})
+	record(row{"faulty v2 on fleet-3, Revert with Migrate to v1.0.0 (no down-migration)", statusOf(failed) + "; " + movedNote(movedToV2, "keep v2 and their state"), names(v1), names(v2), untouched(t, key, b, 3, 4, 5)})
 
 	editSet(t, key, func(s *iteronv1.ActivationSet) {
 		s.Spec.Strategy.RevertStateDisposition = iteronv1.StateDispositionDiscard
@@ -192,15 +214,19 @@ func TestARevertWithoutADownMigrationFailsUntilTheSetSaysDiscard(t *testing.T) {
 		n := nodeOf(t, key, i)
 		obs := count(t, i, n.activation.Name, "n", 0)
 		t.Logf("%s: pid %d → %d (%s), state n=%d → %d (version %s), stateDisposition %s", n.name, b.nodes[i].pid, n.pid, n.impl, b.counts[i], obs.Count, obs.Version, n.activation.Spec.Swap.StateDisposition)
-		if n.impl != "counter-v1" || obs.Version != "1.0.0" || obs.Count != 0 {
-			t.Errorf("%s after the revert with Discard: %s version %s count %d; want counter v1.0.0 started empty", n.name, n.impl, obs.Version, obs.Count)
+		want := int64(0)
+		if !movedToV2[i] {
+			want = b.counts[i] // it never left v1: nothing was discarded
+		}
+		if n.impl != "counter-v1" || obs.Version != "1.0.0" || obs.Count != want {
+			t.Errorf("%s after the revert with Discard: %s version %s count %d; want counter v1.0.0 with count %d (served v2: %v)", n.name, n.impl, obs.Version, obs.Count, want, movedToV2[i])
 		}
 	}
 	if obs := count(t, 3, nodeOf(t, key, 3).activation.Name, "poison", 0); obs.Count != 1 {
 		t.Errorf("fleet-3 (never left v1) lost its state: poison=%d", obs.Count)
 	}
 	v1, v2 = serving(t, key, pool5)
-	record(row{"… then revertStateDisposition: Discard", statusOf(reverted) + "; fleet-1,2 back on v1.0.0, state discarded (n=0)", names(v1), names(v2), untouched(t, key, b, 4, 5)})
+	record(row{"… then revertStateDisposition: Discard", statusOf(reverted) + "; " + movedNote(movedToV2, "back on v1.0.0, state discarded (n=0)"), names(v1), names(v2), untouched(t, key, b, 4, 5)})
 	managersRan(t)
 }
 
@@ -255,4 +281,36 @@ func TestAResumedRolloutRetriesTheFailedNodeAndGoesOn(t *testing.T) {
 	v1s, v2s := serving(t, key, pool5)
 	record(row{"faulty-once v2 on fleet-3, Halt, then kubectl iteron rollout resume", statusOf(done) + "; fleet-3's swap retried with its state, fleet-4,5 moved after", names(v1s), names(v2s),
 		fmt.Sprintf("n/a (every node moves); managers yes (%s)", managersRan(t))})
+}
+
+// servedV2 reports whether an activation ever had counter v2 Active (a
+// Generation of it activated).
+func servedV2(t *testing.T, activation string) bool {
+	t.Helper()
+	var list iteronv1.GenerationList
+	if err := env.Client.List(context.Background(), &list, client.InNamespace(ns)); err != nil {
+		t.Fatal(err)
+	}
+	for _, g := range list.Items {
+		if g.Spec.ActivationName == activation && g.Spec.Implementation.ID == "counter-v2" && g.Status.ActivatedAt != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// movedNote says what happened to the nodes that served v2 (fleet-1, and
+// fleet-2 unless the revert came before its swap began).
+func movedNote(moved map[int]bool, what string) string {
+	var ns []string
+	for _, i := range []int{1, 2} {
+		if moved[i] {
+			ns = append(ns, nodeName(i))
+		}
+	}
+	note := strings.Join(ns, ", ") + " " + what
+	if !moved[2] {
+		note += "; fleet-2 never left v1 (the revert came before its swap began)"
+	}
+	return note
 }
