@@ -41,7 +41,7 @@ table=(
   "test/docs         4m       serial"   # 13-44s before docs/fleet.md, 65.6s with it (the fleet guide 19-30s) (runs the guides: its own local control plane, managers and providers)
   "test/doctor       3m       serial"   # 11.5-16.7s
   "test/e2e          3m       serial"   # 16.7-32.1s
-  "test/fleet        5m       serial"   # 47-97s, load 9-13 (6 runs) (six managers, two fleet controllers, a control plane; builds the manager and the plugin)
+  "test/fleet        5m       serial"   # 47-97s, load 4-13 (9 runs; 69-82s with all nine tests) (six managers, two fleet controllers, a control plane; builds the manager and the plugin)
   "test/fleetscale   3m       serial"   # 13.3s (a control plane; 100 Node objects, the controller in process)
   "test/gitops       3m       serial"   # 8.1-8.5s
   "test/localnode    5m       serial"   # 10.5-18.1s (a real node started, killed, cleaned up)
