@@ -398,7 +398,14 @@ func TestWrongCredentialsAreRefusedAndNotRetriedUntilTheyChange(t *testing.T) {
 	res2 := artifacts.NewResolver(p, 10*time.Millisecond, 50*time.Millisecond)
 	done := make(chan string, 16)
 	res2.OnDone = func(ref string) { done <- ref }
-	before := len(r.Requests())
+	synced := func() int {
+		qs, err := r.SyncedRequests()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(qs)
+	}
+	before := synced()
 	if _, err := res2.Resolve(res.Ref, "spec-1"); codeOf(err) != reasons.ArtifactUnavailable {
 		t.Fatalf("first resolve: %v; want a pending pull", err)
 	}
@@ -411,7 +418,7 @@ func TestWrongCredentialsAreRefusedAndNotRetriedUntilTheyChange(t *testing.T) {
 	if codeOf(last) != reasons.ArtifactRefused || !strings.Contains(last.Error(), "401") {
 		t.Fatalf("wrong credentials give %v; want artifact_refused naming 401", last)
 	}
-	n := len(r.Requests()) - before
+	n := synced() - before
 	t.Logf("registry requests for 51 resolves with wrong credentials: %d", n)
 	if n > 3 {
 		t.Fatalf("%d registry requests: a refused pull is being retried", n)

@@ -24,6 +24,7 @@ import (
 	"iteron.dev/operator/internal/hotswap"
 	"iteron.dev/operator/internal/reasons"
 	"iteron.dev/operator/test/operatortest"
+	"iteron.dev/operator/test/registrytest"
 )
 
 const baselineID = "counter-v1.baseline"
@@ -228,7 +229,15 @@ func TestWrongCredentialsAreRefusedWithoutARetryStormUntilTheyChange(t *testing.
 		t.Fatal(err)
 	}
 	defer priv.DockerConfig(credFile, "iteron", "right")
-	before := len(priv.Requests())
+	requests := func() []registrytest.Request {
+		t.Helper()
+		qs, err := priv.SyncedRequests()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return qs
+	}
+	before := len(requests())
 	operatortest.UpdateSpec(t, env.Client, act, func(a *iteronv1.ImplementationActivation) {
 		a.Spec.Sources[0] = source(next, next.Ref, "counter-v2.auth")
 	})
@@ -240,15 +249,16 @@ func TestWrongCredentialsAreRefusedWithoutARetryStormUntilTheyChange(t *testing.
 	if !strings.Contains(ms.Message, "401") {
 		t.Fatalf("the message does not name the registry's answer: %s", ms.Message)
 	}
-	afterRefusal := len(priv.Requests())
+	afterRefusal := len(requests())
 	// The refusal was seen (the signal); now a window in which the manager
 	// looks at the credentials every 2 s (RetryMax) three times and must
 	// not ask the registry anything.
 	time.Sleep(6 * time.Second)
-	window := len(priv.Requests()) - afterRefusal
+	all := requests()
+	window := len(all) - afterRefusal
 	t.Logf("registry requests (its access log): %d until the refusal, %d in the 6 s after it", afterRefusal-before, window)
 	if window != 0 || afterRefusal-before > 4 {
-		t.Fatalf("a refused pull is retried: %d requests to reach the refusal, %d after it\n%v", afterRefusal-before, window, priv.Requests()[before:])
+		t.Fatalf("a refused pull is retried: %d requests to reach the refusal, %d after it\n%v", afterRefusal-before, window, all[before:])
 	}
 	serving := oldServes(t, act, oldGen)
 	noTmp(t)
@@ -386,12 +396,19 @@ func TestALayerOverItsBoundIsRefusedWithoutFetchingIt(t *testing.T) {
 
 func TestATagWithoutADigestIsRefusedByTheAPIServer(t *testing.T) {
 	act, oldGen := onBaseline(t)
-	var cur iteronv1.ImplementationActivation
-	if err := env.Client.Get(context.Background(), client.ObjectKeyFromObject(act), &cur); err != nil {
-		t.Fatal(err)
+	// The manager writes status meanwhile: an update from a stale read is a
+	// conflict, read again.
+	var err error
+	for range 20 {
+		var cur iteronv1.ImplementationActivation
+		if err = env.Client.Get(context.Background(), client.ObjectKeyFromObject(act), &cur); err != nil {
+			t.Fatal(err)
+		}
+		cur.Spec.Sources[0].OCI = &iteronv1.OCISource{Ref: pub.Host + "/providers/baseline:v1"}
+		if err = env.Client.Update(context.Background(), &cur); !apierrors.IsConflict(err) {
+			break
+		}
 	}
-	cur.Spec.Sources[0].OCI = &iteronv1.OCISource{Ref: pub.Host + "/providers/baseline:v1"}
-	err := env.Client.Update(context.Background(), &cur)
 	t.Logf("tag only: %v", err)
 	if !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "spec.sources[0].oci.ref") || !strings.Contains(err.Error(), "a tag alone is refused") {
 		t.Fatalf("a tag alone gives %v; want 422 naming spec.sources[0].oci.ref", err)

@@ -32,6 +32,7 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -273,10 +274,14 @@ func (r *Registry) Requests() []Request {
 }
 
 // Count counts the requests whose method is method ("" any) and whose path
-// contains sub.
+// contains sub, after a Sync (a count of -1 says the Sync failed).
 func (r *Registry) Count(method, sub string) int {
+	qs, err := r.SyncedRequests()
+	if err != nil {
+		return -1
+	}
 	n := 0
-	for _, q := range r.Requests() {
+	for _, q := range qs {
 		if (method == "" || q.Method == method) && strings.Contains(q.Path, sub) {
 			n++
 		}
@@ -421,4 +426,42 @@ func (r *Registry) PushRaw(repo string, blobs map[string][]byte, manifest []byte
 		return "", fmt.Errorf("manifest put %s: %s", digest, resp.Status)
 	}
 	return digest, nil
+}
+
+var syncSeq atomic.Int64
+
+// Sync makes the access log complete up to now: the registry writes a
+// request's line when the request ends, so a count taken right after a
+// client saw its answer may miss it. Sync sends a marker request and waits
+// (at most 10 s) until its line is in the log; the lines of requests that
+// ended before it are then there too.
+func (r *Registry) Sync() error {
+	marker := fmt.Sprintf("/v2/?iteron-sync=%d-%d", os.Getpid(), syncSeq.Add(1))
+	resp, err := r.Client.Get(r.URL() + marker)
+	if err != nil {
+		return fmt.Errorf("registrytest: sync: %w", err)
+	}
+	resp.Body.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(r.Log(), marker) {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("registrytest: the access log never showed %s", marker)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return nil
+}
+
+// SyncedRequests parses the access log after a Sync, leaving out Sync's markers.
+func (r *Registry) SyncedRequests() ([]Request, error) {
+	if err := r.Sync(); err != nil {
+		return nil, err
+	}
+	var out []Request
+	for _, q := range r.Requests() {
+		if !strings.Contains(q.Path, "iteron-sync=") {
+			out = append(out, q)
+		}
+	}
+	return out, nil
 }
