@@ -69,6 +69,10 @@ func RelayedPlan(f LaunchPlanFields) (LaunchPlan, error) {
 	return newLaunchPlan(f), nil
 }
 
-func cleanAbs(p string) bool { return p != "" && filepath.IsAbs(p) && filepath.Clean(p) == p && p != "/" }
+func cleanAbs(p string) bool {
+	return p != "" && filepath.IsAbs(p) && filepath.Clean(p) == p && p != "/"
+}
 
-func within(p, dir string) bool { return len(p) > len(dir) && p[:len(dir)] == dir && p[len(dir)] == '/' }
+func within(p, dir string) bool {
+	return len(p) > len(dir) && p[:len(dir)] == dir && p[len(dir)] == '/'
+}
