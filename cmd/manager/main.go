@@ -53,6 +53,10 @@ func run(args []string, stderr io.Writer) int {
 	}
 	defer lock.Release()
 
+	var sv *app.SurvivorOptions
+	if opts.survivorSocket != "" {
+		sv = &app.SurvivorOptions{Socket: opts.survivorSocket, Lock: lock.f}
+	}
 	cfg, err := restConfig(opts.kubeconfig)
 	if err != nil {
 		fmt.Fprintln(stderr, "manager: kubeconfig:", err)
@@ -64,6 +68,7 @@ func run(args []string, stderr io.Writer) int {
 		MetricsBindAddress: opts.metricsBindAddress, HealthProbeBindAddress: opts.healthProbeBindAddress,
 		Gateway:    &app.GatewayOptions{Socket: opts.gatewaySocket, Group: opts.gatewayGroup, Allow: opts.gatewayAllow},
 		AfterPhase: faultInjection(os.Getenv(faultKillAfterEnv)),
+		Survivor:   sv,
 		Log:        ctrl.Log,
 	})
 	if err != nil {
@@ -72,6 +77,9 @@ func run(args []string, stderr io.Writer) int {
 	}
 	if len(m.Swept.Killed) > 0 || m.Swept.Stale > 0 {
 		log.Info("swept provider groups left by an earlier manager", "killed", len(m.Swept.Killed), "stale", m.Swept.Stale)
+	}
+	if a := m.Attachment; a != nil {
+		log.Info("attached to the survivor: its providers are re-attached as each activation is recovered", "instance", a.Instance, "session", a.Session, "processes", len(a.Processes), "outcomes", len(a.Outcomes))
 	}
 	log.Info("starting", "node", opts.nodeName, "stateDir", opts.stateDir, "allowedRoots", opts.allowedRoots, "capabilityCeiling", opts.capabilityCeiling)
 	if err := m.Run(ctrl.SetupSignalHandler()); err != nil {

@@ -31,6 +31,7 @@ type options struct {
 	gatewayGroup           int
 	gatewayAllow           gateway.Allow
 	capabilityCeiling      []string
+	survivorSocket         string
 }
 
 // maxSocketPath is the longest unix socket path Linux accepts (sun_path is
@@ -68,6 +69,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.gatewayGroup, "gateway-group", 0, "group owning the gateway socket (mode 0660): the callers' group")
 	fs.Var(&gatewayAllowValues, "gateway-allow", "repeatable: uid:<n>=<ns>[,<ns>...] or gid:<n>=<ns>[,<ns>...]; '*' is every namespace")
 	fs.StringVar(&ceiling, "capability-ceiling", "read_only,reversible_local", "comma-separated capabilities this node admits at most")
+	fs.StringVar(&o.survivorSocket, "survivor-socket", "", "control socket of the node's survivor (iteron-survivor, normally <state-dir>/survivor.sock), which owns the providers so that they outlive this manager and holds the gateway socket; empty: this manager owns its providers")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -116,6 +118,14 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	}
 	if o.capabilityCeiling, err = parseCapabilities(ceiling); err != nil {
 		return nil, err
+	}
+	if o.survivorSocket != "" {
+		if err := checkAbsoluteClean("survivor-socket", o.survivorSocket); err != nil {
+			return nil, err
+		}
+		if len(o.survivorSocket) > maxSocketPath {
+			return nil, &flagError{"survivor-socket", o.survivorSocket, fmt.Sprintf("is %d bytes; a unix socket path is at most %d", len(o.survivorSocket), maxSocketPath)}
+		}
 	}
 	return &o, nil
 }

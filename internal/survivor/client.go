@@ -120,6 +120,13 @@ func (c *Client) Attached(ctx context.Context) (*Attachment, error) {
 	}
 }
 
+// Connected reports whether a session with the survivor is up.
+func (c *Client) Connected() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.c != nil
+}
+
 // Instance is the survivor's instance ID of the current (or last) session.
 func (c *Client) Instance() string {
 	c.mu.Lock()
@@ -830,6 +837,27 @@ func (rp *RemoteProcess) Budget() procexec.Budget {
 	}
 	life := time.Duration(rp.budget.LifetimeMs)*time.Millisecond - time.Since(rp.budgetAt)
 	return procexec.Budget{Lifetime: max(life, 0), StdinBytes: rp.budget.StdinBytes, StateOperations: rp.budget.StateOperations}
+}
+
+// Refresh asks the survivor how the process is now (alive, identity
+// re-checked, active run, budget) and updates Info.
+func (rp *RemoteProcess) Refresh(ctx context.Context) error {
+	f, err := rp.op(ctx, &header{Op: opStatus}, nil, nil)
+	if err != nil {
+		return err
+	}
+	r := f.h.Reply
+	rp.mu.Lock()
+	if r.Process != nil {
+		budget := rp.info.Budget
+		rp.info = *r.Process
+		if rp.info.Budget == nil {
+			rp.info.Budget = budget
+		}
+	}
+	rp.tail, rp.dropped, rp.tailTotal = r.StderrTail, r.StderrDropped, r.StderrTotal
+	rp.mu.Unlock()
+	return nil
 }
 
 // StderrTail returns the newest stderr bytes the manager has (refreshed

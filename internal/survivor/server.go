@@ -468,8 +468,8 @@ func (s *Server) do(sess *session, f *frame) {
 	case opClose:
 		s.answer(sess, h.ID, p, p.Close())
 	case opStatus:
-		b := budgetOf(p)
-		s.reply(sess, h.ID, &replyBody{Budget: &b, StderrTail: string(p.StderrTail()), StderrDropped: p.StderrDropped(), StderrTotal: stderrTotal(p)}, nil)
+		info := s.describe(e)
+		s.reply(sess, h.ID, &replyBody{Budget: info.Budget, Process: &info, StderrTail: string(p.StderrTail()), StderrDropped: p.StderrDropped(), StderrTotal: stderrTotal(p)}, nil)
 	default:
 		fail(&Error{Message: fmt.Sprintf("unknown operation %q", h.Op)})
 	}

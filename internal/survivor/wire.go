@@ -291,6 +291,11 @@ type Outcome struct {
 	Body []byte `json:"-"`
 }
 
+// Failure is the error that ended the run (nil for a terminal
+// observation): a *procexec.Fault, procexec.ErrRunCancelled,
+// procexec.ErrClosed, or an *Error.
+func (o Outcome) Failure() error { return o.Err.err() }
+
 type exitedBody struct {
 	Err        *wireError `json:"err,omitempty"`
 	Exit       string     `json:"exit,omitempty"`
