@@ -119,7 +119,7 @@ type Server struct {
 	// start, so that run IDs never repeat in a survivor's outcome table.
 	runPrefix string
 	table     *invocationTable
-	grpc       *grpc.Server
+	grpc      *grpc.Server
 
 	// ctx ends when the server stops: queued calls are withdrawn.
 	ctx    context.Context

@@ -269,12 +269,12 @@ type remoteProvider struct {
 }
 
 func (p *remoteProvider) SetRenewalMargin(d time.Duration) { p.margin.Store(int64(d)) }
-func (p *remoteProvider) Pid() int                          { return p.rp.Pid() }
-func (p *remoteProvider) StartedAt() time.Time              { return p.rp.StartedAt() }
-func (p *remoteProvider) Exited() <-chan struct{}           { return p.rp.Done() }
-func (p *remoteProvider) Close() error                      { return p.rp.Close() }
-func (p *remoteProvider) StderrTail() (string, int64)       { return p.rp.StderrTail() }
-func (p *remoteProvider) Load(ctx context.Context) error    { return p.rp.Load(ctx) }
+func (p *remoteProvider) Pid() int                         { return p.rp.Pid() }
+func (p *remoteProvider) StartedAt() time.Time             { return p.rp.StartedAt() }
+func (p *remoteProvider) Exited() <-chan struct{}          { return p.rp.Done() }
+func (p *remoteProvider) Close() error                     { return p.rp.Close() }
+func (p *remoteProvider) StderrTail() (string, int64)      { return p.rp.StderrTail() }
+func (p *remoteProvider) Load(ctx context.Context) error   { return p.rp.Load(ctx) }
 
 // OwnerLost reports whether the process ended with its survivor.
 func (p *remoteProvider) OwnerLost() bool { return p.rp.OwnerLost() }
@@ -311,7 +311,9 @@ func (p *remoteProvider) Cancel(ctx context.Context, runID, reason string) error
 	return p.rp.Cancel(ctx, runID, reason)
 }
 
-func (p *remoteProvider) Stop(ctx context.Context, reason string) error { return p.rp.Stop(ctx, reason) }
+func (p *remoteProvider) Stop(ctx context.Context, reason string) error {
+	return p.rp.Stop(ctx, reason)
+}
 
 func (p *remoteProvider) Snapshot(ctx context.Context, lineage int64) (State, error) {
 	return p.rp.Snapshot(ctx, uint64(lineage), stateDeadline(ctx))
