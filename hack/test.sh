@@ -111,7 +111,15 @@ run() {
   shift 2
   echo "== go test $what" | tee -a "$out"
   go test -v "$@" 2>&1 | tee -a "$out" |
-    awk '/^(ok|FAIL|panic:)|^--- FAIL|^    --- FAIL|run against kube-apiserver/ { print; fflush() }'
+    awk '
+      # A failing test'"'"'s own lines come before its "--- FAIL": keep the
+      # newest 200 of the running test and print them with it.
+      /^=== RUN/ { n = 0; next }
+      /^(ok|FAIL|panic:)|^--- FAIL|^    --- FAIL|run against kube-apiserver/ {
+        if ($0 ~ /^--- FAIL/) { for (i = (n > 200 ? n - 200 : 0); i < n; i++) print kept[i % 200] }
+        print; fflush(); n = 0; next
+      }
+      { kept[n % 200] = $0; n++ }'
   rc=${PIPESTATUS[0]}
   echo "$rc $((SECONDS - start)) $what" >"$out.rc"
 }

@@ -213,10 +213,15 @@ func (a *activationRuntime) takeCheckpoint(m *moduleRuntime, g *generationRuntim
 	if err != nil {
 		return err
 	}
-	if _, err := a.storeSnapshot(g, st, SnapshotCheckpoint); err != nil {
+	path, err := a.c.snapshots.PutKeeping(a.key.UID, a.storedSnapshot(g, st, SnapshotCheckpoint), CheckpointsKept)
+	if path == "" {
 		return err
 	}
-	_ = a.c.snapshots.Prune(a.key.UID, m.name, SnapshotCheckpoint, CheckpointsKept)
+	if err != nil {
+		// The checkpoint is durable; only older ones were left behind, and
+		// the next checkpoint prunes them.
+		a.log("old checkpoints not pruned", "module", m.name, "error", err.Error())
+	}
 	a.mu.Lock()
 	g.stateDigest = st.StateSHA256
 	g.checkpoint = &CheckpointInfo{StateSHA256: st.StateSHA256, At: a.c.cfg.Now()}

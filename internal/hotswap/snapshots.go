@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/go-json-experiment/json/jsontext"
@@ -67,6 +68,10 @@ const (
 // a snapshot file either exists whole or not at all.
 type SnapshotStore struct {
 	root string
+	// mu makes a write and the pruning that follows it one step for
+	// readers in this process: a List never sees a checkpoint over the kept
+	// count, nor fails on a file pruned while it read the directory.
+	mu sync.RWMutex
 }
 
 // NewSnapshotStore returns the store rooted at <stateDir>/snapshots.
@@ -81,6 +86,29 @@ func (s *SnapshotStore) dir(activationUID, module string) string {
 // Put makes a snapshot durable. It recomputes the digest from the state and
 // refuses a snapshot whose claimed digest differs.
 func (s *SnapshotStore) Put(activationUID string, snap StoredSnapshot) (string, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.put(activationUID, snap)
+}
+
+// PutKeeping makes a snapshot durable and then keeps only the newest keep
+// snapshots of its kind, as one step for readers of this store. When only the
+// pruning fails, the snapshot is durable: path is set and err says what was
+// left behind.
+func (s *SnapshotStore) PutKeeping(activationUID string, snap StoredSnapshot, keep int) (string, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	path, err := s.put(activationUID, snap)
+	if err != nil {
+		return "", err
+	}
+	if err := s.prune(activationUID, snap.Module, snap.Kind, keep); err != nil {
+		return path, fmt.Errorf("prune %s snapshots of %s: %w", snap.Kind, snap.Module, err)
+	}
+	return path, nil
+}
+
+func (s *SnapshotStore) put(activationUID string, snap StoredSnapshot) (string, error) {
 	canonical, err := strictjson.CanonicalValue(snap.State)
 	if err != nil {
 		return "", fmt.Errorf("snapshot of %s: state is not valid JSON: %w", snap.Module, err)
@@ -125,12 +153,20 @@ func (s *SnapshotStore) Latest(activationUID, module string) (snap StoredSnapsho
 
 // Get returns the stored snapshot with the given state digest and kind.
 func (s *SnapshotStore) Get(activationUID, module, digest, kind string) (StoredSnapshot, error) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
 	path := filepath.Join(s.dir(activationUID, module), strings.TrimPrefix(digest, strictjson.DigestPrefix)+"-"+kind+".json")
 	return readSnapshot(path)
 }
 
 // List returns a module's snapshots, oldest first, each verified.
 func (s *SnapshotStore) List(activationUID, module string) ([]StoredSnapshot, error) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.list(activationUID, module)
+}
+
+func (s *SnapshotStore) list(activationUID, module string) ([]StoredSnapshot, error) {
 	entries, err := os.ReadDir(s.dir(activationUID, module))
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
@@ -161,7 +197,13 @@ func (s *SnapshotStore) List(activationUID, module string) ([]StoredSnapshot, er
 // Prune keeps the newest keep snapshots of a kind for a module and removes
 // the rest.
 func (s *SnapshotStore) Prune(activationUID, module, kind string, keep int) error {
-	all, err := s.List(activationUID, module)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.prune(activationUID, module, kind, keep)
+}
+
+func (s *SnapshotStore) prune(activationUID, module, kind string, keep int) error {
+	all, err := s.list(activationUID, module)
 	if err != nil {
 		return err
 	}
@@ -200,6 +242,8 @@ func (s *SnapshotStore) ActivationUIDs() ([]string, error) {
 
 // RemoveActivation deletes every snapshot of an activation.
 func (s *SnapshotStore) RemoveActivation(activationUID string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	return os.RemoveAll(filepath.Join(s.root, activationUID))
 }
 

@@ -1,6 +1,7 @@
 package hotswap
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -82,5 +83,41 @@ func TestSnapshotStorePrunesOldCheckpoints(t *testing.T) {
 	}
 	if got := strings.Join(kinds, " "); got != `checkpoint:{"n":3} checkpoint:{"n":4} rollback:{"n":"r"}` {
 		t.Fatalf("after prune: %s", got)
+	}
+}
+
+func TestAReaderNeverSeesMoreCheckpointsThanKeptNorAFilePrunedUnderIt(t *testing.T) {
+	store := NewSnapshotStore(t.TempDir())
+	const keep, writes = 3, 200
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := range writes {
+			if _, err := store.PutKeeping("uid-1", StoredSnapshot{Module: "m", Kind: SnapshotCheckpoint, TakenUnixMs: int64(i + 1), State: []byte(fmt.Sprintf(`{"n":%d}`, i))}, keep); err != nil {
+				t.Errorf("checkpoint %d: %v", i, err)
+				return
+			}
+		}
+	}()
+	reads := 0
+	for running := true; running; reads++ {
+		select {
+		case <-done:
+			running = false
+		default:
+		}
+		all, err := store.List("uid-1", "m")
+		if err != nil {
+			<-done
+			t.Fatalf("read %d while checkpointing: %v", reads, err)
+		}
+		if len(all) > keep {
+			<-done
+			t.Fatalf("read %d saw %d checkpoints; at most %d are kept", reads, len(all), keep)
+		}
+	}
+	all, err := store.List("uid-1", "m")
+	if err != nil || len(all) != keep || string(all[keep-1].State) != fmt.Sprintf(`{"n":%d}`, writes-1) {
+		t.Fatalf("after %d checkpoints: %d kept, newest %s (%v); want %d ending with n=%d", writes, len(all), all[len(all)-1].State, err, keep, writes-1)
 	}
 }

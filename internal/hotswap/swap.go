@@ -289,10 +289,15 @@ func (r *txnRun) relaunchOld(ctx context.Context, old *generationRuntime) error 
 
 // storeSnapshot makes a generation's state durable under the state dir.
 func (a *activationRuntime) storeSnapshot(g *generationRuntime, st State, kind string) (string, error) {
-	return a.c.snapshots.Put(a.key.UID, StoredSnapshot{
+	return a.c.snapshots.Put(a.key.UID, a.storedSnapshot(g, st, kind))
+}
+
+// storedSnapshot is a generation's state as the snapshot store keeps it.
+func (a *activationRuntime) storedSnapshot(g *generationRuntime, st State, kind string) StoredSnapshot {
+	return StoredSnapshot{
 		Module: g.module, ImplementationID: st.ImplementationID, Lineage: int64(st.Generation), StateSchema: st.StateSchema,
 		StateSHA256: st.StateSHA256, Kind: kind, TakenUnixMs: a.c.cfg.Now().UnixMilli(), State: json.RawMessage(st.State),
-	})
+	}
 }
 
 // recordReceipt stores a receipt for a generation.
