@@ -30,6 +30,11 @@ const (
 	exitUsage   = 2
 )
 
+// buildNote is set at link time (-ldflags "-X main.buildNote=…") to tell
+// builds of the same source apart in the log (the upgrade tests build a
+// second manager this way); empty in a release.
+var buildNote string
+
 func main() {
 	os.Exit(run(os.Args[1:], os.Stderr))
 }
@@ -80,6 +85,9 @@ func run(args []string, stderr io.Writer) int {
 	}
 	if a := m.Attachment; a != nil {
 		log.Info("attached to the survivor: its providers are re-attached as each activation is recovered", "instance", a.Instance, "session", a.Session, "processes", len(a.Processes), "outcomes", len(a.Outcomes))
+	}
+	if buildNote != "" {
+		log.Info("build", "note", buildNote)
 	}
 	log.Info("starting", "node", opts.nodeName, "stateDir", opts.stateDir, "allowedRoots", opts.allowedRoots, "capabilityCeiling", opts.capabilityCeiling)
 	if err := m.Run(ctrl.SetupSignalHandler()); err != nil {

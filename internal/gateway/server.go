@@ -206,6 +206,11 @@ func (s *Server) Start(ctx context.Context) error {
 	stopCtx, cancel := context.WithTimeout(context.Background(), s.cfg.StopTimeout)
 	defer cancel()
 	s.Stop(stopCtx)
+	if s.cfg.Handover != nil {
+		// The handed-over listeners' Serve calls end with Stop; none
+		// reports on errc.
+		return nil
+	}
 	return <-errc
 }
 
