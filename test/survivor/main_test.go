@@ -338,7 +338,9 @@ type providerIdentity struct {
 	startTime uint64
 }
 
-func (p providerIdentity) String() string { return fmt.Sprintf("pid %d (start time %d)", p.pid, p.startTime) }
+func (p providerIdentity) String() string {
+	return fmt.Sprintf("pid %d (start time %d)", p.pid, p.startTime)
+}
 
 // provider is the module's provider process as the Generation reports it,
 // checked against /proc (the survivor is this test's child: same PID

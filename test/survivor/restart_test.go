@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"iteron.dev/operator/examples/providers/artifacts"
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
+	"iteron.dev/operator/examples/providers/artifacts"
 )
 
 // loop is a caller calling in a loop, sequentially, each call under its
