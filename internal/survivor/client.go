@@ -313,6 +313,10 @@ func (c *Client) adoptInfo(instance string, info ProcessInfo) *RemoteProcess {
 
 // serve reads frames until the connection ends.
 func (c *Client) serve(cc *conn) error {
+	// stopping is set once the survivor asked for a checkpoint: it is
+	// stopping, and the processes it stops from then on end with it (not
+	// through a fault of their own).
+	stopping := false
 	for {
 		f, err := cc.read()
 		if err != nil {
@@ -347,6 +351,11 @@ func (c *Client) serve(cc *conn) error {
 				if errors.Is(err, procexec.ErrClosed) {
 					err = nil
 				}
+				if stopping {
+					rp.mu.Lock()
+					rp.lost = true
+					rp.mu.Unlock()
+				}
 				rp.end(err, f.h.Exited.StderrTail)
 			}
 		case opOutcome:
@@ -365,6 +374,7 @@ func (c *Client) serve(cc *conn) error {
 			c.mu.Unlock()
 			return &Error{Message: f.h.Refused}
 		case opCkptAsk:
+			stopping = true
 			go func() {
 				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 				defer cancel()

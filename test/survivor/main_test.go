@@ -318,9 +318,22 @@ func ready(impl string) func(*iteronv1.ImplementationActivation) bool {
 // generation returns the Generation that serves the module now.
 func generation(t *testing.T, a *iteronv1.ImplementationActivation) *iteronv1.Generation {
 	t.Helper()
+	for start := time.Now(); time.Since(start) < 30*time.Second; time.Sleep(100 * time.Millisecond) {
+		if g := generationNow(t, a); g != nil {
+			return g
+		}
+	}
+	t.Fatalf("no Generation serves %s in the status of %s within 30 s: %+v", module, a.Name, get(t, a).Status.Modules)
+	return nil
+}
+
+// generationNow is the Generation the status names now, or nil when it
+// names none (it may be between two).
+func generationNow(t *testing.T, a *iteronv1.ImplementationActivation) *iteronv1.Generation {
+	t.Helper()
 	cur := get(t, a)
 	for _, m := range cur.Status.Modules {
-		if m.Module == module {
+		if m.Module == module && m.GenerationName != "" {
 			var g iteronv1.Generation
 			if err := env.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: m.GenerationName}, &g); err != nil {
 				t.Fatal(err)
@@ -328,7 +341,24 @@ func generation(t *testing.T, a *iteronv1.ImplementationActivation) *iteronv1.Ge
 			return &g
 		}
 	}
-	t.Fatalf("no %s in the status of %s", module, a.Name)
+	return nil
+}
+
+// relaunchedGeneration waits (60 s) until the Generation serving the
+// module says it was relaunched after since, and returns it.
+func relaunchedGeneration(t *testing.T, a *iteronv1.ImplementationActivation, since time.Time) *iteronv1.Generation {
+	t.Helper()
+	var g *iteronv1.Generation
+	for start := time.Now(); time.Since(start) < 60*time.Second; time.Sleep(100 * time.Millisecond) {
+		if g = generationNow(t, a); g == nil || !strings.HasPrefix(g.Status.Message, "relaunched at ") {
+			continue
+		}
+		at, err := time.Parse(time.RFC3339, strings.Fields(g.Status.Message)[2])
+		if err == nil && !at.Before(since.Truncate(time.Second)) {
+			return g
+		}
+	}
+	t.Fatalf("the Generation of %s never said it was relaunched after %v: %+v", a.Name, since, g)
 	return nil
 }
 
@@ -357,11 +387,18 @@ func provider(t *testing.T, a *iteronv1.ImplementationActivation) providerIdenti
 			t.Fatalf("Generation %s reports no pid: %+v", g.Name, g.Status)
 		}
 	}
-	st, err := startTime(int(g.Status.Pid))
-	if err != nil {
-		t.Fatalf("the provider pid %d of %s: %v", g.Status.Pid, g.Name, err)
+	for start := time.Now(); ; time.Sleep(100 * time.Millisecond) {
+		st, err := startTime(int(g.Status.Pid))
+		if err == nil {
+			return providerIdentity{int(g.Status.Pid), st}
+		}
+		// A process that just died (with its survivor) is reported
+		// until the relaunch is.
+		if time.Since(start) > 30*time.Second {
+			t.Fatalf("the provider pid %d of %s: %v", g.Status.Pid, g.Name, err)
+		}
+		g = generation(t, a)
 	}
-	return providerIdentity{int(g.Status.Pid), st}
 }
 
 func startTime(pid int) (uint64, error) {
@@ -458,11 +495,21 @@ func newCaller(t *testing.T, n *nodeState) *caller {
 
 // call adds add to key under invocation id (a deadline of 20 s).
 func (c *caller) call(a *iteronv1.ImplementationActivation, id, key string, add int) answer {
+	return c.callSlow(a, id, key, add, 0)
+}
+
+// callSlow is call with a run that sleeps sleepMs in the provider before
+// it counts (so that a kill finds runs in flight).
+func (c *caller) callSlow(a *iteronv1.ImplementationActivation, id, key string, add, sleepMs int) answer {
 	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Second)
 	defer cancel()
 	start := time.Now()
+	input := fmt.Sprintf(`{"key":%q,"add":%d}`, key, add)
+	if sleepMs > 0 {
+		input = fmt.Sprintf(`{"key":%q,"add":%d,"sleep_ms":%d}`, key, add, sleepMs)
+	}
 	resp, err := c.c.Invoke(ctx, &gatewayv1.InvokeRequest{Namespace: a.Namespace, Activation: a.Name, Module: module, InvocationId: id,
-		InputJson: fmt.Sprintf(`{"key":%q,"add":%d}`, key, add), DeadlineMs: 20000})
+		InputJson: input, DeadlineMs: 20000})
 	r := answer{took: time.Since(start)}
 	if err != nil {
 		st, _ := status.FromError(err)
