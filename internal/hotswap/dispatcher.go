@@ -335,6 +335,19 @@ func (d *Dispatcher) run(p *pendingCall, route Route, deadline time.Duration) {
 	}
 	terminal, err := route.Backend.Run(ctx, p.call.ID, p.call.Input, deadline, p.call.Observe)
 	cancel()
+	var ns interface{ NotStarted() bool }
+	if err != nil && errors.As(err, &ns) && ns.NotStarted() && time.Until(p.call.Deadline) > 0 {
+		// The run never reached a provider (its owner, the survivor, went
+		// away first): the call waits at the head of the queue for the
+		// relaunch, as calls that arrive now do, instead of failing.
+		d.mu.Lock()
+		d.queue = append([]*pendingCall{p}, d.queue...)
+		d.inFlight = nil
+		close(d.idle)
+		d.mu.Unlock()
+		time.AfterFunc(20*time.Millisecond, d.poke)
+		return
+	}
 	p.result = Result{Lineage: route.Lineage, Name: route.Name, Terminal: terminal, QueuedFor: started.Sub(p.enqueued)}
 	d.mu.Lock()
 	current := d.route

@@ -468,8 +468,40 @@ func (c *Client) flushAcks() {
 	}
 }
 
+// NotStartedError is a run that never reached its provider: the survivor
+// that owned the process went away, or was replaced, before the run's frame
+// was written whole (a torn frame is never acted on). The provider did
+// nothing with it, so the caller may run it again once the process is
+// relaunched (the dispatcher queues it again).
+type NotStartedError struct{ Err error }
+
+func (e *NotStartedError) Error() string {
+	return "the run never reached its provider: " + e.Err.Error()
+}
+
+func (e *NotStartedError) Unwrap() error { return e.Err }
+
+// NotStarted reports true: see NotStartedError.
+func (e *NotStartedError) NotStarted() bool { return true }
+
+// errInstanceChanged: the request was for a process of another survivor
+// instance than the one connected now.
+var errInstanceChanged = errors.New("the survivor was replaced")
+
+// sendError is a request whose frame could not be written.
+type sendError struct{ err error }
+
+func (e *sendError) Error() string { return e.err.Error() }
+func (e *sendError) Unwrap() error { return e.err }
+
 // call sends a request and waits for its reply.
 func (c *Client) call(ctx context.Context, h *header, payload []byte, observe func(observeBody, []byte), files ...*os.File) (*frame, error) {
+	return c.callOn(ctx, "", h, payload, observe, files...)
+}
+
+// callOn is call for a process of survivor instance (any, when empty): it
+// is never sent to another instance.
+func (c *Client) callOn(ctx context.Context, instance string, h *header, payload []byte, observe func(observeBody, []byte), files ...*os.File) (*frame, error) {
 	for {
 		c.mu.Lock()
 		cc, up, closed, superseded := c.c, c.up, c.closed, c.superseded
@@ -494,6 +526,10 @@ func (c *Client) call(ctx context.Context, h *header, payload []byte, observe fu
 			c.mu.Unlock()
 			continue
 		}
+		if instance != "" && c.instance != instance {
+			c.mu.Unlock()
+			return nil, errInstanceChanged
+		}
 		c.nextID++
 		h.ID = c.nextID
 		c.pending[h.ID] = pc
@@ -505,7 +541,7 @@ func (c *Client) call(ctx context.Context, h *header, payload []byte, observe fu
 			delete(c.pending, h.ID)
 			c.acks = append(h.Acks, c.acks...)
 			c.mu.Unlock()
-			return nil, fmt.Errorf("survivor: sending %s: %w", h.Op, err)
+			return nil, &sendError{fmt.Errorf("survivor: sending %s: %w", h.Op, err)}
 		}
 		select {
 		case f, ok := <-pc.reply:
@@ -697,12 +733,26 @@ func (rp *RemoteProcess) deadErr() error {
 func (rp *RemoteProcess) op(ctx context.Context, h *header, payload []byte, observe func(observeBody, []byte)) (*frame, error) {
 	select {
 	case <-rp.done:
+		if h.Op == opRun && rp.OwnerLost() {
+			return nil, &NotStartedError{Err: rp.deadErr()}
+		}
 		return nil, rp.deadErr()
 	default:
 	}
 	h.Proc = rp.info.Proc
-	f, err := rp.cl.call(ctx, h, payload, observe)
+	f, err := rp.cl.callOn(ctx, rp.instance, h, payload, observe)
 	if err != nil {
+		var se *sendError
+		if errors.Is(err, errInstanceChanged) || errors.As(err, &se) {
+			// Not sent whole: the provider never saw it.
+			if h.Op == opRun {
+				why := err
+				if rp.OwnerLost() {
+					why = rp.deadErr()
+				}
+				return nil, &NotStartedError{Err: why}
+			}
+		}
 		select {
 		case <-rp.done:
 			return nil, rp.deadErr()

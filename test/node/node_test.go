@@ -493,9 +493,10 @@ func (c *cluster) restartManager(t *testing.T, name string, a *iteronv1.Implemen
 			mu.Lock()
 			answers = append(answers, r)
 			mu.Unlock()
-			if r.err != nil {
-				time.Sleep(20 * time.Millisecond)
-			}
+			// About 100 calls a second: a steady caller, and few enough
+			// that no process reaches its stdin budget (8 MiB) and is
+			// renewed (a fresh process, by design) during the test.
+			time.Sleep(10 * time.Millisecond)
 		}
 	}()
 	waitCalls := func(more int) {
@@ -575,7 +576,7 @@ func (c *cluster) providerPids(t *testing.T, a *iteronv1.ImplementationActivatio
 			if g.Status.ProcessStartedAt != nil {
 				started = g.Status.ProcessStartedAt.UTC().Format(time.RFC3339)
 			}
-			pids[g.Name] = fmt.Sprintf("pid %d started %s", g.Status.Pid, started)
+			pids[g.Name] = fmt.Sprintf("pid %d started %s (renewals %d)", g.Status.Pid, started, g.Status.Renewals)
 		}
 	}
 	return pids

@@ -311,7 +311,7 @@ func TestASurvivorStoppedOrKilledRelaunchesItsProvidersFromTheirCheckpoints(t *t
 			const interval = 2
 			a := newActivation(t, "sv"+strings.ToLower(tc.name), interval, source(t, artifacts.CounterV2, "counter"))
 			sv := n.startSurvivor(t)
-			n.startManager(t, managerBin)
+			mgr := n.startManager(t, managerBin)
 			a = waitFor(t, a, "Ready", ready("counter"))
 			c := newCaller(t, n)
 			before := provider(t, a)
@@ -422,6 +422,11 @@ func TestASurvivorStoppedOrKilledRelaunchesItsProvidersFromTheirCheckpoints(t *t
 			}
 			if !once {
 				t.Errorf("a retried invocation was not answered exactly once")
+			}
+			// The manager stops first, as it would with its pod, while its
+			// survivor runs.
+			if err := mgr.stop(t); err != nil {
+				t.Errorf("the manager's exit after SIGTERM: %v", err)
 			}
 			recordResult(summaryRow{kind: "survivor " + tc.name + fmt.Sprintf(" (checkpoint every %d s)", interval), made: made, failed: failedCalls,
 				retriedOnce: fmt.Sprintf("%v: %d retried, %d replayed", once, retried, replayed),
