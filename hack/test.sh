@@ -43,7 +43,8 @@ table=(
   "test/e2e          3m       serial"   # 16.7-32.1s
   "test/gitops       3m       serial"   # 8.1-8.5s
   "test/localnode    5m       serial"   # 10.5-18.1s (a real node started, killed, cleaned up)
-  "test/node         8m       serial"   # 34-55s warm, 132s on a cold build cache (a real node: kubelet, containerd, the DaemonSet scenario; it builds the image of the code under test)
+  "test/node         8m       serial"   # 34-55s warm, 132s on a cold build cache (a real node: kubelet, containerd, the DaemonSet scenario; it builds the image of the code under test); with the survivor DaemonSet and the three manager restarts under a caller loop (issue 19): 65-128s (2 Dec 2026)
+  "test/survivor     4m       serial"   # 34-74s (6 runs, 2 Dec 2026, load from another real-node run; a control plane, the manager and survivor binaries killed and restarted under calls)
 )
 
 # rule <relative package> prints "<timeout> <mode> <row>" for the first row
