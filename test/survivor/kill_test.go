@@ -429,7 +429,7 @@ func TestASurvivorStoppedOrKilledRelaunchesItsProvidersFromTheirCheckpoints(t *t
 				t.Errorf("the manager's exit after SIGTERM: %v", err)
 			}
 			recordResult(summaryRow{kind: "survivor " + tc.name + fmt.Sprintf(" (checkpoint every %d s)", interval), made: made, failed: failedCalls,
-				retriedOnce: fmt.Sprintf("%v: %d retried, %d replayed", once, retried, replayed),
+				retriedOnce: fmt.Sprintf("%v: %d failed, asked again under the same ID: the same answer (%d replayed)", once, retried, replayed),
 				lost:        fmt.Sprintf("%v (count %v → restored %v from its %s snapshot)", lost, k, r, restoredKind), pids: pidsCell(before, after)})
 		})
 	}
