@@ -35,9 +35,10 @@ generate-proto: ## Generate api/gateway/v1 from gateway.proto (Debian's protoc, 
 	hack/generate-proto.sh
 
 .PHONY: manifests
-manifests: ## Generate CRDs (config/crd/bases) and the manager's RBAC (config/rbac/role.yaml).
+manifests: ## Generate CRDs (config/crd/bases), the node manager's RBAC (config/rbac/role.yaml) and the fleet controller's (config/fleet/role.yaml).
 	$(CONTROLLER_GEN) crd paths=./api/... output:crd:artifacts:config=config/crd/bases
-	$(CONTROLLER_GEN) rbac:roleName=iteron-manager paths=./controllers/... output:rbac:artifacts:config=config/rbac
+	$(CONTROLLER_GEN) rbac:roleName=iteron-manager paths=./controllers output:rbac:artifacts:config=config/rbac
+	$(CONTROLLER_GEN) rbac:roleName=iteron-fleet paths=./controllers/activationset output:rbac:artifacts:config=config/fleet
 
 .PHONY: verify-generated
 verify-generated: ## Fail when committed generated files differ from what `make generate` writes.
@@ -74,6 +75,11 @@ image: ## Build the manager's and the survivor's images (and the local node's pa
 test: controlplane node verify-generated vet ## Unit tests, envtest suites against the real API server, the e2e suite and the DaemonSet on a real node (test/node).
 	@gofmt_out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$gofmt_out" ]; then echo "gofmt would change: $$gofmt_out"; exit 1; fi
 	GO_TEST_FLAGS="$(GO_TEST_FLAGS)" hack/test.sh ./...
+
+.PHONY: fleet
+fleet: controlplane ## The ActivationSet suites alone, verbose: test/fleet (six managers, two fleet controllers: the wave log, pids, state per node and the failure table) and test/fleetscale (100 nodes: controller time and API writes per node). make test runs both.
+	$(GO) test $(GO_TEST_FLAGS) -count=1 -v -timeout 10m ./test/fleet/
+	$(GO) test $(GO_TEST_FLAGS) -count=1 -v -timeout 5m ./test/fleetscale/
 
 .PHONY: faults
 faults: controlplane ## The full ledger-fault tables (root, /dev/fuse): every phase of every transaction kind fails its ledger append (ENOSPC, EIO) on a FUSE file system, in-process (internal/hotswap) and through the manager binary, API server and gateway (test/crash). make test runs a subset.

@@ -38,9 +38,11 @@ table=(
   "cmd/manager       3m       serial"   # 11.6-17.0s
   "controllers       6m       serial"   # 30-35s passing; 87s and 109s when one test failed after a 60s wait
   "test/crash        9m       serial"   # 159-170s (6 runs, load 14-17: the ledger-fault subset 72-81s, SIGKILL at 11 points 56-66s)
-  "test/docs         4m       serial"   # 13-44s (runs the guides: its own local control plane, manager and providers)
+  "test/docs         4m       serial"   # 13-44s before docs/fleet.md, 65.6s with it (the fleet guide 19-30s) (runs the guides: its own local control plane, managers and providers)
   "test/doctor       3m       serial"   # 11.5-16.7s
   "test/e2e          3m       serial"   # 16.7-32.1s
+  "test/fleet        5m       serial"   # 47-97s, load 4-13 (9 runs; 69-82s with all nine tests) (six managers, two fleet controllers, a control plane; builds the manager and the plugin)
+  "test/fleetscale   3m       serial"   # 13.3s (a control plane; 100 Node objects, the controller in process)
   "test/gitops       3m       serial"   # 8.1-8.5s
   "test/localnode    5m       serial"   # 10.5-18.1s (a real node started, killed, cleaned up)
   "test/node         8m       serial"   # 34-55s warm, 132s on a cold build cache (a real node: kubelet, containerd, the DaemonSet scenario; it builds the image of the code under test); with the survivor DaemonSet and the three manager restarts under a caller loop (issue 19): 65-128s (2 Dec 2026)

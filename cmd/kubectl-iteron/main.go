@@ -60,7 +60,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 func newRootCmd() *cobra.Command {
 	root := &cobra.Command{
 		Use:           "kubectl-iteron",
-		Short:         "Verify, plan, inspect and call iteron-operator activations",
+		Short:         "Verify, plan, inspect and call iteron-operator activations, and steer ActivationSet rollouts",
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
@@ -73,6 +73,7 @@ func newRootCmd() *cobra.Command {
 		newConformanceCmd(),
 		newInvokeCmd(),
 		newDoctorCmd(),
+		newRolloutCmd(),
 	)
 	return root
 }

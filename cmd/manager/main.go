@@ -1,6 +1,7 @@
 // Command manager is the iteron-operator manager: one per node, it reconciles
 // the ImplementationActivations and Generations whose spec.nodeName is its
-// --node-name and owns that node's provider processes.
+// --node-name and owns that node's provider processes. With --role=fleet it
+// is the fleet controller instead (ActivationSets; see fleet.go).
 package main
 
 import (
@@ -40,6 +41,14 @@ func main() {
 }
 
 func run(args []string, stderr io.Writer) int {
+	role, args, err := splitRole(args)
+	if err != nil {
+		fmt.Fprintln(stderr, "manager:", err)
+		return exitUsage
+	}
+	if role == roleFleet {
+		return runFleet(args, stderr)
+	}
 	opts, err := parseOptions(args, stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		return exitOK

@@ -263,6 +263,9 @@ func TestRenderRefusesSchemaKeywordsItCannotShow(t *testing.T) {
 			"size": {Type: "string", OneOf: []apiextensionsv1.JSONSchemaProps{{Pattern: "^a"}, {Pattern: "^b"}}},
 		}}, "spec.size", "oneOf"},
 		{"anyOf on the spec", apiextensionsv1.JSONSchemaProps{Type: "object", AnyOf: []apiextensionsv1.JSONSchemaProps{{Required: []string{"a"}}}}, "spec", "anyOf"},
+		{"an int-or-string anyOf with more than its two types", apiextensionsv1.JSONSchemaProps{Type: "object", Properties: map[string]apiextensionsv1.JSONSchemaProps{
+			"port": {XIntOrString: true, AnyOf: []apiextensionsv1.JSONSchemaProps{{Type: "integer", Minimum: ptr.To(1.0)}, {Type: "string"}}},
+		}}, "spec.port", "anyOf"},
 		{"allOf", apiextensionsv1.JSONSchemaProps{Type: "object", AllOf: []apiextensionsv1.JSONSchemaProps{{Required: []string{"a"}}}}, "spec", "allOf"},
 		{"not", apiextensionsv1.JSONSchemaProps{Type: "object", Not: &apiextensionsv1.JSONSchemaProps{Required: []string{"a"}}}, "spec", "not"},
 		{"patternProperties", apiextensionsv1.JSONSchemaProps{Type: "object", PatternProperties: map[string]apiextensionsv1.JSONSchemaProps{"^x-": str}}, "spec", "patternProperties"},
@@ -300,8 +303,9 @@ func TestRenderEscapesTableSyntaxAndShowsEveryConstraint(t *testing.T) {
 		"ratio": {Type: "number", Minimum: &min0, ExclusiveMinimum: true, Maximum: &max9, MultipleOf: ptr.To(0.5)},
 		"labels": {Type: "object", AdditionalProperties: &apiextensionsv1.JSONSchemaPropsOrBool{Allows: true, Schema: &apiextensionsv1.JSONSchemaProps{Type: "string", MaxLength: ptr.To[int64](63)}},
 			MaxProperties: ptr.To[int64](8), XMapType: ptr.To("granular")},
-		"port": {XIntOrString: true, XValidations: apiextensionsv1.ValidationRules{{Rule: "self != 0", MessageExpression: "'got ' + string(self)", FieldPath: ".port", Reason: ptr.To(apiextensionsv1.FieldValueForbidden)}}},
-		"raw":  {Type: "object", XPreserveUnknownFields: ptr.To(true)},
+		"share": {XIntOrString: true, AnyOf: []apiextensionsv1.JSONSchemaProps{{Type: "integer"}, {Type: "string"}}},
+		"port":  {XIntOrString: true, XValidations: apiextensionsv1.ValidationRules{{Rule: "self != 0", MessageExpression: "'got ' + string(self)", FieldPath: ".port", Reason: ptr.To(apiextensionsv1.FieldValueForbidden)}}},
+		"raw":   {Type: "object", XPreserveUnknownFields: ptr.To(true)},
 	}}
 	doc, err := renderDir(t, writeCRDs(t, widgetCRD(spec)))
 	if err != nil {
@@ -315,6 +319,7 @@ func TestRenderEscapesTableSyntaxAndShowsEveryConstraint(t *testing.T) {
 		"spec.labels": {"map[string]string", "", "maxProperties 8<br>map: granular<br>each value: maxLength 63", ""},
 		"spec.port":   {"int or string", "", "rule `self != 0` (message expression `'got ' + string(self)`) (reason FieldValueForbidden) (reported at `.port`)", ""},
 		"spec.raw":    {"object (any fields)", "", "", ""},
+		"spec.share":  {"int or string", "", "", ""},
 	}
 	for path, w := range want {
 		if got := rows[path]; !reflect.DeepEqual(got, w) {

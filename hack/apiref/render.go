@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"path/filepath"
+	"reflect"
 	"sort"
 	"strconv"
 	"strings"
@@ -237,7 +238,7 @@ func checkShown(file, version, path string, s *apiextensionsv1.JSONSchemaProps) 
 		return unshown("allOf")
 	case len(s.OneOf) > 0:
 		return unshown("oneOf")
-	case len(s.AnyOf) > 0:
+	case len(s.AnyOf) > 0 && !intOrStringAnyOf(s):
 		return unshown("anyOf")
 	case s.Not != nil:
 		return unshown("not")
@@ -259,6 +260,19 @@ func checkShown(file, version, path string, s *apiextensionsv1.JSONSchemaProps) 
 		return unshown("additionalProperties (as a boolean)")
 	}
 	return nil
+}
+
+// intOrStringAnyOf reports the anyOf controller-gen writes beside
+// x-kubernetes-int-or-string (an integer or a string, nothing else): the
+// row's type says "int or string", which is all it means.
+func intOrStringAnyOf(s *apiextensionsv1.JSONSchemaProps) bool {
+	if !s.XIntOrString || len(s.AnyOf) != 2 {
+		return false
+	}
+	bare := func(a apiextensionsv1.JSONSchemaProps, typ string) bool {
+		return a.Type == typ && reflect.DeepEqual(a, apiextensionsv1.JSONSchemaProps{Type: typ})
+	}
+	return bare(s.AnyOf[0], "integer") && bare(s.AnyOf[1], "string")
 }
 
 func typeOf(s *apiextensionsv1.JSONSchemaProps) string {

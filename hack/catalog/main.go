@@ -3,10 +3,12 @@
 // computed from the bytes it just wrote, so that nothing downstream carries a
 // stale digest. It prints what activation sources need (paths and digests)
 // as JSON on stdout or, with -activation, a ready-to-apply
-// ImplementationActivation for the modules it laid out.
+// ImplementationActivation for the modules it laid out (with -set, an
+// ActivationSet over the nodes -selector matches).
 //
 //	go run ./hack/catalog -out /var/lib/iteron/providers [-modules prompt_system,tool_exposure] [-faulty]
 //	go run ./hack/catalog -out DIR -modules prompt_system,context_assembly -activation stack [-node NODE] [-use counter-v2]
+//	go run ./hack/catalog -out DIR -activation counters -set [-selector iteron.dev/pool=demo] [-use counter-v2]
 //
 // Layout under -out:
 //
@@ -55,6 +57,10 @@ type activationOptions struct {
 	Namespace string
 	// Node is spec.nodeName.
 	Node string
+	// Set prints an ActivationSet named Name instead, over the Nodes
+	// Selector (key=value) matches.
+	Set      bool
+	Selector string
 	// Use is which example fills each module: "counter-v1" for every module,
 	// or "prompt_system=counter-v2,context_assembly=stateless".
 	Use string
@@ -69,6 +75,8 @@ func main() {
 	flag.StringVar(&act.Namespace, "namespace", "default", "with -activation: its namespace")
 	flag.StringVar(&act.Node, "node", "", "with -activation: spec.nodeName (default: this machine's hostname, lowercased)")
 	flag.StringVar(&act.Use, "use", artifacts.CounterV1, "with -activation: the example filling every module, or module=example pairs, comma-separated")
+	flag.BoolVar(&act.Set, "set", false, "with -activation: print an ActivationSet (one activation per selected node, rolled out in waves) instead")
+	flag.StringVar(&act.Selector, "selector", "iteron.dev/pool=demo", "with -set: the node label (key=value) that selects the set's nodes")
 	flag.Parse()
 	if err := run(os.Stdout, *out, strings.Split(*modules, ","), *faulty, act); err != nil {
 		fmt.Fprintln(os.Stderr, "catalog:", err)
@@ -86,7 +94,12 @@ func run(stdout io.Writer, out string, modules []string, withFaulty bool, act ac
 		if use, err = parseUse(act.Use, modules, withFaulty); err != nil {
 			return err
 		}
-		if act.Node == "" {
+		if act.Set {
+			if k, v, ok := strings.Cut(act.Selector, "="); !ok || k == "" || v == "" || strings.ContainsAny(k+v, " \t\n\"'#:") {
+				return fmt.Errorf("-selector: %q is not key=value", act.Selector)
+			}
+		}
+		if act.Node == "" && !act.Set {
 			host, err := os.Hostname()
 			if err != nil {
 				return fmt.Errorf("-node: no hostname to default to: %w", err)
@@ -151,6 +164,9 @@ func run(stdout io.Writer, out string, modules []string, withFaulty bool, act ac
 	if err := artifacts.MakeTraversable(out); err != nil {
 		return err
 	}
+	if act.Name != "" && act.Set {
+		return writeSet(stdout, act, modules, use, sources)
+	}
 	if act.Name != "" {
 		return writeActivation(stdout, act, modules, use, sources)
 	}
@@ -208,29 +224,66 @@ func writeActivation(w io.Writer, act activationOptions, modules []string, use m
 	fmt.Fprintf(&b, "apiVersion: iteron.dev/v1alpha1\nkind: ImplementationActivation\nmetadata:\n")
 	fmt.Fprintf(&b, "  name: %s                      # at most 40 characters\n  namespace: %s\n", yamlScalar(act.Name), yamlScalar(act.Namespace))
 	fmt.Fprintf(&b, "spec:\n  # the node whose manager runs it; immutable\n  nodeName: %s\n", yamlScalar(act.Node))
-	fmt.Fprintf(&b, "  # an identity of this selection that you choose; bound into every run and ledger record\n")
-	fmt.Fprintf(&b, "  candidateSHA256: sha256:%064x\n  sources:\n", 1)
+	if err := writeSpec(&b, "  ", modules, use, sources); err != nil {
+		return err
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+// writeSet prints an ActivationSet whose template selects use[module] for
+// each module, over the nodes act.Selector matches, rolled out one canary
+// first and then one node at a time.
+func writeSet(w io.Writer, act activationOptions, modules []string, use map[string]string, sources []Source) error {
+	key, value, _ := strings.Cut(act.Selector, "=")
+	var b strings.Builder
+	fmt.Fprintf(&b, "apiVersion: iteron.dev/v1alpha1\nkind: ActivationSet\nmetadata:\n")
+	fmt.Fprintf(&b, "  name: %s\n  namespace: %s\n", yamlScalar(act.Name), yamlScalar(act.Namespace))
+	fmt.Fprintf(&b, "spec:\n  # the nodes that get an activation each\n  nodeSelector:\n    matchLabels:\n      %s: %s\n", yamlScalar(key), yamlScalar(value))
+	fmt.Fprintf(&b, "  # every selected node's activation spec (the node's name is added)\n  template:\n")
+	if err := writeSpec(&b, "    ", modules, use, sources); err != nil {
+		return err
+	}
+	b.WriteString(`  strategy:
+    canary:
+      nodes: 1                     # the first wave, by node name
+      soakSeconds: 5               # every canary stays Ready this long before the next wave
+    maxUnavailable: 1              # nodes not Ready at once in the later waves (or a percentage)
+    onFailure: Halt                # or Revert: moved nodes go back to the previous template
+`)
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+// writeSpec writes an activation spec but for nodeName, each line indented.
+func writeSpec(b *strings.Builder, indent string, modules []string, use map[string]string, sources []Source) error {
+	var s strings.Builder
+	fmt.Fprintf(&s, "# an identity of this selection that you choose; bound into every run and ledger record\n")
+	fmt.Fprintf(&s, "candidateSHA256: sha256:%064x\nsources:\n", 1)
 	for _, module := range modules {
 		id := use[module] + "." + module
 		i := slices.IndexFunc(sources, func(s Source) bool { return s.Module == module && s.ImplementationID == id })
 		if i < 0 {
 			return fmt.Errorf("-use: %s was not laid out for %s", use[module], module)
 		}
-		s := sources[i]
-		fmt.Fprintf(&b, "  - module: %s\n    implementationID: %s\n    catalogPath: %s\n    artifactRoot: %s\n    manifestSHA256: %s\n    artifactSHA256: %s\n",
-			s.Module, s.ImplementationID, yamlScalar(s.CatalogPath), yamlScalar(s.ArtifactRoot), s.ManifestSHA256, s.ArtifactSHA256)
+		src := sources[i]
+		fmt.Fprintf(&s, "- module: %s\n  implementationID: %s\n  catalogPath: %s\n  artifactRoot: %s\n  manifestSHA256: %s\n  artifactSHA256: %s\n",
+			src.Module, src.ImplementationID, yamlScalar(src.CatalogPath), yamlScalar(src.ArtifactRoot), src.ManifestSHA256, src.ArtifactSHA256)
 	}
-	b.WriteString(`  swap:
-    deadlineSeconds: 30            # one whole transaction
-    quiesceTimeoutSeconds: 10      # wait this long for a run in flight before cancelling it
-    strategy: Hot                  # Hot (migrate state) or Cold
-    stateDisposition: Migrate      # or Discard
-  checkpoint:
-    intervalSeconds: 60            # durable snapshot of Active state; bounds what a crash loses
-  generationHistoryLimit: 10
+	s.WriteString(`swap:
+  deadlineSeconds: 30            # one whole transaction
+  quiesceTimeoutSeconds: 10      # wait this long for a run in flight before cancelling it
+  strategy: Hot                  # Hot (migrate state) or Cold
+  stateDisposition: Migrate      # or Discard
+checkpoint:
+  intervalSeconds: 60            # durable snapshot of Active state; bounds what a crash loses
+generationHistoryLimit: 10
 `)
-	_, err := io.WriteString(w, b.String())
-	return err
+	for _, line := range strings.SplitAfter(strings.TrimSuffix(s.String(), "\n"), "\n") {
+		b.WriteString(indent + line)
+	}
+	b.WriteString("\n")
+	return nil
 }
 
 // yamlScalar writes s plain when YAML reads it back unchanged, else as a

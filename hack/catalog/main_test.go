@@ -142,3 +142,31 @@ func TestYAMLScalarsReadBackAsTheSameString(t *testing.T) {
 		}
 	}
 }
+
+// TestTheSetItPrintsDecodesAsAnActivationSet: -activation with -set prints
+// YAML the strict parser reads as an ActivationSet over -selector, whose
+// template names the sources just laid out; a bad selector is refused.
+func TestTheSetItPrintsDecodesAsAnActivationSet(t *testing.T) {
+	out := t.TempDir()
+	var buf bytes.Buffer
+	act := activationOptions{Name: "counters", Namespace: "default", Set: true, Selector: "iteron.dev/pool=demo", Use: "counter-v2"}
+	if err := run(&buf, out, []string{"prompt_system"}, false, act); err != nil {
+		t.Fatal(err)
+	}
+	j, err := yaml.YAMLToJSONStrict(buf.Bytes())
+	if err != nil {
+		t.Fatalf("not strict YAML: %v\n%s", err, buf.String())
+	}
+	var set v1alpha1.ActivationSet
+	if err := catalog.DecodeStrict(j, &set, 1<<20, ""); err != nil {
+		t.Fatalf("not an ActivationSet: %v\n%s", err, buf.String())
+	}
+	if set.Name != "counters" || set.Spec.NodeSelector.MatchLabels["iteron.dev/pool"] != "demo" || len(set.Spec.Template.Sources) != 1 ||
+		set.Spec.Template.Sources[0].ImplementationID != "counter-v2.prompt_system" || set.Spec.Strategy.Canary == nil {
+		t.Fatalf("unexpected set:\n%s", buf.String())
+	}
+	act.Selector = "pool"
+	if err := run(io.Discard, t.TempDir(), []string{"prompt_system"}, false, act); err == nil || !strings.Contains(err.Error(), "-selector") {
+		t.Fatalf("a selector without = gave %v; want an error naming -selector", err)
+	}
+}

@@ -1,5 +1,5 @@
 // Package docs runs the guides: the shell blocks of docs/getting-started.md,
-// docs/providers.md and the reference pages with examples, in the order
+// docs/providers.md, docs/fleet.md and the reference pages with examples, in the order
 // written, each guide in one bash session of its own, against the local
 // control plane the guide itself starts. A guide fails at its first command
 // that exits non-zero or whose output differs from what the guide shows.
@@ -33,6 +33,7 @@
 //     line for any text, and a line that is only "…" for any number of
 //     lines.
 //
-// The getting-started guide runs the manager, whose providers switch to uid
-// 65534: it is run as root only (the test says so and skips otherwise).
+// The getting-started and fleet guides run the manager, whose providers
+// switch to uid 65534: they are run as root only (the test says so and
+// skips otherwise).
 package docs

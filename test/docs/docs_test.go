@@ -83,6 +83,7 @@ type guide struct {
 var guides = []guide{
 	{Path: "docs/getting-started.md", Root: true},
 	{Path: "docs/providers.md", Workdir: "tmp", Root: true},
+	{Path: "docs/fleet.md", Root: true},
 	{Path: "docs/reference/encoding.md"},
 	{Path: "docs/reference/catalog.md"},
 	{Path: "docs/reference/ledger.md"},

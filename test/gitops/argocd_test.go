@@ -326,9 +326,8 @@ func TestArgoCDHealthCheckMapsEveryStateOfARealActivation(t *testing.T) {
 }
 
 // TestArgoCDConfigMapCarriesTheHealthScriptVerbatim keeps the argocd-cm
-// fragment users copy from drifting away from the script the tests run.
+// fragment users copy from drifting away from the scripts the tests run.
 func TestArgoCDConfigMapCarriesTheHealthScriptVerbatim(t *testing.T) {
-	script := readRepoFile(t, "config/argocd/health.lua")
 	var cm corev1.ConfigMap
 	if err := yaml.UnmarshalStrict([]byte(readRepoFile(t, "config/argocd/argocd-cm.yaml")), &cm); err != nil {
 		t.Fatalf("config/argocd/argocd-cm.yaml: %v", err)
@@ -336,16 +335,21 @@ func TestArgoCDConfigMapCarriesTheHealthScriptVerbatim(t *testing.T) {
 	if cm.Kind != "ConfigMap" || cm.Name != "argocd-cm" {
 		t.Fatalf("config/argocd/argocd-cm.yaml is %s %q; want ConfigMap argocd-cm", cm.Kind, cm.Name)
 	}
-	const key = "resource.customizations.health.iteron.dev_ImplementationActivation"
-	got, ok := cm.Data[key]
-	if !ok {
-		t.Fatalf("argocd-cm has no key %s; it has %v", key, mapKeys(cm.Data))
+	scripts := map[string]string{
+		"resource.customizations.health.iteron.dev_ImplementationActivation": "config/argocd/health.lua",
+		"resource.customizations.health.iteron.dev_ActivationSet":            "config/argocd/activationset-health.lua",
 	}
-	if len(cm.Data) != 1 {
-		t.Fatalf("argocd-cm fragment sets %v; want only %s (merging it must not change other settings)", mapKeys(cm.Data), key)
+	for key, file := range scripts {
+		got, ok := cm.Data[key]
+		if !ok {
+			t.Fatalf("argocd-cm has no key %s; it has %v", key, mapKeys(cm.Data))
+		}
+		if script := readRepoFile(t, file); got != script {
+			t.Fatalf("argocd-cm's %s differs from %s at byte %d", key, file, firstDifference(got, script))
+		}
 	}
-	if got != script {
-		t.Fatalf("argocd-cm's %s differs from config/argocd/health.lua at byte %d", key, firstDifference(got, script))
+	if len(cm.Data) != len(scripts) {
+		t.Fatalf("argocd-cm fragment sets %v; want only the health checks' keys (merging it must not change other settings)", mapKeys(cm.Data))
 	}
 	// The API server accepts it as a ConfigMap (key syntax, size).
 	ctx := context.Background()

@@ -116,7 +116,13 @@ func TestASecondRunCleansUpWhatACrashedFirstLeft(t *testing.T) {
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("hack/image: %v\n%s", err, out)
 	}
-	before := ReadSysctls()
+	// Sysctls are the host's: read them while no other local node runs
+	// (another checkout's tests may run one), so before and after compare
+	// this node's doing alone.
+	before, err := ReadSysctlsAlone(testWriter{t}, 5*time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	// The first run: a node with a pod, killed with SIGKILL.
 	child := exec.Command(os.Args[0], "-test.run=^$")
@@ -199,7 +205,12 @@ func TestASecondRunCleansUpWhatACrashedFirstLeft(t *testing.T) {
 
 	// The second run's cleanup (what Start does first, and what
 	// `hack/localnode -cleanup` and .ci/run's exit trap run).
-	if err := Cleanup(testWriter{t}); err != nil {
+	l, err := acquireLock(testWriter{t}, 5*time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.release()
+	if err := cleanupStale(testWriter{t}); err != nil {
 		t.Fatalf("cleanup after the crash: %v", err)
 	}
 	var left []string

@@ -233,6 +233,19 @@ func sysctlPath(name string) string {
 	return filepath.Join("/proc/sys", strings.ReplaceAll(name, ".", "/"))
 }
 
+// ReadSysctlsAlone reads the Sysctls while no local node runs: it holds the
+// lock every node holds for its lifetime, waiting up to wait for it. The
+// sysctls are the host's, so a reading taken while another checkout's node
+// runs would blame this node for that one's changes.
+func ReadSysctlsAlone(log io.Writer, wait time.Duration) (map[string]string, error) {
+	l, err := acquireLock(log, wait)
+	if err != nil {
+		return nil, err
+	}
+	defer l.release()
+	return ReadSysctls(), nil
+}
+
 // ReadSysctls reads the Sysctls this machine has (in this process's network
 // namespace: the root one).
 func ReadSysctls() map[string]string {

@@ -58,7 +58,11 @@ func TestTheManagerRunsAsADaemonSetPodOnARealNode(t *testing.T) {
 			}
 			t.Skipf("SKIP: the local node cannot run here: %v", err)
 		}
-		sysctlsBefore := localnode.ReadSysctls()
+		// Read while no other local node runs (the sysctls are the host's).
+		sysctlsBefore, err := localnode.ReadSysctlsAlone(testLog{t}, 5*time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
 		t.Cleanup(func() { c.teardownLocal(t, sysctlsBefore) })
 		setupLocal(t, c)
 		var changed []string
@@ -720,7 +724,10 @@ func (c *cluster) teardownLocal(t *testing.T, sysctlsBefore map[string]string) {
 	for _, l := range left {
 		t.Errorf("left after teardown: %s", l)
 	}
-	after := localnode.ReadSysctls()
+	after, err := localnode.ReadSysctlsAlone(testLog{t}, 5*time.Minute)
+	if err != nil {
+		t.Errorf("read the sysctls after teardown: %v", err)
+	}
 	var names []string
 	for k := range sysctlsBefore {
 		names = append(names, k)

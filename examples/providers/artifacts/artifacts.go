@@ -26,9 +26,12 @@ import (
 // The example providers, by the names Build gives their executables.
 const (
 	CounterV1 = "counter-v1"
-	CounterV2 = "counter-v2"
-	Faulty    = "faulty"
-	Stateless = "stateless"
+	// CounterV1Down is counter v1.1.0: v1's layout, and a down-migration
+	// from v2's.
+	CounterV1Down = "counter-v1-down"
+	CounterV2     = "counter-v2"
+	Faulty        = "faulty"
+	Stateless     = "stateless"
 )
 
 // Example describes one example provider.
@@ -46,6 +49,7 @@ type Example struct {
 // Examples are the example providers, in a fixed order.
 var Examples = []Example{
 	{Name: CounterV1, Package: "iteron.dev/operator/examples/providers/counter/v1", Version: catalog.Version{1, 0, 0}, Protocol: 2},
+	{Name: CounterV1Down, Package: "iteron.dev/operator/examples/providers/counter/v1down", Version: catalog.Version{1, 1, 0}, Protocol: 2},
 	{Name: CounterV2, Package: "iteron.dev/operator/examples/providers/counter/v2", Version: catalog.Version{2, 0, 0}, Protocol: 2},
 	{Name: Faulty, Package: "iteron.dev/operator/examples/providers/faulty", Version: catalog.Version{2, 0, 0}, Protocol: 2},
 	{Name: Stateless, Package: "iteron.dev/operator/examples/providers/stateless", Version: catalog.Version{1, 0, 0}, Protocol: 1},

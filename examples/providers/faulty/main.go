@@ -5,12 +5,15 @@
 //
 // Usage:
 //
-//	faulty [--fault KIND --at OP [--skip N] [--always] [--size N] [--children N] [--hold-pipes] [--once-marker PATH]]...
+//	faulty [--fault KIND --at OP [--skip N] [--always] [--size N] [--children N] [--hold-pipes] [--once-marker PATH] [--if-request-contains TEXT]]...
 //
 // OP is load, start, cancel, stop, snapshot, migrate, restore or readiness.
 // A fault fires at the first request for OP (after skipping N of them), or
 // at every one with --always; with --once-marker it fires only if PATH does
-// not exist, and creates it (so a relaunched provider behaves). KIND:
+// not exist, and creates it (so a relaunched provider behaves); with
+// --if-request-contains only requests whose frame contains TEXT count (a
+// migrate whose state holds a given key: the same bytes fail on one node and
+// not on another). KIND:
 //
 //	crash                exit 2 as the request arrives, answering nothing
 //	hang                 stop reading and answering at the request
@@ -56,6 +59,7 @@ type fault struct {
 	children   int
 	holdPipes  bool
 	onceMarker string
+	ifContains string
 	seen       int
 	fired      bool
 }
@@ -125,6 +129,11 @@ func parse(args []string) ([]*fault, error) {
 			cur.holdPipes = true
 		case "--once-marker":
 			cur.onceMarker, err = val()
+		case "--if-request-contains":
+			cur.ifContains, err = val()
+			if err == nil && cur.ifContains == "" {
+				err = fmt.Errorf("--if-request-contains needs a non-empty text")
+			}
 		default:
 			err = fmt.Errorf("unknown argument %q", a)
 		}
@@ -152,14 +161,14 @@ type state struct {
 	lastOp  protocol.Operation
 }
 
-// arm is called with each request as it arrives and returns the faults that
-// fire for it.
-func (s *state) arm(op protocol.Operation) []*fault {
+// arm is called with each request (its operation and frame) as it arrives
+// and returns the faults that fire for it.
+func (s *state) arm(op protocol.Operation, frame []byte) []*fault {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var firing []*fault
 	for _, f := range s.faults {
-		if f.at != op {
+		if f.at != op || f.ifContains != "" && !bytes.Contains(frame, []byte(f.ifContains)) {
 			continue
 		}
 		f.seen++
@@ -206,7 +215,7 @@ func (t *tap) Read(p []byte) (int, error) {
 			return 0, err
 		}
 		op := operationOf(line)
-		for _, f := range t.s.arm(op) {
+		for _, f := range t.s.arm(op, line) {
 			act(f, op)
 		}
 		t.pending = append(line, '\n')

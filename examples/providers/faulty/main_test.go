@@ -31,9 +31,26 @@ func TestAFaultFiresOnceAfterItsSkipsUnlessAlways(t *testing.T) {
 	s := &state{faults: []*fault{{kind: "wrong-schema", at: "start", skip: 1}, {kind: "stderr-flood", at: "start", always: true}}}
 	var fired []int
 	for range 4 {
-		fired = append(fired, len(s.arm("start")))
+		fired = append(fired, len(s.arm("start", nil)))
 	}
 	if !slices.Equal(fired, []int{1, 2, 1, 1}) {
 		t.Fatalf("faults firing per start: %v, want [1 2 1 1]", fired)
+	}
+}
+
+func TestAFaultWithIfRequestContainsFiresOnlyForMatchingRequests(t *testing.T) {
+	f, err := parse(strings.Fields("--fault crash --at migrate --if-request-contains poison"))
+	if err != nil || len(f) != 1 || f[0].ifContains != "poison" {
+		t.Fatalf("parse: %+v, %v", f, err)
+	}
+	if _, err := parse([]string{"--fault", "crash", "--at", "migrate", "--if-request-contains", ""}); err == nil {
+		t.Fatal("an empty --if-request-contains was accepted")
+	}
+	s := &state{faults: f}
+	if n := len(s.arm("migrate", []byte(`{"state":{"keys":[{"count":1,"key":"a"}]}}`))); n != 0 {
+		t.Fatalf("fired %d faults for a state without the text", n)
+	}
+	if n := len(s.arm("migrate", []byte(`{"state":{"keys":[{"count":1,"key":"poison"}]}}`))); n != 1 {
+		t.Fatalf("fired %d faults for a state with the text; want 1", n)
 	}
 }

@@ -1,6 +1,6 @@
 // Package counter is the logic of the example "counter" provider, shared by
-// counter v1.0.0, counter v2.0.0 and faulty (which behaves exactly like
-// counter v2 when no fault fires).
+// counter v1.0.0, counter v1.1.0, counter v2.0.0 and faulty (which behaves
+// exactly like counter v2 when no fault fires).
 //
 // A counter keeps a count per key, a total and a bounded history of recent
 // runs. A run's input is {"key":"a","add":1}; its terminal observation is
@@ -16,7 +16,10 @@
 //	v2: {"keys":[{"count":1,"key":"a"}],"layout":2,"recent":[{"add":1,"count":1,"key":"a"}],"runs":1,"total":1}
 //
 // v2 migrates v1 state; each version migrates its own state to the next
-// lineage; v1 refuses v2 state (there is no down-migration).
+// lineage; v1.0.0 refuses v2 state (it has no down-migration). v1.1.0 keeps
+// the v1 layout and also reads v2's (a down-migration: the per-entry counts
+// and the run count are dropped), so a revert from v2 to it keeps the
+// counts.
 package counter
 
 import (
@@ -42,6 +45,8 @@ const HistoryLimit = 16
 type Counter struct {
 	layout  int
 	version string
+	// reads are the layouts Migrate accepts.
+	reads []int
 
 	mu         sync.Mutex
 	counts     map[string]int64
@@ -63,7 +68,19 @@ func New(layout int, version string) *Counter {
 	if layout != 1 && layout != 2 {
 		panic(fmt.Sprintf("counter: unknown layout %d", layout))
 	}
-	return &Counter{layout: layout, version: version, counts: map[string]int64{}}
+	reads := []int{1}
+	if layout == 2 {
+		reads = []int{1, 2}
+	}
+	return &Counter{layout: layout, version: version, reads: reads, counts: map[string]int64{}}
+}
+
+// NewWithDownMigration returns a counter with the v1 layout that also
+// migrates v2 state down to it (counter v1.1.0).
+func NewWithDownMigration(version string) *Counter {
+	c := New(1, version)
+	c.reads = []int{1, 2}
+	return c
 }
 
 // Input is a run's input.
@@ -259,14 +276,10 @@ func decodeState(raw jsontext.Value, accept ...int) (decoded, error) {
 	return d, nil
 }
 
-// Migrate converts source into this version's layout at target. v2 reads
-// both layouts; v1 reads only its own.
+// Migrate converts source into this version's layout at target. v2 and
+// v1.1 read both layouts; v1.0 reads only its own.
 func (c *Counter) Migrate(ctx context.Context, source *protocol.State, target provider.Lineage) (jsontext.Value, error) {
-	accept := []int{1}
-	if c.layout == 2 {
-		accept = []int{1, 2}
-	}
-	d, err := decodeState(source.State, accept...)
+	d, err := decodeState(source.State, c.reads...)
 	if err != nil {
 		return nil, err
 	}
@@ -324,7 +337,17 @@ func (c *Counter) Readiness(ctx context.Context, lineage provider.Lineage, state
 // Main serves a counter of layout on stdio and exits; the counter binaries'
 // main functions are this one call.
 func Main(layout int, version string) int {
-	if err := provider.Serve(context.Background(), stdin, stdout, New(layout, version)); err != nil {
+	return serve(New(layout, version))
+}
+
+// MainWithDownMigration serves counter v1.1.0 (NewWithDownMigration).
+func MainWithDownMigration(version string) int {
+	return serve(NewWithDownMigration(version))
+}
+
+func serve(c *Counter) int {
+	version := c.version
+	if err := provider.Serve(context.Background(), stdin, stdout, c); err != nil {
 		fmt.Fprintf(stderr, "counter %s: %v\n", version, err)
 		return 1
 	}

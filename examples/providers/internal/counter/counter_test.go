@@ -83,3 +83,32 @@ func TestObservationSizeIsTheSizeOfTheObservation(t *testing.T) {
 		}
 	}
 }
+
+func TestV1Point1MigratesV2StateDownKeepingTheCounts(t *testing.T) {
+	v2 := `{"keys":[{"count":3,"key":"a"},{"count":5,"key":"b"}],"layout":2,"recent":[{"add":1,"count":1,"key":"a"},{"add":2,"count":3,"key":"a"},{"add":5,"count":5,"key":"b"}],"runs":3,"total":8}`
+	down := NewWithDownMigration("1.1.0")
+	got, err := down.Migrate(context.Background(), state(t, 4, v2), provider.Lineage{Generation: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `{"counts":{"a":3,"b":5},"history":[{"add":1,"key":"a"},{"add":2,"key":"a"},{"add":5,"key":"b"}],"total":8}`
+	if string(got) != want {
+		t.Fatalf("migrated down\n got %s\nwant %s", got, want)
+	}
+	// Its own layout too, and it restores only its own layout.
+	if again, err := down.Migrate(context.Background(), state(t, 5, want), provider.Lineage{Generation: 6}); err != nil || string(again) != want {
+		t.Fatalf("v1.1 migrating its own state: %s, %v", again, err)
+	}
+	var pe *provider.Error
+	if err := down.Restore(context.Background(), state(t, 5, v2)); !errors.As(err, &pe) || pe.Code != "unsupported_layout" {
+		t.Fatalf("v1.1 restoring v2 state without migrating: %v", err)
+	}
+	if err := down.Restore(context.Background(), state(t, 5, want)); err != nil {
+		t.Fatal(err)
+	}
+	// And up again: v2 reads what v1.1 wrote, counts intact.
+	up, err := New(2, "2.0.0").Migrate(context.Background(), state(t, 5, want), provider.Lineage{Generation: 6})
+	if err != nil || !strings.Contains(string(up), `{"count":3,"key":"a"},{"count":5,"key":"b"}`) {
+		t.Fatalf("v2 migrating v1.1's state: %s, %v", up, err)
+	}
+}

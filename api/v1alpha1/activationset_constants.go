@@ -1,0 +1,54 @@
+package v1alpha1
+
+// Labels, annotations, finalizer and condition reasons of ActivationSets and
+// the activations they stamp.
+const (
+	// LabelActivationSet, on a stamped ImplementationActivation and on a
+	// template revision (ControllerRevision), names the set. Ownership is
+	// the controller owner reference; the label only narrows what is read.
+	LabelActivationSet = "iteron.dev/activation-set"
+	// LabelNode, on a stamped activation, is its node's name (when the name
+	// fits a label value; spec.nodeName always holds it).
+	LabelNode = "iteron.dev/node"
+	// LabelRevision, on a stamped activation and a template revision, is
+	// the revision's hash: the revision the activation's spec is stamped
+	// from (apps/v1's controller-revision-hash).
+	LabelRevision = "iteron.dev/revision"
+	// AnnotationWave, on a stamped activation, is the wave of the rollout
+	// that moved it to its revision ("0": created there).
+	AnnotationWave = "iteron.dev/wave"
+	// AnnotationRevertedFrom, on a stamped activation, is the revision hash
+	// a revert moved it back from: its swaps back use the set's
+	// revertStateDisposition.
+	AnnotationRevertedFrom = "iteron.dev/reverted-from"
+	// AnnotationResume, set on an ActivationSet to a timestamp (kubectl
+	// iteron rollout resume), resumes a halted or reverted rollout: the
+	// failed nodes are retried (iteron.dev/retry) and the rollout goes on.
+	// The handled value is echoed in status.lastHandledResumeAt.
+	AnnotationResume = "iteron.dev/resume"
+	// FinalizerActivationSet holds a set until every activation it stamped
+	// is gone (each one's own finalizer retires its providers).
+	FinalizerActivationSet = "iteron.dev/delete-activations"
+)
+
+// Condition reasons of an ActivationSet (besides Succeeded, Progressing and
+// Paused).
+const (
+	// ReasonRolloutHalted: a moved node went Stalled and onFailure is Halt.
+	ReasonRolloutHalted = "RolloutHalted"
+	// ReasonRolloutReverting: a moved node went Stalled; nodes go back.
+	ReasonRolloutReverting = "RolloutReverting"
+	// ReasonRolloutReverted: every node is back on the stable revision.
+	ReasonRolloutReverted = "RolloutReverted"
+	// ReasonRevertFailed: a node could not go back to the stable revision.
+	ReasonRevertFailed = "RevertFailed"
+	// ReasonSoaking: the canaries must stay Ready for the soak time.
+	ReasonSoaking = "Soaking"
+	// ReasonInvalidSpec: the spec cannot be acted on (an invalid selector).
+	ReasonInvalidSpec = "InvalidSpec"
+	// ReasonDeleting: the set is being deleted.
+	ReasonDeleting = "Deleting"
+	// ReasonNodeConflict: a selected node has no stamped activation (a name
+	// held by an activation the set did not stamp, or a name collision).
+	ReasonNodeConflict = "NodeConflict"
+)
