@@ -391,7 +391,7 @@ func TestASurvivorStoppedOrKilledRelaunchesItsProvidersFromTheirCheckpoints(t *t
 			}
 			t.Logf("count before the relaunch %v, restored %v, lost %v; the newest snapshot at the kill: %s taken %v before it (count %v); the first checkpoint seen: count %v",
 				k, r, lost, newest.Kind, killedAt.Sub(time.UnixMilli(newest.TakenUnixMs)).Round(time.Millisecond), newest.count("k"), cp.count("k"))
-			t.Logf("provider before %s, after %s; Generation %s status.message: %q", before, after, g.Name, g.Status.Message)
+			t.Logf("provider before %s, after %s; Generation %s status.message: %q; %s", before, after, g.Name, g.Status.Message, n.verifyLedger(t, a))
 			for _, s := range n.snapshots(t, a) {
 				t.Logf("  snapshot %s count %v taken %v (the survivor's %s at %v)", s.Kind, s.count("k"), time.UnixMilli(s.TakenUnixMs).Format("15:04:05.000"), tc.name, killedAt.Format("15:04:05.000"))
 			}
@@ -491,8 +491,8 @@ func TestAProviderThatExitsWhileNoManagerRunsIsRelaunchedAtReattach(t *testing.T
 	next := c.call(a, "down-next", "k", 1)
 	after := provider(t, a)
 	g := relaunchedGeneration(t, a, killedAt)
-	t.Logf("provider %s killed while no manager ran (count %v; the newest snapshot then: %s count %v); the next manager: provider %s, next call %v; Generation %s status.message %q",
-		before, last.count, newest.Kind, newest.count("k"), after, next, g.Name, g.Status.Message)
+	t.Logf("provider %s killed while no manager ran (count %v; the newest snapshot then: %s count %v); the next manager: provider %s, next call %v; Generation %s status.message %q; %s",
+		before, last.count, newest.Kind, newest.count("k"), after, next, g.Name, g.Status.Message, n.verifyLedger(t, a))
 	if after == before {
 		t.Fatalf("the provider is still %s", before)
 	}
