@@ -423,8 +423,8 @@ func TestASurvivorStoppedOrKilledRelaunchesItsProvidersFromTheirCheckpoints(t *t
 			if !once {
 				t.Errorf("a retried invocation was not answered exactly once")
 			}
-			// The manager stops first, as it would with its pod, while its
-			// survivor runs.
+			// The manager stops while its survivor runs: its exit is
+			// checked here, not left to the cleanup.
 			if err := mgr.stop(t); err != nil {
 				t.Errorf("the manager's exit after SIGTERM: %v", err)
 			}
