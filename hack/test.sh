@@ -45,8 +45,8 @@ table=(
   "test/fleetscale   3m       serial"   # 13.3s (a control plane; 100 Node objects, the controller in process)
   "test/gitops       3m       serial"   # 8.1-8.5s
   "test/localnode    5m       serial"   # 10.5-18.1s (a real node started, killed, cleaned up)
-  "test/node         8m       serial"   # 34-55s warm, 132s on a cold build cache (a real node: kubelet, containerd, the DaemonSet scenario; it builds the image of the code under test); with the survivor DaemonSet and the three manager restarts under a caller loop (issue 19): 65-128s (2 Dec 2026)
-  "test/survivor     4m       serial"   # 34-74s (6 runs, 2 Dec 2026, load from another real-node run; a control plane, the manager and survivor binaries killed and restarted under calls)
+  "test/node         8m       serial"   # 34-55s warm, 132s on a cold build cache (a real node: kubelet, containerd, the DaemonSet scenario; it builds the image of the code under test); with the survivor DaemonSet and the three manager restarts under a caller loop (issue 19): 47-128s over 8 runs (2 Dec 2026, load from other real-node runs)
+  "test/survivor     4m       serial"   # 33-74s (9 runs, 2 Dec 2026, load from another real-node run; a control plane, the manager and survivor binaries killed and restarted under calls)
 )
 
 # rule <relative package> prints "<timeout> <mode> <row>" for the first row
