@@ -11,6 +11,7 @@
 # built by the project's own tests:
 #
 #   docker build -t iteron-operator:dev .
+#   docker build --target survivor -t iteron-survivor:dev .   # the survivor's image
 #
 # Building pulls the two base images named below and busybox-static from
 # Debian; nothing else is downloaded beyond the Go modules of go.sum.
@@ -33,7 +34,9 @@ RUN --mount=type=cache,target=/go/pkg/mod \
     CGO_ENABLED=0 GOOS=${TARGETOS} GOARCH=${TARGETARCH} \
       go build -trimpath -ldflags='-s -w' -o /out/manager ./cmd/manager && \
     CGO_ENABLED=0 GOOS=${TARGETOS} GOARCH=${TARGETARCH} \
-      go build -trimpath -ldflags='-s -w' -o /out/kubectl-iteron ./cmd/kubectl-iteron
+      go build -trimpath -ldflags='-s -w' -o /out/kubectl-iteron ./cmd/kubectl-iteron && \
+    CGO_ENABLED=0 GOOS=${TARGETOS} GOARCH=${TARGETARCH} \
+      go build -trimpath -ldflags='-s -w' -o /out/iteron-survivor ./cmd/survivor
 
 # ---- busybox: the /bin/sh of provider scripts -------------------------------
 # The same file `make image` (hack/image) puts in the image: Debian's
@@ -50,7 +53,17 @@ RUN apt-get update -q && apt-get download busybox-static && \
     mkdir -p /rootfs/tmp /rootfs/var/lib/iteron/state /rootfs/var/lib/iteron/providers /rootfs/run/iteron && \
     chmod 1777 /rootfs/tmp
 
-# ---- runtime ----------------------------------------------------------------
+# ---- the survivor (config/manager/survivor.yaml) -----------------------------
+# The same busybox layer (provider scripts run in its container), then the
+# static iteron-survivor. hack/image -survivor-out builds the same image.
+FROM scratch AS survivor
+COPY --from=busybox /rootfs/ /
+COPY --from=build /out/iteron-survivor /iteron-survivor
+ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+USER 0:0
+ENTRYPOINT ["/iteron-survivor"]
+
+# ---- runtime (the manager; the default target) -------------------------------
 # Equivalent to `make image` (hack/image), which builds the same image without
 # Docker: two layers, the busybox layer (a POSIX /bin/sh for providers written
 # as `#!/bin/sh` scripts, the manager's default --interpreters, with busybox's

@@ -70,8 +70,8 @@ node: ## Build kubelet, controller-manager, scheduler, kube-proxy v1.37.2, conta
 	NODE_BIN_DIR=$(NODE_BIN_DIR) hack/build-node.sh
 
 .PHONY: image
-image: ## Build the manager's image (and the local node's pause image) without Docker into bin/image/.
-	$(GO) run ./hack/image -out $(BIN_DIR)/image/iteron-operator.tar -pause-out $(BIN_DIR)/image/pause.tar -debs $(BIN_DIR)/image/debs
+image: ## Build the manager's and the survivor's images (and the local node's pause image) without Docker into bin/image/.
+	$(GO) run ./hack/image -out $(BIN_DIR)/image/iteron-operator.tar -survivor-out $(BIN_DIR)/image/iteron-survivor.tar -pause-out $(BIN_DIR)/image/pause.tar -debs $(BIN_DIR)/image/debs
 
 ##@ Test
 

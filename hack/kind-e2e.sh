@@ -141,9 +141,14 @@ fi
 step "2/6 building image $image and loading it into $node"
 if [ -n "${IMAGE_ARCHIVE:-}" ]; then
   kind load image-archive "$IMAGE_ARCHIVE" --name "$cluster"
+  # The survivor's image (config/manager/survivor.yaml), written beside it by
+  # `make image`.
+  kind load image-archive "${SURVIVOR_IMAGE_ARCHIVE:-$(dirname "$IMAGE_ARCHIVE")/iteron-survivor.tar}" --name "$cluster"
 else
   docker build -t "$image" "$root"
   kind load docker-image "$image" --name "$cluster"
+  docker build --target survivor -t iteron-survivor:dev "$root"
+  kind load docker-image iteron-survivor:dev --name "$cluster"
 fi
 
 step "2b/6 running the DaemonSet test (test/node) against $cluster"

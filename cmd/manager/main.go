@@ -31,6 +31,11 @@ const (
 	exitUsage   = 2
 )
 
+// buildNote is set at link time (-ldflags "-X main.buildNote=…") to tell
+// builds of the same source apart in the log (the upgrade tests build a
+// second manager this way); empty in a release.
+var buildNote string
+
 func main() {
 	os.Exit(run(os.Args[1:], os.Stderr))
 }
@@ -62,6 +67,10 @@ func run(args []string, stderr io.Writer) int {
 	}
 	defer lock.Release()
 
+	var sv *app.SurvivorOptions
+	if opts.survivorSocket != "" {
+		sv = &app.SurvivorOptions{Socket: opts.survivorSocket, Lock: lock.f}
+	}
 	cfg, err := restConfig(opts.kubeconfig)
 	if err != nil {
 		fmt.Fprintln(stderr, "manager: kubeconfig:", err)
@@ -74,6 +83,7 @@ func run(args []string, stderr io.Writer) int {
 		Gateway:    &app.GatewayOptions{Socket: opts.gatewaySocket, Group: opts.gatewayGroup, Allow: opts.gatewayAllow},
 		Artifacts:  &opts.artifacts,
 		AfterPhase: faultInjection(os.Getenv(faultKillAfterEnv)),
+		Survivor:   sv,
 		Log:        ctrl.Log,
 	})
 	if err != nil {
@@ -82,6 +92,12 @@ func run(args []string, stderr io.Writer) int {
 	}
 	if len(m.Swept.Killed) > 0 || m.Swept.Stale > 0 {
 		log.Info("swept provider groups left by an earlier manager", "killed", len(m.Swept.Killed), "stale", m.Swept.Stale)
+	}
+	if a := m.Attachment; a != nil {
+		log.Info("attached to the survivor: its providers are re-attached as each activation is recovered", "instance", a.Instance, "session", a.Session, "processes", len(a.Processes), "outcomes", len(a.Outcomes))
+	}
+	if buildNote != "" {
+		log.Info("build", "note", buildNote)
 	}
 	log.Info("starting", "node", opts.nodeName, "stateDir", opts.stateDir, "allowedRoots", opts.allowedRoots, "artifactStore", opts.artifacts.Store, "capabilityCeiling", opts.capabilityCeiling)
 	if err := m.Run(ctrl.SetupSignalHandler()); err != nil {

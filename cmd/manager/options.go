@@ -34,6 +34,7 @@ type options struct {
 	gatewayAllow           gateway.Allow
 	capabilityCeiling      []string
 	artifacts              app.ArtifactOptions
+	survivorSocket         string
 }
 
 // maxSocketPath is the longest unix socket path Linux accepts (sun_path is
@@ -79,6 +80,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.BoolVar(&a.PlainHTTP, "registry-plain-http", false, "reach loopback registries (127.0.0.0/8, ::1, localhost) over plain HTTP; every other registry is always HTTPS")
 	fs.DurationVar(&a.PullTimeout, "artifact-pull-timeout", artifacts.DefaultPullTimeout, "bound of one pull")
 	fs.DurationVar(&a.GCInterval, "artifact-gc-interval", app.DefaultArtifactGCInterval, "how often unreferenced artifacts are collected; 0 never")
+	fs.StringVar(&o.survivorSocket, "survivor-socket", "", "control socket of the node's survivor (iteron-survivor, normally <state-dir>/survivor.sock), which owns the providers so that they outlive this manager and holds the gateway socket; empty: this manager owns its providers")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -154,6 +156,14 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	}
 	if o.capabilityCeiling, err = parseCapabilities(ceiling); err != nil {
 		return nil, err
+	}
+	if o.survivorSocket != "" {
+		if err := checkAbsoluteClean("survivor-socket", o.survivorSocket); err != nil {
+			return nil, err
+		}
+		if len(o.survivorSocket) > maxSocketPath {
+			return nil, &flagError{"survivor-socket", o.survivorSocket, fmt.Sprintf("is %d bytes; a unix socket path is at most %d", len(o.survivorSocket), maxSocketPath)}
+		}
 	}
 	return &o, nil
 }

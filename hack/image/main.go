@@ -1,7 +1,8 @@
-// Command image builds the manager's container image without Docker, and the
-// pause image the local node's sandboxes use:
+// Command image builds the manager's and the survivor's container images
+// without Docker, and the pause image the local node's sandboxes use:
 //
 //	go run ./hack/image [-out bin/image/iteron-operator.tar] [-tag iteron-operator:dev]
+//	                    [-survivor-out bin/image/iteron-survivor.tar] [-survivor-tag iteron-survivor:dev]
 //	                    [-pause-out bin/image/pause.tar] [-pause-tag localhost/iteron-pause:1]
 //
 // The manager image has the same content as the Dockerfile's: the static
@@ -10,7 +11,10 @@
 // default --interpreters) from Debian's busybox-static package, unpacked with
 // dpkg-deb -x, with its applets linked as `busybox --install -s` would; plus
 // the mount points of config/manager/daemonset.yaml, which a read-only root
-// file system cannot create at run time. The pause image holds hack/image/pause
+// file system cannot create at run time. The survivor image
+// (config/manager/survivor.yaml) has the same busybox layer (providers'
+// scripts run in its container) and the static iteron-survivor as
+// /iteron-survivor, its entrypoint. The pause image holds hack/image/pause
 // alone.
 //
 // Each image is an OCI image (OCI manifest, config and layer media types)
@@ -49,18 +53,21 @@ import (
 func main() {
 	out := flag.String("out", "bin/image/iteron-operator.tar", "the manager image's tarball (empty: do not build it)")
 	tag := flag.String("tag", "iteron-operator:dev", "the manager image's name (config/manager/daemonset.yaml names iteron-operator:dev)")
+	survivorOut := flag.String("survivor-out", "bin/image/iteron-survivor.tar", "the survivor image's tarball (empty: do not build it)")
+	survivorTag := flag.String("survivor-tag", "iteron-survivor:dev", "the survivor image's name (config/manager/survivor.yaml names iteron-survivor:dev)")
 	pauseOut := flag.String("pause-out", "bin/image/pause.tar", "the pause image's tarball (empty: do not build it)")
 	pauseTag := flag.String("pause-tag", "localhost/iteron-pause:1", "the pause image's name (the local node's containerd names it as its sandbox image)")
 	debs := flag.String("debs", "bin/image/debs", "where busybox-static's .deb is kept (fetched with `apt-get download` when missing)")
+	note := flag.String("manager-note", "", "set the manager's main.buildNote (-ldflags -X): another build of the same source, as a new release's image (test/node's upgrade)")
 	offline := flag.Bool("offline", false, "fetch nothing: fail when busybox-static's .deb is not in -debs yet (test/node; `make image` fetches it)")
 	flag.Parse()
-	if err := run(*out, *tag, *pauseOut, *pauseTag, *debs, *offline); err != nil {
+	if err := run(*out, *tag, *survivorOut, *survivorTag, *pauseOut, *pauseTag, *debs, *note, *offline); err != nil {
 		fmt.Fprintln(os.Stderr, "image:", err)
 		os.Exit(1)
 	}
 }
 
-func run(out, tag, pauseOut, pauseTag, debs string, offline bool) error {
+func run(out, tag, survivorOut, survivorTag, pauseOut, pauseTag, debs, note string, offline bool) error {
 	start := time.Now()
 	work, err := os.MkdirTemp("", "iteron-image-")
 	if err != nil {
@@ -72,24 +79,42 @@ func run(out, tag, pauseOut, pauseTag, debs string, offline bool) error {
 	if out != "" {
 		bins["manager"], bins["kubectl-iteron"] = "./cmd/manager", "./cmd/kubectl-iteron"
 	}
+	if survivorOut != "" {
+		bins["iteron-survivor"] = "./cmd/survivor"
+	}
 	if pauseOut != "" {
 		bins["pause"] = "./hack/image/pause"
 	}
-	for _, bin := range []string{"manager", "kubectl-iteron", "pause"} {
+	for _, bin := range []string{"manager", "kubectl-iteron", "iteron-survivor", "pause"} {
 		if bins[bin] == "" {
 			continue
 		}
 		fmt.Printf("image: building %s (static)\n", bin)
-		cmd := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", filepath.Join(work, bin), bins[bin])
+		ldflags := "-s -w"
+		if bin == "manager" && note != "" {
+			ldflags += " -X main.buildNote=" + note
+		}
+		cmd := exec.Command("go", "build", "-trimpath", "-ldflags="+ldflags, "-o", filepath.Join(work, bin), bins[bin])
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
 		if err := cmd.Run(); err != nil {
 			return fmt.Errorf("go build %s: %w", bins[bin], err)
 		}
 	}
-	if out != "" {
-		if err := managerImage(work, out, tag, debs, offline); err != nil {
+	if out != "" || survivorOut != "" {
+		base, err := baseLayer(work, debs, offline)
+		if err != nil {
 			return err
+		}
+		if out != "" {
+			if err := managerImage(work, base, out, tag); err != nil {
+				return err
+			}
+		}
+		if survivorOut != "" {
+			if err := survivorImage(work, base, survivorOut, survivorTag); err != nil {
+				return err
+			}
 		}
 	}
 	if pauseOut != "" {
@@ -105,19 +130,17 @@ func run(out, tag, pauseOut, pauseTag, debs string, offline bool) error {
 	return nil
 }
 
-// managerImage writes the manager's image (see the command's doc).
-func managerImage(work, out, tag, debs string, offline bool) error {
+// baseLayer is the first layer of the manager's and the survivor's images:
+// busybox and the mount points (it changes only with Debian's package).
+func baseLayer(work, debs string, offline bool) ([]entry, error) {
 	busybox, err := unpackBusybox(debs, work, offline)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	applets, err := busyboxApplets(busybox)
 	if err != nil {
-		return err
+		return nil, err
 	}
-
-	// Layer 1: busybox and the mount points (changes only with Debian's
-	// package); layer 2: the binaries of this repository.
 	base := []entry{
 		{path: "bin/busybox", mode: 0o755, file: busybox},
 		{path: "tmp", mode: 0o1777, dir: true},
@@ -131,10 +154,16 @@ func managerImage(work, out, tag, debs string, offline bool) error {
 		}
 		target, err := filepath.Rel(path.Dir("/"+a), "/bin/busybox")
 		if err != nil {
-			return err
+			return nil, err
 		}
 		base = append(base, entry{path: a, link: target})
 	}
+	return base, nil
+}
+
+// managerImage writes the manager's image (see the command's doc): the base
+// layer, then the binaries of this repository.
+func managerImage(work string, base []entry, out, tag string) error {
 	own := []entry{
 		{path: "manager", mode: 0o755, file: filepath.Join(work, "manager")},
 		{path: "usr/local/bin/kubectl-iteron", mode: 0o755, file: filepath.Join(work, "kubectl-iteron")},
@@ -146,6 +175,25 @@ func managerImage(work, out, tag, debs string, offline bool) error {
 		Labels: map[string]string{
 			"org.opencontainers.image.title":       "iteron-operator",
 			"org.opencontainers.image.description": "the iteron manager (DaemonSet) and the kubectl-iteron CLI",
+		},
+	})
+	if err != nil {
+		return err
+	}
+	return write(out, tag, img)
+}
+
+// survivorImage writes the survivor's image: the base layer (its /bin/sh
+// runs provider scripts), then /iteron-survivor.
+func survivorImage(work string, base []entry, out, tag string) error {
+	own := []entry{{path: "iteron-survivor", mode: 0o755, file: filepath.Join(work, "iteron-survivor")}}
+	img, err := image([][]entry{base, own}, v1.Config{
+		Entrypoint: []string{"/iteron-survivor"},
+		User:       "0:0",
+		Env:        []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
+		Labels: map[string]string{
+			"org.opencontainers.image.title":       "iteron-survivor",
+			"org.opencontainers.image.description": "the iteron survivor (DaemonSet): owns a node's provider processes across manager restarts",
 		},
 	})
 	if err != nil {

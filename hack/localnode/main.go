@@ -52,7 +52,8 @@ func run(count bool) error {
 	if err != nil {
 		return err
 	}
-	images := []string{filepath.Join(root, "bin", "image", "pause.tar"), filepath.Join(root, "bin", "image", "iteron-operator.tar")}
+	images := []string{filepath.Join(root, "bin", "image", "pause.tar"), filepath.Join(root, "bin", "image", "iteron-operator.tar"),
+		filepath.Join(root, "bin", "image", "iteron-survivor.tar")}
 	for _, img := range images {
 		if _, err := os.Stat(img); err != nil {
 			return fmt.Errorf("%s is missing: run `make image` first", img)
@@ -71,7 +72,7 @@ func run(count bool) error {
 	fmt.Printf(`
 localnode: node %s is Ready (%s). Everything runs in network namespace %s:
   nsenter --net=%s %s --kubeconfig %s get nodes -o wide
-The image iteron-operator:dev is imported (config/manager/daemonset.yaml's image).
+The images iteron-operator:dev and iteron-survivor:dev are imported (config/manager's DaemonSets).
 Its root is %s. Ctrl-C tears everything down.
 `, n.Name, time.Since(start).Round(time.Second), n.NetNS, n.NetNS, n.Kubectl, n.Kubeconfig, n.Root)
 	<-ctx.Done()

@@ -23,6 +23,7 @@ import (
 	"iteron.dev/operator/internal/hotswap"
 	"iteron.dev/operator/internal/procexec"
 	"iteron.dev/operator/internal/reasons"
+	"iteron.dev/operator/internal/survivor"
 	"iteron.dev/operator/pkg/protocol"
 	"iteron.dev/operator/pkg/strictjson"
 )
@@ -94,6 +95,16 @@ type Config struct {
 	OnDispatch func(Dispatch)
 	// Now is the clock (time.Now if nil).
 	Now func() time.Time
+	// Handover, when set, replaces listening on Socket: the survivor holds
+	// the gateway's listening socket across manager restarts
+	// (docs/survivor.md) and hands this manager a copy of it (and a new one
+	// after the survivor itself restarted). Start serves every listener
+	// that arrives; stopping closes only this manager's copies.
+	Handover <-chan net.Listener
+	// InstanceID, when set, gives the Handshake's instance_id: the
+	// survivor's, which changes only when the table of completed
+	// invocations did not survive. Default: random per server.
+	InstanceID func() string
 }
 
 // Server is the gateway: a gatewayv1.GatewayServer over the coordinator's
@@ -104,8 +115,11 @@ type Server struct {
 
 	cfg        Config
 	instanceID string
-	table      *invocationTable
-	grpc       *grpc.Server
+	// runPrefix starts every run ID this server makes: unique per manager
+	// start, so that run IDs never repeat in a survivor's outcome table.
+	runPrefix string
+	table     *invocationTable
+	grpc      *grpc.Server
 
 	// ctx ends when the server stops: queued calls are withdrawn.
 	ctx    context.Context
@@ -114,6 +128,8 @@ type Server struct {
 	seq    atomic.Uint64
 	// dropped counts observations of a stale generation that were dropped.
 	dropped atomic.Int64
+	// recordMu serializes outcomes arriving from the survivor.
+	recordMu sync.Mutex
 }
 
 // New returns a server with a fresh random instance ID.
@@ -136,7 +152,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Server{
-		cfg: cfg, instanceID: hex.EncodeToString(id[:]),
+		cfg: cfg, instanceID: hex.EncodeToString(id[:]), runPrefix: hex.EncodeToString(id[:6]),
 		table: newInvocationTable(InvocationTTL, MaxInvocations, MaxInvocationBytes, cfg.Now),
 		ctx:   ctx, cancel: cancel,
 	}
@@ -145,8 +161,17 @@ func New(cfg Config) (*Server, error) {
 	return s, nil
 }
 
-// InstanceID is the random ID of this server (one per manager start).
-func (s *Server) InstanceID() string { return s.instanceID }
+// InstanceID identifies the table of completed invocations: random per
+// server, or the survivor's instance (Config.InstanceID) when the table
+// survives manager restarts there.
+func (s *Server) InstanceID() string {
+	if s.cfg.InstanceID != nil {
+		if id := s.cfg.InstanceID(); id != "" {
+			return id
+		}
+	}
+	return s.instanceID
+}
 
 // DroppedObservations is how many observations of a stale generation were
 // dropped instead of delivered.
@@ -161,13 +186,17 @@ func (s *Server) Serve(lis net.Listener) error {
 // stops (a controller-runtime Runnable: the manager starts it after the
 // state-dir lock is held, which Listen requires).
 func (s *Server) Start(ctx context.Context) error {
-	lis, err := Listen(s.cfg.Socket, s.cfg.SocketGroup)
-	if err != nil {
-		return err
-	}
-	s.cfg.Log.Info("gateway listening", "socket", s.cfg.Socket, "group", s.cfg.SocketGroup, "instanceID", s.instanceID)
 	errc := make(chan error, 1)
-	go func() { errc <- s.Serve(lis) }()
+	if s.cfg.Handover != nil {
+		go s.serveHandover(ctx, errc)
+	} else {
+		lis, err := Listen(s.cfg.Socket, s.cfg.SocketGroup)
+		if err != nil {
+			return err
+		}
+		s.cfg.Log.Info("gateway listening", "socket", s.cfg.Socket, "group", s.cfg.SocketGroup, "instanceID", s.instanceID)
+		go func() { errc <- s.Serve(lis) }()
+	}
 	select {
 	case err := <-errc:
 		s.Stop(context.Background())
@@ -177,7 +206,34 @@ func (s *Server) Start(ctx context.Context) error {
 	stopCtx, cancel := context.WithTimeout(context.Background(), s.cfg.StopTimeout)
 	defer cancel()
 	s.Stop(stopCtx)
+	if s.cfg.Handover != nil {
+		// The handed-over listeners' Serve calls end with Stop; none
+		// reports on errc.
+		return nil
+	}
 	return <-errc
+}
+
+// serveHandover serves every listener the survivor hands over until ctx
+// ends. A caller that connected while no manager served waited in the
+// socket's backlog and is accepted now.
+func (s *Server) serveHandover(ctx context.Context, errc chan<- error) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case lis, ok := <-s.cfg.Handover:
+			if !ok {
+				return
+			}
+			s.cfg.Log.Info("gateway serving the socket the survivor holds", "socket", s.cfg.Socket, "instanceID", s.InstanceID())
+			go func() {
+				if err := s.Serve(lis); err != nil && ctx.Err() == nil {
+					s.cfg.Log.Info("serving a handed-over listener ended", "error", err.Error())
+				}
+			}()
+		}
+	}
 }
 
 // NeedLeaderElection is false: every node's manager serves its own gateway.
@@ -237,7 +293,7 @@ func (s *Server) Handshake(ctx context.Context, req *gatewayv1.HandshakeRequest)
 		return nil, fail(reasons.UnsupportedVersion, fmt.Sprintf("protocol %q is not spoken here; this gateway speaks %s", req.GetProtocolVersion(), ProtocolVersion))
 	}
 	resp := &gatewayv1.HandshakeResponse{
-		NodeName: s.cfg.NodeName, InstanceId: s.instanceID, ProtocolVersions: []string{ProtocolVersion},
+		NodeName: s.cfg.NodeName, InstanceId: s.InstanceID(), ProtocolVersions: []string{ProtocolVersion},
 		Caller: &gatewayv1.Caller{Uid: p.UID, Gid: p.GID, Pid: p.PID, Namespaces: s.cfg.Allow.Namespaces(p.UID, p.GID)},
 		Nonce:  req.GetNonce(),
 	}
@@ -423,7 +479,7 @@ func (s *Server) begin(ctx context.Context, req callRequest, streaming bool) (*i
 
 	fp := fingerprint(req.activation, req.module, req.pinned, canonical)
 	n := s.seq.Add(1)
-	runID := "gw-" + s.instanceID[:12] + "-" + strconv.FormatUint(n, 10)
+	runID := "gw-" + s.runPrefix + "-" + strconv.FormatUint(n, 10)
 	if id == "" {
 		id = runID
 	}
@@ -433,26 +489,38 @@ func (s *Server) begin(ctx context.Context, req callRequest, streaming bool) (*i
 		return s.repeat(known, fp, id, req.namespace)
 	}
 
-	d, err := s.cfg.Coordinator.Lookup(req.namespace, req.activation, req.module)
-	if err != nil {
-		reason, message := reasons.NotFound, err.Error()
-		var ce *hotswap.CallError
-		if errors.As(err, &ce) {
-			reason, message = ce.Code, ce.Message
+	callDeadline := time.Now().Add(budget)
+	var d *hotswap.Dispatcher
+	err = s.whileRecovering(ctx, callDeadline, func() error {
+		var err error
+		d, err = s.cfg.Coordinator.Lookup(req.namespace, req.activation, req.module)
+		if err != nil {
+			reason, message := reasons.NotFound, err.Error()
+			var ce *hotswap.CallError
+			if errors.As(err, &ce) {
+				reason, message = ce.Code, ce.Message
+			}
+			return fail(reason, message)
 		}
-		return nil, false, fail(reason, message)
+		// A module that cannot serve is reported at once (not recorded: the
+		// call never ran), unless it is being activated: then the call
+		// waits.
+		if d.Route() == nil {
+			return s.moduleUnavailable(req.namespace, req.activation, req.module)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, false, err
+	}
+	// A repeat that became known while this call waited (the survivor's
+	// outcomes arrive as the manager re-attaches).
+	if known, ok := s.table.lookup(key); ok {
+		return s.repeat(known, fp, id, req.namespace)
 	}
 	inv := newInvocation()
 	inv.namespace, inv.activation, inv.module, inv.dispatcher, inv.streaming = req.namespace, req.activation, req.module, d, streaming
 	inv.id, inv.key, inv.runID, inv.fingerprint = id, key, runID, fp
-
-	// A module that cannot serve is reported at once (not recorded: the
-	// call never ran), unless it is being activated: then the call waits.
-	if d.Route() == nil {
-		if err := s.moduleUnavailable(req.namespace, req.activation, req.module); err != nil {
-			return nil, false, err
-		}
-	}
 	known, existing, full := s.table.admit(inv)
 	if full != nil {
 		return nil, false, fail(reasons.QueueFull, fmt.Sprintf("the gateway remembers %d invocations that have not ended; retry later", full.n))
@@ -461,7 +529,7 @@ func (s *Server) begin(ctx context.Context, req callRequest, streaming bool) (*i
 		return s.repeat(known, fp, id, req.namespace)
 	}
 
-	deadline := time.Now().Add(budget)
+	deadline := callDeadline
 	var pinned int64
 	if req.pinned != nil {
 		pinned = *req.pinned
@@ -469,6 +537,8 @@ func (s *Server) begin(ctx context.Context, req callRequest, streaming bool) (*i
 	call := hotswap.Call{
 		ID: inv.runID, Input: input, Deadline: deadline, PinnedLineage: pinned,
 		OnStart: func(r hotswap.Route) { s.started(inv, r) },
+		Invocation: &survivor.Invocation{Namespace: inv.namespace, InvocationID: inv.id, Fingerprint: hex.EncodeToString(fp[:]),
+			Activation: inv.activation, Module: inv.module},
 	}
 	if streaming {
 		// Only a Watch needs the run's observations (an Invoke gets the
@@ -496,6 +566,34 @@ func (s *Server) begin(ctx context.Context, req callRequest, streaming bool) (*i
 		s.finish(inv, res, err)
 	}()
 	return inv, false, nil
+}
+
+// recoveringPoll is how often a call that arrived while the manager
+// recovers looks again.
+const recoveringPoll = 20 * time.Millisecond
+
+// whileRecovering runs try until it returns anything but a recovering
+// answer, or the call's deadline (or ctx) ends: a call that arrives while
+// the manager (re)attaches to this node's activations waits for it instead
+// of being told to retry. At the deadline the last answer stands.
+func (s *Server) whileRecovering(ctx context.Context, deadline time.Time, try func() error) error {
+	for {
+		err := try()
+		if f, ok := ReasonOf(err); !ok || f.Reason != reasons.Recovering {
+			return err
+		}
+		wait := min(recoveringPoll, time.Until(deadline))
+		if wait <= 0 {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-s.ctx.Done():
+			return err
+		case <-time.After(wait):
+		}
+	}
 }
 
 // repeat answers a request whose invocation_id is known: the same call gets
@@ -556,7 +654,7 @@ func (s *Server) observe(inv *invocation, o hotswap.Observation) {
 	inv.mu.Lock()
 	generation, name, streaming := inv.generation, inv.generationName, inv.streaming
 	inv.mu.Unlock()
-	if stale(generation, inv.dispatcher.Route()) {
+	if inv.dispatcher != nil && stale(generation, inv.dispatcher.Route()) {
 		s.dropped.Add(1)
 		inv.mu.Lock()
 		inv.droppedStale = true
@@ -629,6 +727,9 @@ func (s *Server) outcomeOf(inv *invocation, err error) (reason, message string, 
 			reason = rc.ReasonCode()
 		}
 	case reason == reasons.StaleGeneration:
+		if inv.dispatcher == nil {
+			break
+		}
 		if r := inv.dispatcher.Route(); r != nil {
 			generation = r.Lineage
 		}
@@ -720,6 +821,12 @@ func (s *Server) CancelInvocation(ctx context.Context, req *gatewayv1.Invocation
 	inv.mu.Lock()
 	inv.cancelRequested = true
 	inv.mu.Unlock()
+	if inv.dispatcher == nil {
+		// Known from the survivor (its run began before this manager
+		// started): it cannot be withdrawn nor cancelled from here; its
+		// outcome arrives when it ends.
+		return inv.status(), nil
+	}
 	if inv.dispatcher.Withdraw(inv.runID, reason) {
 		select {
 		case <-inv.done:

@@ -38,6 +38,9 @@ type CommittedGeneration struct {
 	Attempt int32
 	// ImplementationID, ArtifactSHA256 and AuthoritySHA256 are what ran.
 	ImplementationID, ArtifactSHA256, AuthoritySHA256 string
+	// TransactionID is the transaction that committed it (the one whose
+	// process a restarted manager may re-attach).
+	TransactionID string
 }
 
 // moduleDurability is the crash, renewal and checkpoint state of a module.

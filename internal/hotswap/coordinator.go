@@ -36,6 +36,12 @@ type Config struct {
 	// has stopped (before the drain record). Tests use it to act at an exact
 	// point of a transaction (a call after the switch, a SIGKILL mid-swap).
 	AfterPhase func(key ActivationKey, module, phase string)
+	// Owner, when set, is the survivor that owns the provider processes
+	// across manager restarts (docs/survivor.md): Launch defaults to it, a
+	// module's last committed generation is re-attached rather than
+	// relaunched when its process still runs there, and Shutdown detaches
+	// instead of stopping the providers.
+	Owner *SurvivorOwner
 	// RecoverAtStart starts the coordinator recovering, as a manager does
 	// after a (re)start: until ExpectActivations has named this node's
 	// activations and each has been prepared, a call for an activation or
@@ -158,6 +164,9 @@ var ErrClosed = errors.New("coordinator is shut down")
 
 // New returns a coordinator. It starts nothing until Apply.
 func New(cfg Config) (*Coordinator, error) {
+	if cfg.Launch == nil && cfg.Owner != nil {
+		cfg.Launch = cfg.Owner.Launch
+	}
 	if cfg.StateDir == "" || cfg.Launch == nil {
 		return nil, errors.New("hotswap: Config needs StateDir and Launch")
 	}
@@ -241,7 +250,22 @@ func (c *Coordinator) doneRecoveringIfAllPrepared() {
 	if c.recovering && c.expected != nil && len(c.expected) == 0 {
 		c.recovering = false
 		c.cfg.Log.Info("every activation of this node is prepared", "after", c.cfg.Now().Sub(c.started).Round(time.Millisecond))
+		go c.releaseUnknown()
 	}
+}
+
+// releaseUnknown releases the survivor's processes of activations this
+// node no longer has (deleted while no manager ran).
+func (c *Coordinator) releaseUnknown() {
+	if c.cfg.Owner == nil {
+		return
+	}
+	c.cfg.Owner.ReleaseUnknown(func(uid string) bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		_, ok := c.activations[uid]
+		return ok
+	})
 }
 
 // Recovering reports whether the coordinator is still learning this node's
@@ -252,6 +276,7 @@ func (c *Coordinator) Recovering() bool {
 	if c.recovering && c.cfg.Now().Sub(c.started) > recoveryLimit {
 		c.recovering = false
 		c.cfg.Log.Info("stopped waiting for the activations expected at start", "missing", len(c.expected))
+		go c.releaseUnknown()
 	}
 	return c.recovering
 }
@@ -451,4 +476,31 @@ func (c *Coordinator) runtime(key ActivationKey, create bool) (*activationRuntim
 	c.activations[key.UID] = a
 	go a.run()
 	return a, nil
+}
+
+// HoldForOwnerRestart is called when the survivor that owns the providers
+// is about to stop (docs/survivor.md): every module serving a protocol-2
+// generation is checkpointed and paused until its relaunch, so that
+// nothing is lost. It returns when every activation did so, or ctx ended.
+func (c *Coordinator) HoldForOwnerRestart(ctx context.Context) {
+	c.mu.Lock()
+	all := make([]*activationRuntime, 0, len(c.activations))
+	for _, a := range c.activations {
+		all = append(all, a)
+	}
+	c.mu.Unlock()
+	for _, a := range all {
+		done := make(chan struct{})
+		select {
+		case a.hold <- done:
+			select {
+			case <-done:
+			case <-ctx.Done():
+				return
+			}
+		case <-a.done:
+		case <-ctx.Done():
+			return
+		}
+	}
 }

@@ -4,10 +4,22 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"iteron.dev/operator/internal/reasons"
 	"sync"
 	"time"
+
+	"iteron.dev/operator/internal/reasons"
+	"iteron.dev/operator/internal/survivor"
 )
+
+// invocationKey carries a call's Invocation to its backend's Run.
+type invocationKey struct{}
+
+// invocationOf is the Invocation a run serves, if the dispatcher was given
+// one.
+func invocationOf(ctx context.Context) *survivor.Invocation {
+	inv, _ := ctx.Value(invocationKey{}).(*survivor.Invocation)
+	return inv
+}
 
 // DefaultQueueLimit bounds the calls waiting for one module.
 const DefaultQueueLimit = 1024
@@ -69,6 +81,10 @@ type Call struct {
 	// OnStart, when set, is called as the run is dispatched, with the route
 	// that serves it.
 	OnStart func(Route)
+	// Invocation, when set, is the gateway's invocation the run serves: a
+	// survivor keeps the run's outcome under it across manager restarts
+	// (its generation is filled in at dispatch).
+	Invocation *survivor.Invocation
 }
 
 // Result is a finished call.
@@ -312,8 +328,26 @@ func (d *Dispatcher) run(p *pendingCall, route Route, deadline time.Duration) {
 		p.call.OnStart(route)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), deadline+time.Second)
+	if p.call.Invocation != nil {
+		inv := *p.call.Invocation
+		inv.Generation, inv.GenerationName = route.Lineage, route.Name
+		ctx = context.WithValue(ctx, invocationKey{}, &inv)
+	}
 	terminal, err := route.Backend.Run(ctx, p.call.ID, p.call.Input, deadline, p.call.Observe)
 	cancel()
+	var ns interface{ NotStarted() bool }
+	if err != nil && errors.As(err, &ns) && ns.NotStarted() && time.Until(p.call.Deadline) > 0 {
+		// The run never reached a provider (its owner, the survivor, went
+		// away first): the call waits at the head of the queue for the
+		// relaunch, as calls that arrive now do, instead of failing.
+		d.mu.Lock()
+		d.queue = append([]*pendingCall{p}, d.queue...)
+		d.inFlight = nil
+		close(d.idle)
+		d.mu.Unlock()
+		time.AfterFunc(20*time.Millisecond, d.poke)
+		return
+	}
 	p.result = Result{Lineage: route.Lineage, Name: route.Name, Terminal: terminal, QueuedFor: started.Sub(p.enqueued)}
 	d.mu.Lock()
 	current := d.route

@@ -60,8 +60,15 @@ func (pp *processProvider) Budget() Budget {
 }
 
 func (pp *processProvider) Fits(deadline time.Duration, requestBytes int) bool {
-	b := pp.p.Budget()
-	margin := time.Duration(pp.margin.Load())
+	return fits(pp.p.Budget(), pp.p.Plan().RuntimeDeadline(), time.Duration(pp.margin.Load()), pp.runs.Load(), deadline, requestBytes)
+}
+
+// fits is the dispatch rule of every provider (Backend.Fits): whether a run
+// with deadline and requestBytes of run ID and input can complete in a
+// process with budget b (of a plan whose lifetime is runtime), leaving the
+// renewal margin and what a renewal needs of its stdin; runs is the number
+// of runs the process started.
+func fits(b procexec.Budget, runtime, margin time.Duration, runs int64, deadline time.Duration, requestBytes int) bool {
 	// The start request must leave the stdin a renewal needs (its snapshot
 	// and cancel requests); otherwise the process would refuse the run.
 	stdinLeft := b.StdinBytes - int64(requestBytes) - startRequestOverhead
@@ -71,7 +78,6 @@ func (pp *processProvider) Fits(deadline time.Duration, requestBytes int) bool {
 	// A run is given at most what a freshly renewed process could give it:
 	// its lifetime less the margin and a tenth for the renewal itself. A
 	// longer deadline would never fit any process and renew forever.
-	runtime := pp.p.Plan().RuntimeDeadline()
 	d := min(deadline, runtime-margin-runtime/10)
 	if b.Fits(d, margin) {
 		return true
@@ -79,7 +85,7 @@ func (pp *processProvider) Fits(deadline time.Duration, requestBytes int) bool {
 	// A process that has not run anything yet is as fresh as a renewal
 	// would make it: it takes the call, with the time it has left (Run
 	// clamps the deadline), so each renewal serves at least one call.
-	return pp.runs.Load() == 0 && b.Lifetime > margin
+	return runs == 0 && b.Lifetime > margin
 }
 
 func (pp *processProvider) Run(ctx context.Context, runID string, input []byte, deadline time.Duration, observe func(Observation)) (Observation, error) {

@@ -11,6 +11,11 @@ func (a *activationRuntime) firstActivation(d *Desired, t ModuleTarget) {
 	a.mu.Lock()
 	m := a.module(t.Module)
 	a.mu.Unlock()
+	if o := a.c.cfg.Owner; o != nil {
+		// Whatever the survivor still runs of this module belongs to no
+		// committed generation (a first activation cut short).
+		o.releaseModule(a.key.UID, m.name, "the module is activated afresh: no committed generation owns it")
+	}
 	g := a.newGeneration(m, t)
 	r, err := a.begin(ledger.KindFirstActivation, m, g, nil, 0, d)
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 	"iteron.dev/operator/internal/effects"
 	"iteron.dev/operator/internal/ledger"
 	"iteron.dev/operator/internal/reasons"
+	"iteron.dev/operator/internal/survivor"
 )
 
 // The phases the transaction kinds share. Each returns a phase for the
@@ -131,7 +132,15 @@ func (r *txnRun) switchPhase(route func() Route, durable func()) phase {
 			}
 			_, _ = r.m.dispatcher.Switch(back)
 		},
-		durable: durable,
+		durable: func() {
+			if durable != nil {
+				durable()
+			}
+			// The switch is durable: the routed process is the one a
+			// restarted manager re-attaches (if the transaction's close
+			// keeps it).
+			r.a.noteAttached(r.m.name, r.gen, r.txn.Identity().TransactionID)
+		},
 	}
 }
 
@@ -149,7 +158,8 @@ func (r *txnRun) committedPhase(done func()) phase {
 
 // launch starts and loads a generation's process, tracked in its scope.
 func (r *txnRun) launch(g *generationRuntime) error {
-	proc, err := r.a.c.cfg.Launch(r.ctx, g.target.Plan)
+	tag := survivor.Tag{ActivationUID: r.a.key.UID, Module: r.m.name, Generation: g.name, Transaction: r.txn.Identity().TransactionID}
+	proc, err := r.a.c.cfg.Launch(withLaunchTag(r.ctx, tag), g.target.Plan)
 	if err != nil {
 		return fail(ledger.PhaseShadowLoad, err, reasons.ActivationFailed)
 	}

@@ -90,6 +90,7 @@ func (a *activationRuntime) recoverFromLedger(led *ledger.Ledger) error {
 			Name:    iteronv1.GenerationName(a.key.Name, module, int64(c.Generation), int32(id.Attempt())),
 			Lineage: int64(c.Generation), Attempt: int32(id.Attempt()),
 			ImplementationID: c.ImplementationID, ArtifactSHA256: c.ArtifactSHA256, AuthoritySHA256: c.AuthoritySHA256,
+			TransactionID: c.TransactionID,
 		}
 	}
 	if st.Records == 0 {

@@ -44,8 +44,23 @@ func (a *activationRuntime) watchProcess(m *moduleRuntime, g *generationRuntime,
 			m.dur.relaunchAt = a.c.cfg.Now()
 			m.dispatcher.PauseNow()
 			m.dispatcher.SetUnavailable(g.reason, g.message)
+		case crashed && ownerLost(proc):
+			// The survivor that owned the process went away (restarted,
+			// killed): not the provider's fault, not counted as a crash.
+			// It is relaunched from its newest durable snapshot as soon as
+			// a survivor takes launches again; calls wait for it.
+			g.stderrTail, g.stderrDropped = tail, dropped
+			g.proc = nil
+			g.phase, g.reason = iteronv1.PhasePreparing, reasons.Recovering
+			g.message = truncateMessage(fmt.Sprintf("the survivor that owned the process of %s went away: relaunching it from its newest durable snapshot", g.name))
+			g.relaunchCause = "the survivor that owned its process went away at " + a.c.cfg.Now().UTC().Format(time.RFC3339)
+			m.dur.relaunchAt = a.c.cfg.Now()
+			m.dispatcher.PauseNow()
+			m.dispatcher.SetAvailable()
+			a.log("provider process lost with its survivor; relaunching", "module", m.name, "generation", g.name)
 		case crashed:
 			g.stderrTail, g.stderrDropped = tail, dropped
+			g.relaunchCause = "its process exited at " + a.c.cfg.Now().UTC().Format(time.RFC3339)
 			a.noteCrash(m, g, "the provider process exited")
 		}
 		a.mu.Unlock()
@@ -54,6 +69,13 @@ func (a *activationRuntime) watchProcess(m *moduleRuntime, g *generationRuntime,
 			a.notify(g.name)
 		}
 	}()
+}
+
+// ownerLost reports whether proc ended with its owner (a survivor that
+// went away) rather than by a fault of its own.
+func ownerLost(proc Provider) bool {
+	ol, ok := proc.(ownerLoser)
+	return ok && ol.OwnerLost()
 }
 
 // noteCrash records a crash of the active generation (its process exited,
@@ -134,6 +156,17 @@ func (a *activationRuntime) relaunchCommitted(d *Desired, m *moduleRuntime, t Mo
 	m.dur.committed = nil
 	a.mu.Unlock()
 	a.c.receipts.MarkIncomplete(g.name, fmt.Sprintf("the manager restarted at %s: receipts recorded before it were lost with it", a.c.started.UTC().Format(time.RFC3339)))
+	if a.c.cfg.Owner != nil {
+		proc, why := a.reattach(m, g, t, c, d)
+		if proc != nil {
+			a.adopt(d, m, g, c, proc)
+			return
+		}
+		a.log("not re-attached: relaunching from the newest durable snapshot", "module", m.name, "generation", g.name, "why", why)
+		a.mu.Lock()
+		g.relaunchCause = "the process of " + g.name + " was not re-attached after the manager restarted (" + why + ")"
+		a.mu.Unlock()
+	}
 	a.runRelaunch(d, m, g, c.AuthoritySHA256)
 }
 
@@ -158,6 +191,7 @@ func (a *activationRuntime) runRelaunch(d *Desired, m *moduleRuntime, g *generat
 	m.dispatcher.SetAvailable() // being prepared: calls wait for it
 	r.fresh = func() *effects.EffectScope { return g.scope }
 	var snap State
+	var stored StoredSnapshot
 	haveSnapshot := false
 	r.run(&transaction{
 		kind: ledger.KindRelaunch,
@@ -171,7 +205,7 @@ func (a *activationRuntime) runRelaunch(d *Desired, m *moduleRuntime, g *generat
 					if err != nil {
 						return &phaseFailure{ledger.PhaseVerify, reasons.VerificationFailed, "the newest durable snapshot is unreadable: " + err.Error()}
 					}
-					snap, haveSnapshot = s.protocolState(), ok
+					snap, stored, haveSnapshot = s.protocolState(), s, ok
 				}
 				a.mu.Lock()
 				g.scope = effects.NewScope(g.name)
@@ -188,7 +222,16 @@ func (a *activationRuntime) runRelaunch(d *Desired, m *moduleRuntime, g *generat
 				m.dispatcher.Resume()
 			}),
 			r.committedPhase(func() {
-				a.log("generation relaunched", "module", m.name, "generation", g.name, "pid", g.lastPid, "restored", g.stateDigest)
+				note := relaunchNote(a.c.cfg.Now(), g, d, plan.ProtocolVersion(), haveSnapshot, stored)
+				a.mu.Lock()
+				if g.reason == "" {
+					// Serving again: the status says what the relaunch
+					// restored and what it could not.
+					g.message = truncateMessage(note)
+				}
+				g.relaunchCause = ""
+				a.mu.Unlock()
+				a.log("generation relaunched", "module", m.name, "generation", g.name, "pid", g.lastPid, "restored", g.stateDigest, "note", note)
 			}),
 		},
 		failed: func(pf *phaseFailure, _ bool, _ error) {
@@ -212,6 +255,30 @@ func (a *activationRuntime) runRelaunch(d *Desired, m *moduleRuntime, g *generat
 			}
 		},
 	})
+}
+
+// relaunchNote says what a relaunch of g restored, and what was lost: the
+// state a provider built after the snapshot it restored (bounded by the
+// checkpoint interval).
+func relaunchNote(now time.Time, g *generationRuntime, d *Desired, protocolVersion int, restored bool, s StoredSnapshot) string {
+	cause := g.relaunchCause
+	if cause == "" {
+		cause = "the manager restarted"
+	}
+	head := fmt.Sprintf("relaunched at %s (%s)", now.UTC().Format(time.RFC3339), cause)
+	switch {
+	case protocolVersion != 2:
+		return head + ": a protocol-1 provider keeps no state"
+	case !restored:
+		return head + ": no durable snapshot of its lineage existed, it started with empty state"
+	}
+	taken := time.UnixMilli(s.TakenUnixMs).UTC()
+	bound := "checkpoints are off (spec.checkpoint.intervalSeconds 0): only swaps, renewals and shutdowns snapshot"
+	if d != nil && d.CheckpointInterval > 0 {
+		bound = fmt.Sprintf("at most spec.checkpoint.intervalSeconds (%s) of it", d.CheckpointInterval)
+	}
+	return fmt.Sprintf("%s: state %s restored from its %s snapshot taken at %s; what the provider did after that snapshot is lost (%s)",
+		head, s.StateSHA256, s.Kind, taken.Format(time.RFC3339Nano), bound)
 }
 
 // withSkip is p, left out when skip reports true.

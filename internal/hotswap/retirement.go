@@ -80,6 +80,7 @@ func (a *activationRuntime) retire(swap SwapPolicy, candidate string, m *moduleR
 				a.mu.Lock()
 				delete(a.modules, m.name)
 				a.mu.Unlock()
+				a.noteAttached(m.name, nil, "")
 				a.log("module retired", "module", m.name, "generation", g.name)
 			}),
 		},

@@ -62,6 +62,10 @@ type generationRuntime struct {
 	stderrDropped int64
 	// drainNote is the cleanup_failed note of the drain in progress.
 	drainNote string
+	// relaunchCause says why the generation's next relaunch happens (its
+	// process exited, its survivor went away, it was not re-attached); the
+	// relaunch reports it with what it restored.
+	relaunchCause string
 	// cleanupErr is what disposing the generation's effects failed with.
 	cleanupErr string
 }
@@ -128,6 +132,9 @@ type activationRuntime struct {
 	wake chan struct{}
 	stop chan struct{}
 	done chan struct{}
+	// hold asks the worker to checkpoint and pause every module before its
+	// survivor stops (HoldForOwnerRestart).
+	hold chan chan struct{}
 }
 
 func newActivationRuntime(c *Coordinator, key ActivationKey) *activationRuntime {
@@ -135,7 +142,7 @@ func newActivationRuntime(c *Coordinator, key ActivationKey) *activationRuntime 
 	return &activationRuntime{
 		c: c, key: key, log: func(msg string, kv ...any) { log.Info(msg, kv...) },
 		modules: map[string]*moduleRuntime{}, failed: map[string]Failure{}, rCounts: map[string]uint64{},
-		wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
+		wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}), hold: make(chan chan struct{}),
 	}
 }
 
@@ -237,6 +244,9 @@ func (a *activationRuntime) run() {
 			return
 		case <-a.wake:
 		case <-timer.C:
+		case done := <-a.hold:
+			a.holdForOwnerRestart()
+			close(done)
 		}
 		var next time.Time
 		worked := false
@@ -288,6 +298,11 @@ func (a *activationRuntime) step() (bool, time.Time) {
 		}
 		a.log("ledger unusable; not acting on this activation", "error", err.Error())
 		return false, time.Time{}
+	}
+	if o := a.c.cfg.Owner; o != nil && !o.client.Connected() {
+		// Every transaction needs the survivor (its processes, or a
+		// launch): wait for it to be back rather than fail.
+		return false, a.c.cfg.Now().Add(250 * time.Millisecond)
 	}
 	if ok, probeAt := a.ledgerWritable(); !ok {
 		// Transactions need the ledger: they wait for it to be writable.
@@ -469,6 +484,9 @@ func (a *activationRuntime) retireNext(desired *Desired) bool {
 			// Committed before a restart, never relaunched, now gone from
 			// the spec: its retirement is recorded so the ledger agrees.
 			m.dur.committed = nil
+			if o := a.c.cfg.Owner; o != nil {
+				o.releaseModule(a.key.UID, m.name, "its module left the spec while no manager ran")
+			}
 			g := &generationRuntime{name: c.Name, module: m.name, lineage: c.Lineage, attempt: c.Attempt, recovered: c,
 				rCount: a.rCounts[c.Name], phase: iteronv1.PhaseInactive, scope: effects.NewScope(c.Name)}
 			m.active = g
@@ -543,6 +561,21 @@ func (a *activationRuntime) shutdown(ctx context.Context) error {
 	a.led = nil
 	a.mu.Unlock()
 	var errs []error
+	if a.c.cfg.Owner != nil {
+		// Detach: the survivor keeps every provider running, with its
+		// state and pid, for the next manager to re-attach. The run in
+		// flight of each module ends in the survivor (its outcome kept).
+		for _, d := range dispatchers {
+			d.Close()
+		}
+		if led != nil {
+			if err := led.Close(); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		a.log("detached from the survivor: its providers keep running", "modules", len(procs))
+		return errors.Join(errs...)
+	}
 	for _, l := range procs {
 		// Let the run in flight finish if it can, then cancel it.
 		if !l.m.dispatcher.PauseWhenIdle(ctx, l.g.target.Plan.CancellationDeadline()) {
@@ -680,4 +713,58 @@ func firstLine(s string) string {
 		return s[:i]
 	}
 	return s
+}
+
+// ownerRestartHold bounds how long modules stay paused after their
+// survivor asked for a checkpoint before it stops: if their processes do
+// not end by then (the survivor did not stop after all), they serve again.
+const ownerRestartHold = time.Minute
+
+// holdForOwnerRestart checkpoints every module serving a protocol-2
+// generation and leaves it paused: the survivor is about to stop, and its
+// providers with it. Nothing a call does after the checkpoint can be lost:
+// calls wait in the queue for the relaunch from that checkpoint. Runs by
+// the worker, between transactions.
+func (a *activationRuntime) holdForOwnerRestart() {
+	a.mu.Lock()
+	type live struct {
+		m *moduleRuntime
+		g *generationRuntime
+		p Provider
+	}
+	var all []live
+	for _, m := range a.modules {
+		if g := m.active; g != nil && g.proc != nil && g.phase == iteronv1.PhaseActive {
+			all = append(all, live{m, g, g.proc})
+		}
+	}
+	a.mu.Unlock()
+	for _, l := range all {
+		ctx, cancel := context.WithTimeout(context.Background(), l.g.target.Plan.CancellationDeadline()+time.Second)
+		if !l.m.dispatcher.PauseWhenIdle(ctx, l.g.target.Plan.CancellationDeadline()) {
+			_, _ = l.m.dispatcher.Pause(ctx, 0)
+		}
+		cancel()
+		if l.g.target.Plan.ProtocolVersion() == 2 {
+			if err := a.takeCheckpoint(l.m, l.g, l.p, 0); err != nil {
+				a.log("checkpoint before the survivor stops failed", "module", l.m.name, "generation", l.g.name, "error", err.Error())
+			} else {
+				a.log("checkpointed before the survivor stops; calls wait for the relaunch", "module", l.m.name, "generation", l.g.name)
+			}
+		}
+		m, g, p := l.m, l.g, l.p
+		time.AfterFunc(ownerRestartHold, func() {
+			a.mu.Lock()
+			still := m.active == g && g.proc == p
+			a.mu.Unlock()
+			if still {
+				select {
+				case <-p.Exited():
+				default:
+					a.log("the survivor did not stop after asking for a checkpoint; serving again", "module", m.name)
+					m.dispatcher.Resume()
+				}
+			}
+		})
+	}
 }

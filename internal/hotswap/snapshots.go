@@ -314,5 +314,8 @@ func RemoveActivationState(stateDir, activationUID string, now time.Time) error 
 	if err := removePending(stateDir, activationUID); err != nil {
 		return err
 	}
+	if err := removeAttached(stateDir, activationUID); err != nil {
+		return err
+	}
 	return NewSnapshotStore(stateDir).RemoveActivation(activationUID)
 }

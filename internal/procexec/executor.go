@@ -149,15 +149,8 @@ func (e *Executor) Live() []*Process {
 // hashed again after the start (a mismatch kills the group, KindTampered).
 // The returned Process is not loaded yet: call Load.
 func (e *Executor) Launch(plan activation.LaunchPlan) (*Process, error) {
-	version := protocol.Version(plan.ProtocolVersion())
-	if !version.Valid() {
-		return nil, &Fault{Kind: KindRefused, Op: OpSpawn, Reason: reasons.UnsupportedVersion, Detail: fmt.Sprintf("protocol version %d", plan.ProtocolVersion())}
-	}
-	if !filepath.IsAbs(plan.Executable()) || !filepath.IsAbs(plan.ArtifactRoot()) {
-		return nil, &Fault{Kind: KindRefused, Op: OpSpawn, Reason: reasons.VerificationFailed, Detail: "the plan's executable and artifact root must be absolute"}
-	}
-	if plan.RuntimeDeadline() <= 0 || plan.CancellationDeadline() <= 0 {
-		return nil, &Fault{Kind: KindRefused, Op: OpSpawn, Reason: reasons.VerificationFailed, Detail: "the plan has no deadlines"}
+	if err := checkPlan(plan); err != nil {
+		return nil, err
 	}
 	exe, head, cached := e.cache.get(plan.ArtifactSHA256())
 	var size int64
@@ -166,14 +159,24 @@ func (e *Executor) Launch(plan activation.LaunchPlan) (*Process, error) {
 		if exe, size, head, err = sealedCopy(plan.Executable(), plan.ArtifactSHA256()); err != nil {
 			return nil, err
 		}
+		if _, ferr := checkInterpreter(head, e.cfg.Interpreters); ferr == nil {
+			e.cache.put(plan.ArtifactSHA256(), exe, size, head)
+		}
 	}
+	return e.launch(plan, exe, head)
+}
+
+// launch checks the plan and the #! interpreter and starts the sealed
+// executable exe (whose first bytes are head); it takes ownership of exe.
+func (e *Executor) launch(plan activation.LaunchPlan, exe *os.File, head []byte) (*Process, error) {
 	defer exe.Close()
+	if err := checkPlan(plan); err != nil {
+		return nil, err
+	}
+	version := protocol.Version(plan.ProtocolVersion())
 	interpreter, ferr := checkInterpreter(head, e.cfg.Interpreters)
 	if ferr != nil {
 		return nil, ferr
-	}
-	if !cached {
-		e.cache.put(plan.ArtifactSHA256(), exe, size, head)
 	}
 
 	var files [6]*os.File // stdin r/w, stdout r/w, stderr r/w
@@ -272,6 +275,20 @@ func (e *Executor) Launch(plan activation.LaunchPlan) (*Process, error) {
 	e.mu.Unlock()
 	p.start()
 	return p, nil
+}
+
+// checkPlan refuses a plan the executor cannot run.
+func checkPlan(plan activation.LaunchPlan) error {
+	if !protocol.Version(plan.ProtocolVersion()).Valid() {
+		return &Fault{Kind: KindRefused, Op: OpSpawn, Reason: reasons.UnsupportedVersion, Detail: fmt.Sprintf("protocol version %d", plan.ProtocolVersion())}
+	}
+	if !filepath.IsAbs(plan.Executable()) || !filepath.IsAbs(plan.ArtifactRoot()) {
+		return &Fault{Kind: KindRefused, Op: OpSpawn, Reason: reasons.VerificationFailed, Detail: "the plan's executable and artifact root must be absolute"}
+	}
+	if plan.RuntimeDeadline() <= 0 || plan.CancellationDeadline() <= 0 {
+		return &Fault{Kind: KindRefused, Op: OpSpawn, Reason: reasons.VerificationFailed, Detail: "the plan has no deadlines"}
+	}
+	return nil
 }
 
 func (e *Executor) forget(p *Process) {

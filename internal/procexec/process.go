@@ -8,6 +8,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/reasons"
 	"iteron.dev/operator/pkg/protocol"
@@ -188,3 +190,39 @@ func (p *Process) readStderr() {
 	defer close(p.stderrDone)
 	io.CopyBuffer(p.errs, p.stderr, make([]byte, 32<<10))
 }
+
+// ActiveRun returns the run in progress, if any.
+func (p *Process) ActiveRun() (*Run, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.run, p.run != nil
+}
+
+// CheckIdentity reports whether the process is still the one that was
+// started: its leader has not exited (its pidfd, which cannot name another
+// process, says so) and /proc/<pid>/stat still shows the recorded start
+// time and process group. It never trusts a pid number alone.
+func (p *Process) CheckIdentity() error {
+	select {
+	case <-p.exited:
+		return fmt.Errorf("process %d has exited", p.group.pid)
+	default:
+	}
+	var err error
+	p.control(func(fd int) { err = unix.PidfdSendSignal(fd, 0, nil, 0) })
+	if err != nil {
+		return fmt.Errorf("process %d: pidfd: %w", p.group.pid, err)
+	}
+	st, err := readStat(p.group.pid)
+	if err != nil {
+		return fmt.Errorf("process %d: %w", p.group.pid, err)
+	}
+	if st.startTime != p.group.startTime || st.pgid != p.group.pgid {
+		return fmt.Errorf("process %d now has start time %d and group %d; it was started with %d and %d", p.group.pid, st.startTime, st.pgid, p.group.startTime, p.group.pgid)
+	}
+	return nil
+}
+
+// BootID identifies this boot of the machine (a start time means nothing
+// across boots).
+func BootID() string { return bootID() }

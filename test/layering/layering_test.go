@@ -34,6 +34,7 @@ var internalOrder = [][]string{
 	{"internal/graph"},
 	{"internal/spawn"},
 	{"internal/procexec", "internal/pkgruntime"},
+	{"internal/survivor"},
 	{"internal/ledger"},
 	{"internal/effects"},
 	{"internal/hotswap"},

@@ -25,11 +25,15 @@ import (
 )
 
 const (
-	managerNS = "iteron-system"
-	managerDS = "iteron-manager"
+	managerNS  = "iteron-system"
+	managerDS  = "iteron-manager"
+	survivorDS = "iteron-survivor"
 	// sandboxImage is the pause image's name (hack/image -pause-tag), the
 	// local node's containerd sandbox image.
 	sandboxImage = "localhost/iteron-pause:1"
+	// upgradedImage is another build of the manager (hack/image
+	// -manager-note): the image a manager upgrade rolls out.
+	upgradedImage = "iteron-operator:upgraded"
 	// In the manager's container (config/manager/daemonset.yaml).
 	podProviders = "/var/lib/iteron/providers"
 	podState     = "/var/lib/iteron/state"
@@ -122,16 +126,24 @@ func setupLocal(t *testing.T, c *cluster) {
 	// -offline: busybox-static's .deb must already be in bin/image/debs
 	// (make image fetched it), so this test fetches nothing.
 	cmd := exec.Command("go", "run", "./hack/image", "-offline", "-debs", filepath.Join(c.repo, "bin", "image", "debs"),
-		"-out", filepath.Join(images, "iteron-operator.tar"), "-pause-out", filepath.Join(images, "pause.tar"), "-pause-tag", sandboxImage)
+		"-out", filepath.Join(images, "iteron-operator.tar"), "-survivor-out", filepath.Join(images, "iteron-survivor.tar"),
+		"-pause-out", filepath.Join(images, "pause.tar"), "-pause-tag", sandboxImage)
 	cmd.Dir = c.repo
 	out := run(t, cmd)
+	// A new release of the manager: another build (other bytes), another
+	// image name, for the upgrade step.
+	cmd = exec.Command("go", "run", "./hack/image", "-offline", "-debs", filepath.Join(c.repo, "bin", "image", "debs"),
+		"-out", filepath.Join(images, "iteron-operator-upgraded.tar"), "-tag", upgradedImage, "-manager-note", "upgraded",
+		"-survivor-out", "", "-pause-out", "")
+	cmd.Dir = c.repo
+	out += run(t, cmd)
 	t.Logf("built the images in %s:\n%s", time.Since(start).Round(time.Second), out)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	n, err := localnode.Start(ctx, localnode.Config{
 		NodeBin: nodeBin, K8sBin: filepath.Join(c.repo, "bin", "k8s"),
-		Images:       []string{filepath.Join(images, "pause.tar"), filepath.Join(images, "iteron-operator.tar")},
+		Images:       []string{filepath.Join(images, "pause.tar"), filepath.Join(images, "iteron-operator.tar"), filepath.Join(images, "iteron-survivor.tar"), filepath.Join(images, "iteron-operator-upgraded.tar")},
 		SandboxImage: sandboxImage, Log: testLog{t}, CountPackets: true,
 	})
 	if n != nil {
@@ -215,8 +227,9 @@ func setupCommon(t *testing.T, c *cluster) {
 }
 
 // overlay writes the kustomization this test applies: config/default with
-// the host paths moved into hostRoot and the gateway opened to this
-// process's uid and gid for the namespace "default". Nothing else changes.
+// the host paths of both DaemonSets moved into hostRoot and the gateway
+// opened to this process's uid and gid for the namespace "default". Nothing
+// else changes.
 func (c *cluster) overlay(t *testing.T) string {
 	dir := filepath.Join(c.work, "overlay")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -231,7 +244,7 @@ func (c *cluster) overlay(t *testing.T) string {
 apiVersion: kustomize.config.k8s.io/v1beta1
 kind: Kustomization
 resources:
-- %s
+- %[1]s
 patches:
 - target:
     kind: DaemonSet
@@ -247,27 +260,58 @@ patches:
           volumes:
           - name: state
             hostPath:
-              path: %s
+              path: %[2]s
           - name: providers
             hostPath:
-              path: %s
+              path: %[3]s
           - name: gateway
             hostPath:
-              path: %s
+              path: %[4]s
           - name: artifacts
             hostPath:
-              path: %s
+              path: %[7]s
 - target:
     kind: DaemonSet
     name: iteron-manager
   patch: |-
     - op: add
       path: /spec/template/spec/containers/0/args/-
-      value: --gateway-group=%d
+      value: --gateway-group=%[5]d
     - op: add
       path: /spec/template/spec/containers/0/args/-
-      value: --gateway-allow=uid:%d=default
-`, base, filepath.Join(c.hostRoot, "state"), filepath.Join(c.hostRoot, "providers"), filepath.Join(c.hostRoot, "run"), filepath.Join(c.hostRoot, "artifacts"), os.Getgid(), os.Getuid())
+      value: --gateway-allow=uid:%[6]d=default
+- target:
+    kind: DaemonSet
+    name: iteron-survivor
+  patch: |-
+    apiVersion: apps/v1
+    kind: DaemonSet
+    metadata:
+      name: iteron-survivor
+    spec:
+      template:
+        spec:
+          volumes:
+          - name: state
+            hostPath:
+              path: %[2]s
+          - name: providers
+            hostPath:
+              path: %[3]s
+          - name: gateway
+            hostPath:
+              path: %[4]s
+          - name: artifacts
+            hostPath:
+              path: %[7]s
+- target:
+    kind: DaemonSet
+    name: iteron-survivor
+  patch: |-
+    - op: add
+      path: /spec/template/spec/containers/0/args/-
+      value: --gateway-group=%[5]d
+`, base, filepath.Join(c.hostRoot, "state"), filepath.Join(c.hostRoot, "providers"), filepath.Join(c.hostRoot, "run"), os.Getgid(), os.Getuid(), filepath.Join(c.hostRoot, "artifacts"))
 	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(text), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -279,8 +323,17 @@ func (c *cluster) socket() string { return filepath.Join(c.hostRoot, "run", "gat
 // managerPod is the Ready manager pod on the node, or an error saying what
 // the pods are doing.
 func (c *cluster) managerPod(ctx context.Context) (*corev1.Pod, error) {
+	return c.readyPod(ctx, "manager")
+}
+
+// survivorPod is the Ready survivor pod on the node.
+func (c *cluster) survivorPod(ctx context.Context) (*corev1.Pod, error) {
+	return c.readyPod(ctx, "survivor")
+}
+
+func (c *cluster) readyPod(ctx context.Context, component string) (*corev1.Pod, error) {
 	pods, err := c.clientset.CoreV1().Pods(managerNS).List(ctx, metav1.ListOptions{
-		LabelSelector: "app.kubernetes.io/component=manager", FieldSelector: "spec.nodeName=" + c.node})
+		LabelSelector: "app.kubernetes.io/component=" + component, FieldSelector: "spec.nodeName=" + c.node})
 	if err != nil {
 		return nil, err
 	}
@@ -298,7 +351,7 @@ func (c *cluster) managerPod(ctx context.Context) (*corev1.Pod, error) {
 		}
 		seen = append(seen, fmt.Sprintf("%s %s ready=%v deleting=%v", p.Name, p.Status.Phase, ready, p.DeletionTimestamp != nil))
 	}
-	return nil, fmt.Errorf("no Ready manager pod on %s (pods: %v)", c.node, seen)
+	return nil, fmt.Errorf("no Ready %s pod on %s (pods: %v)", component, c.node, seen)
 }
 
 // diagnostics is what a failure prints: the node's objects, events, the
@@ -310,6 +363,7 @@ func (c *cluster) diagnostics() string {
 	fmt.Fprintf(&b, "\n=== events:\n%s", c.kubectlOut("get", "events", "-A", "--sort-by=.lastTimestamp"))
 	fmt.Fprintf(&b, "\n=== manager log (last 80 lines):\n%s", c.kubectlOut("-n", managerNS, "logs", "ds/"+managerDS, "--tail=80"))
 	fmt.Fprintf(&b, "\n=== previous manager log (last 40 lines):\n%s", c.kubectlOut("-n", managerNS, "logs", "ds/"+managerDS, "--previous", "--tail=40"))
+	fmt.Fprintf(&b, "\n=== survivor log (last 40 lines):\n%s", c.kubectlOut("-n", managerNS, "logs", "ds/"+survivorDS, "--tail=40"))
 	fmt.Fprintf(&b, "\n=== activations and generations:\n%s", c.kubectlOut("get", "implementationactivations,generations", "-A", "-o", "yaml"))
 	if c.local != nil {
 		for _, name := range []string{"kubelet", "containerd", "kube-controller-manager", "kube-scheduler"} {

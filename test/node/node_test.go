@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -23,7 +24,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
+	gatewayv1 "iteron.dev/operator/api/gateway/v1"
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
+	"iteron.dev/operator/internal/gateway"
 	"iteron.dev/operator/test/kubeapi"
 	"iteron.dev/operator/test/localnode"
 )
@@ -79,6 +82,9 @@ func TestTheManagerRunsAsADaemonSetPodOnARealNode(t *testing.T) {
 	overlay := c.overlay(t)
 	t.Logf("kubectl apply -k (config/default, host paths under %s, gateway open to uid %d gid %d):\n%s",
 		c.hostRoot, os.Getuid(), os.Getgid(), c.kubectlRun(t, "apply", "--server-side", "-k", overlay))
+	sv := c.waitSurvivorReady(t)
+	t.Logf("DaemonSet %s/%s Ready: pod %s, image %s (%s), no service-account token: %v", managerNS, survivorDS,
+		sv.Name, sv.Status.ContainerStatuses[0].Image, sv.Status.ContainerStatuses[0].ImageID, sv.Spec.AutomountServiceAccountToken != nil && !*sv.Spec.AutomountServiceAccountToken)
 	pod := c.waitDaemonSetReady(t, "")
 	if pod.Spec.ServiceAccountName != "iteron-manager" {
 		t.Fatalf("the manager pod runs as service account %q, want iteron-manager", pod.Spec.ServiceAccountName)
@@ -117,17 +123,37 @@ func TestTheManagerRunsAsADaemonSetPodOnARealNode(t *testing.T) {
 	// 5. Probes and metrics answer from the pod.
 	c.probesAndMetricsAnswer(t)
 
-	// 6. kubectl delete pod: the DaemonSet recreates it; the module is
-	// Active again and the count goes on from the last answered call.
-	c.restartManager(t, name, a, "kubectl delete pod", func(pod string) {
+	// 6. kubectl delete pod under a caller calling in a loop: the DaemonSet
+	// recreates the manager, which re-attaches to the survivor's providers:
+	// no call fails, the count goes on, the provider pids stay.
+	last := c.restartManager(t, name, a, "kubectl delete pod", func(pod string) {
 		t.Logf("kubectl delete pod: %s", c.kubectlRun(t, "-n", managerNS, "delete", "pod", pod, "--wait=false"))
-	}, 7)
+	}, 6)
 
-	// 7. kubectl rollout restart: the same.
-	c.restartManager(t, name, a, "kubectl rollout restart", func(string) {
+	// 7. kubectl rollout restart (a manager upgrade is this rollout): the
+	// same.
+	last = c.restartManager(t, name, a, "kubectl rollout restart", func(string) {
 		t.Logf("kubectl rollout restart: %s", c.kubectlRun(t, "-n", managerNS, "rollout", "restart", "ds/"+managerDS))
 		t.Logf("kubectl rollout status: %s", c.kubectlRun(t, "-n", managerNS, "rollout", "status", "ds/"+managerDS, "--timeout=3m"))
-	}, 8)
+	}, last)
+
+	// 7b. An upgrade of the manager: a new image (another build) rolled out
+	// by the DaemonSet (RollingUpdate). The same: nothing fails, nothing
+	// restarts but the manager.
+	if c.local != nil {
+		c.restartManager(t, name, a, "kubectl set image (manager upgrade)", func(string) {
+			t.Logf("kubectl set image: %s", c.kubectlRun(t, "-n", managerNS, "set", "image", "ds/"+managerDS, "manager="+upgradedImage))
+			t.Logf("kubectl rollout status: %s", c.kubectlRun(t, "-n", managerNS, "rollout", "status", "ds/"+managerDS, "--timeout=3m"))
+		}, last)
+		pod, err := c.managerPod(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("the manager now runs image %s (%s)", pod.Status.ContainerStatuses[0].Image, pod.Status.ContainerStatuses[0].ImageID)
+		if !strings.Contains(pod.Status.ContainerStatuses[0].Image, upgradedImage) {
+			t.Fatalf("the manager pod runs %s after the upgrade; want %s", pod.Status.ContainerStatuses[0].Image, upgradedImage)
+		}
+	}
 	c.probesAndMetricsAnswer(t)
 
 	// 8. Deleting the activation reaps every provider.
@@ -251,6 +277,25 @@ func (c *cluster) verifyLedger(t *testing.T, a *iteronv1.ImplementationActivatio
 	}
 	out = c.kubectlRun(t, "-n", managerNS, "exec", pod.Name, "--", "kubectl-iteron", "ledger", "verify", filepath.Join(podState, "ledgers", string(a.UID)))
 	t.Logf("ledger verify (kubectl exec %s, the image's CLI): %s", pod.Name, strings.TrimSpace(out))
+}
+
+// waitSurvivorReady waits until the survivor DaemonSet has its Ready pod.
+func (c *cluster) waitSurvivorReady(t *testing.T) *corev1.Pod {
+	t.Helper()
+	var pod *corev1.Pod
+	c.waitFor(t, "the survivor DaemonSet to be Ready", 4*time.Minute, func() error {
+		ctx := context.Background()
+		ds, err := c.clientset.AppsV1().DaemonSets(managerNS).Get(ctx, survivorDS, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if err := dsReady(ds); err != nil {
+			return err
+		}
+		pod, err = c.survivorPod(ctx)
+		return err
+	})
+	return pod
 }
 
 // waitDaemonSetReady waits until the DaemonSet has one up-to-date Ready pod
@@ -391,10 +436,13 @@ func (c *cluster) probesAndMetricsAnswer(t *testing.T) {
 	t.Logf("probes pass (pod %s ready, %d restarts) and /healthz, /readyz, /metrics answer from it", pod.Name, cs.RestartCount)
 }
 
-// restartManager replaces the manager pod (how says how), then waits for the
-// new pod, the module Active again with a new provider process, and a call
-// whose count continues from the last answered one (want).
-func (c *cluster) restartManager(t *testing.T, name string, a *iteronv1.ImplementationActivation, how string, do func(pod string), want float64) {
+// restartManager replaces the manager pod (how says how) while a caller
+// calls prompt_system through the gateway socket in a loop (one call at a
+// time, each under its own invocation ID, never retried). The new pod
+// re-attaches to the survivor's providers: no call fails, each answers the
+// previous count plus one (from last, the last answered count), the
+// provider pids stay, the ledger verifies. It returns the last count.
+func (c *cluster) restartManager(t *testing.T, name string, a *iteronv1.ImplementationActivation, how string, do func(pod string), last float64) float64 {
 	t.Helper()
 	ctx := context.Background()
 	old, err := c.managerPod(ctx)
@@ -402,51 +450,150 @@ func (c *cluster) restartManager(t *testing.T, name string, a *iteronv1.Implemen
 		t.Fatalf("%v%s", err, c.diagnostics())
 	}
 	before := c.providerPids(t, a)
-	t.Logf("%s: before, pod %s, provider pids %v, the last answered count %v", how, old.Name, before, want-1)
+	hostBefore := c.hostProviderProcesses(t)
+	idPrefix := strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= '0' && r <= '9' {
+			return r
+		}
+		return '-'
+	}, how)
+	gw, err := gateway.Dial(c.socket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gw.Close()
+	type answer struct {
+		count float64
+		err   error
+		took  time.Duration
+	}
+	var (
+		mu      sync.Mutex
+		answers []answer
+		stop    = make(chan struct{})
+		done    = make(chan struct{})
+	)
+	made := func() int { mu.Lock(); defer mu.Unlock(); return len(answers) }
+	go func() {
+		defer close(done)
+		for i := 1; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			cctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+			begin := time.Now()
+			resp, err := gw.Invoke(cctx, &gatewayv1.InvokeRequest{Namespace: ns, Activation: name, Module: "prompt_system",
+				InvocationId: fmt.Sprintf("%s-%d-%d", idPrefix, time.Now().UnixNano(), i), InputJson: `{"key":"a","add":1}`, DeadlineMs: 55000})
+			cancel()
+			r := answer{err: err, took: time.Since(begin)}
+			if err == nil {
+				var obs struct{ Count float64 }
+				if r.err = json.Unmarshal([]byte(resp.ObservationJson), &obs); r.err == nil {
+					r.count = obs.Count
+				}
+			}
+			mu.Lock()
+			answers = append(answers, r)
+			mu.Unlock()
+			// About 100 calls a second: a steady caller, and few enough
+			// that no process reaches its stdin budget (8 MiB) and is
+			// renewed (a fresh process, by design) during the test.
+			time.Sleep(10 * time.Millisecond)
+		}
+	}()
+	waitCalls := func(more int) {
+		want := made() + more
+		c.waitFor(t, fmt.Sprintf("the caller to make %d calls", want), 2*time.Minute, func() error {
+			if n := made(); n < want {
+				return fmt.Errorf("%d calls made", n)
+			}
+			return nil
+		})
+	}
+	waitCalls(20)
+	t.Logf("%s: before, pod %s, provider pids %v, a caller calling in a loop (%d calls so far)", how, old.Name, before, made())
 	do(old.Name)
 	pod := c.waitDaemonSetReady(t, string(old.UID))
 	t.Logf("%s: the DaemonSet recreated the manager as %s (IP %s)", how, pod.Name, pod.Status.PodIP)
-	var obs map[string]any
-	c.waitActivation(t, name, "Active again after "+how, readyWith("prompt_system", c.impl(t, "prompt_system", "counter-v2")), func() error {
-		// A call through the new manager's socket; the old socket file is
-		// gone or refuses until the new manager listens.
-		var err error
-		obs, err = c.invoke(name, `{"key":"a","add":1}`)
-		return err
-	})
-	if obs["count"] != want || obs["implementation_version"] != "2.0.0" {
-		t.Fatalf("after %s the call answered %v; want count %v from 2.0.0 (the state from the last answered call)", how, obs, want)
-	}
+	c.waitActivation(t, name, "Active again after "+how, readyWith("prompt_system", c.impl(t, "prompt_system", "counter-v2")), nil)
+	waitCalls(20)
+	close(stop)
+	<-done
 	after := c.providerPids(t, a)
-	t.Logf("%s: after, pod %s, prompt_system Active again with provider pids %v, the call answered count %v from %v (nothing lost)", how, pod.Name, after, obs["count"], obs["implementation_version"])
+	hostAfter := c.hostProviderProcesses(t)
+	var failed []string
+	var gaps []string
+	var slowest time.Duration
+	prev := last
+	for i, r := range answers {
+		slowest = max(slowest, r.took)
+		if r.err != nil {
+			failed = append(failed, fmt.Sprintf("call %d after %v: %v", i+1, r.took.Round(time.Millisecond), r.err))
+			continue
+		}
+		if r.count != prev+1 {
+			gaps = append(gaps, fmt.Sprintf("call %d answered %v after %v", i+1, r.count, prev))
+		}
+		prev = r.count
+	}
+	t.Logf("%s: calls made %d, failed %d; counts %v..%v continuous: %v; slowest call %v; provider pids before %v, after %v (unchanged: %v); new pod %s",
+		how, len(answers), len(failed), last+1, prev, len(gaps) == 0, slowest.Round(time.Millisecond), before, after, fmt.Sprint(before) == fmt.Sprint(after), pod.Name)
+	if len(failed) > 0 {
+		t.Errorf("%s: %d calls failed: %v", how, len(failed), failed[:min(len(failed), 5)])
+	}
+	if len(gaps) > 0 {
+		t.Errorf("%s: the count is not continuous: %v", how, gaps[:min(len(gaps), 5)])
+	}
+	if fmt.Sprint(before) != fmt.Sprint(after) || len(before) == 0 {
+		t.Errorf("%s: the provider pids changed from %v to %v: the manager's restart relaunched them", how, before, after)
+	}
+	// The same seen from the host (the node's pod cgroups, host pids): not
+	// what the manager reports, what runs.
+	if c.local != nil {
+		t.Logf("%s: provider processes seen from the host before %v, after %v", how, hostBefore, hostAfter)
+		if fmt.Sprint(hostBefore) != fmt.Sprint(hostAfter) || len(hostBefore) == 0 {
+			t.Errorf("%s: the provider processes seen from the host changed from %v to %v", how, hostBefore, hostAfter)
+		}
+	}
+	if t.Failed() {
+		t.Fatalf("%s failed%s", how, c.diagnostics())
+	}
 	c.state(t, how+": the new manager pod serves the module")
 	c.verifyLedger(t, a)
+	return prev
 }
 
-// providerPids are the pids (in the manager's PID namespace) that the
-// activation's Generations report.
-func (c *cluster) providerPids(t *testing.T, a *iteronv1.ImplementationActivation) map[string]int64 {
+// providerPids are the pids (in the survivor's PID namespace) and process
+// start times that the activation's Generations report.
+func (c *cluster) providerPids(t *testing.T, a *iteronv1.ImplementationActivation) map[string]string {
 	t.Helper()
 	var list iteronv1.GenerationList
 	if err := c.client.List(context.Background(), &list, client.InNamespace(ns)); err != nil {
 		t.Fatal(err)
 	}
-	pids := map[string]int64{}
+	pids := map[string]string{}
 	for _, g := range list.Items {
 		if g.Spec.ActivationName == a.Name && g.Status.Pid > 0 {
-			pids[g.Name] = g.Status.Pid
+			started := ""
+			if g.Status.ProcessStartedAt != nil {
+				started = g.Status.ProcessStartedAt.UTC().Format(time.RFC3339)
+			}
+			pids[g.Name] = fmt.Sprintf("pid %d started %s (renewals %d)", g.Status.Pid, started, g.Status.Renewals)
 		}
 	}
 	return pids
 }
 
-// podProcesses lists the manager pod's processes as `ps` in the pod sees
-// them (uid and command), without the ps itself.
+// podProcesses lists the survivor pod's processes (the providers run
+// there) as `ps` in the pod sees them (uid and command), without the ps
+// itself.
 func (c *cluster) podProcesses(t *testing.T) []string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	pod, err := c.managerPod(ctx)
+	pod, err := c.survivorPod(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -475,7 +622,7 @@ func (c *cluster) deleteActivationReapsProviders(t *testing.T, name string) {
 	t.Helper()
 	procs := c.podProcesses(t)
 	providers := providerProcesses(procs)
-	t.Logf("before deleting the activation, the pod runs:\n  %s", strings.Join(procs, "\n  "))
+	t.Logf("before deleting the activation, the survivor pod runs:\n  %s", strings.Join(procs, "\n  "))
 	if len(providers) < 2 {
 		t.Fatalf("expected at least two provider processes (uid 65534) in the pod, saw %v", procs)
 	}

@@ -10,8 +10,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -34,6 +37,7 @@ import (
 	"iteron.dev/operator/internal/gateway"
 	"iteron.dev/operator/internal/hotswap"
 	"iteron.dev/operator/internal/procexec"
+	"iteron.dev/operator/internal/survivor"
 )
 
 // Options configure a manager. cmd/manager fills them from its flags.
@@ -60,6 +64,11 @@ type Options struct {
 	Artifacts *ArtifactOptions
 	// AfterPhase is the coordinator's test hook (fault injection).
 	AfterPhase func(key hotswap.ActivationKey, module, phase string)
+	// Survivor, when set, leaves the provider processes to the node's
+	// survivor (docs/survivor.md): they outlive this manager, which
+	// re-attaches to them at start, and the gateway serves the listening
+	// socket the survivor holds. Without it the manager owns its providers.
+	Survivor *SurvivorOptions
 	// Log is the manager's logger.
 	Log logr.Logger
 }
@@ -74,6 +83,17 @@ type GatewayOptions struct {
 	Allow gateway.Allow
 }
 
+// SurvivorOptions say where the node's survivor is.
+type SurvivorOptions struct {
+	// Socket is its control socket (<state-dir>/survivor.sock).
+	Socket string
+	// Lock is this manager's state-dir lock, held (the fence proof).
+	Lock *os.File
+	// AttachTimeout bounds waiting for the survivor at start (default 2
+	// minutes: on a fresh node both start together).
+	AttachTimeout time.Duration
+}
+
 // Manager is a built manager.
 type Manager struct {
 	// Coordinator is the node-local coordinator.
@@ -82,8 +102,14 @@ type Manager struct {
 	Manager ctrl.Manager
 	// Swept reports the provider groups an earlier manager left behind and
 	// that were killed before anything started.
-	Swept    procexec.SweepReport
+	Swept procexec.SweepReport
+	// Attachment is what the survivor held when this manager attached
+	// (nil without a survivor).
+	Attachment *survivor.Attachment
+	// Gateway is the gateway (nil without one).
+	Gateway  *gateway.Server
 	log      logr.Logger
+	client   *survivor.Client
 	arts     *lazyArtifacts
 	gcClient client.Reader
 }
@@ -117,16 +143,31 @@ const ShutdownTimeout = 45 * time.Second
 // dir left behind are killed first.
 func New(cfg *rest.Config, o Options) (*Manager, error) {
 	log := o.Log
-	exec, err := procexec.NewExecutor(procexec.Config{
-		ProviderUID: o.ProviderUID, ProviderGID: o.ProviderGID,
-		Interpreters: o.Interpreters, RecordDir: filepath.Join(o.StateDir, "procs"),
-	})
-	if err != nil {
-		return nil, fmt.Errorf("process executor: %w", err)
-	}
-	sweep, err := exec.Sweep()
-	if err != nil {
-		return nil, fmt.Errorf("sweep leftover providers: %w", err)
+	var (
+		sweep  procexec.SweepReport
+		hcfg   = hotswap.Config{StateDir: o.StateDir, Log: log.WithName("coordinator"), AfterPhase: o.AfterPhase, RecoverAtStart: true}
+		sv     *attached
+		result = &Manager{log: log}
+	)
+	if o.Survivor != nil {
+		var err error
+		if sv, err = attachSurvivor(o, log.WithName("survivor")); err != nil {
+			return nil, err
+		}
+		hcfg.Owner = sv.owner
+		result.Attachment, result.client = sv.att, sv.client
+	} else {
+		exec, err := procexec.NewExecutor(procexec.Config{
+			ProviderUID: o.ProviderUID, ProviderGID: o.ProviderGID,
+			Interpreters: o.Interpreters, RecordDir: filepath.Join(o.StateDir, "procs"),
+		})
+		if err != nil {
+			return nil, fmt.Errorf("process executor: %w", err)
+		}
+		if sweep, err = exec.Sweep(); err != nil {
+			return nil, fmt.Errorf("sweep leftover providers: %w", err)
+		}
+		hcfg.Launch = hotswap.NewExecutorLauncher(exec)
 	}
 	ao := ArtifactOptions{Store: artifacts.DefaultStore}
 	if o.Artifacts != nil {
@@ -138,13 +179,13 @@ func New(cfg *rest.Config, o Options) (*Manager, error) {
 		return nil, fmt.Errorf("verifier: %w", err)
 	}
 	notifier := controllers.NewNotifier()
-	coord, err := hotswap.New(hotswap.Config{
-		StateDir: o.StateDir, Launch: hotswap.NewExecutorLauncher(exec),
-		Notify: notifier.Notify, Log: log.WithName("coordinator"), AfterPhase: o.AfterPhase,
-		RecoverAtStart: true,
-	})
+	hcfg.Notify = notifier.Notify
+	coord, err := hotswap.New(hcfg)
 	if err != nil {
 		return nil, fmt.Errorf("coordinator: %w", err)
+	}
+	if sv != nil {
+		sv.coord.Store(coord)
 	}
 	scheme, err := newScheme()
 	if err != nil {
@@ -192,16 +233,27 @@ func New(cfg *rest.Config, o Options) (*Manager, error) {
 	if g := o.Gateway; g != nil {
 		// The gateway listens once the manager starts it, with the
 		// state-dir lock held (a stale socket may only be replaced then).
-		gw, err := gateway.New(gateway.Config{
+		gcfg := gateway.Config{
 			NodeName: o.NodeName, Coordinator: coord, Allow: g.Allow,
 			Socket: g.Socket, SocketGroup: g.Group, Log: log.WithName("gateway"),
-		})
+		}
+		if sv != nil {
+			// The survivor holds the socket; each manager serves a copy.
+			gcfg.Handover, gcfg.InstanceID = sv.listeners, sv.client.Instance
+		}
+		gw, err := gateway.New(gcfg)
 		if err != nil {
 			return nil, fmt.Errorf("gateway: %w", err)
+		}
+		if sv != nil {
+			ended, running := gw.Remember(sv.att.Outcomes)
+			sv.gw.Store(gw)
+			log.Info("invocations kept by the survivor", "ended", ended, "running", running, "instanceID", sv.att.Instance)
 		}
 		if err := mgr.Add(gw); err != nil {
 			return nil, fmt.Errorf("add the gateway: %w", err)
 		}
+		result.Gateway = gw
 	}
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
 		return nil, err
@@ -209,7 +261,70 @@ func New(cfg *rest.Config, o Options) (*Manager, error) {
 	if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
 		return nil, err
 	}
-	return &Manager{Coordinator: coord, Manager: mgr, Swept: sweep, log: log, arts: arts, gcClient: mgr.GetClient()}, nil
+	result.Coordinator, result.Manager, result.Swept = coord, mgr, sweep
+	result.arts, result.gcClient = arts, mgr.GetClient()
+	return result, nil
+}
+
+// attached is this manager's survivor: its client, what it held, the
+// coordinator's owner and the listeners it hands over.
+type attached struct {
+	client    *survivor.Client
+	att       *survivor.Attachment
+	owner     *hotswap.SurvivorOwner
+	listeners chan net.Listener
+	coord     atomic.Pointer[hotswap.Coordinator]
+	gw        atomic.Pointer[gateway.Server]
+}
+
+// attachSurvivor connects to the node's survivor and waits for its
+// attachment.
+func attachSurvivor(o Options, log logr.Logger) (*attached, error) {
+	sv := &attached{listeners: make(chan net.Listener, 8)}
+	client, err := survivor.NewClient(survivor.ClientConfig{
+		Socket: o.Survivor.Socket, Lock: o.Survivor.Lock, Log: log,
+		OnListener: func(f *os.File) {
+			l, err := net.FileListener(f)
+			f.Close()
+			if err != nil {
+				log.Error(err, "the gateway listener the survivor handed over is unusable")
+				return
+			}
+			select {
+			case sv.listeners <- l:
+			default:
+				l.Close()
+			}
+		},
+		OnOutcome: func(out survivor.Outcome) {
+			if gw := sv.gw.Load(); gw != nil {
+				gw.Outcome(out)
+			}
+		},
+		OnCheckpoint: func(ctx context.Context) {
+			if c := sv.coord.Load(); c != nil {
+				c.HoldForOwnerRestart(ctx)
+			}
+		},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("survivor: %w", err)
+	}
+	timeout := o.Survivor.AttachTimeout
+	if timeout <= 0 {
+		timeout = 2 * time.Minute
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	log.Info("attaching to the node's survivor", "socket", o.Survivor.Socket)
+	att, err := client.Attached(ctx)
+	if err != nil {
+		client.Close()
+		return nil, err
+	}
+	sv.client, sv.att = client, att
+	sv.owner = hotswap.NewSurvivorOwner(client, att, o.StateDir, log)
+	return sv, nil
 }
 
 // Run runs the manager until ctx ends, then stops every provider (after
@@ -220,6 +335,10 @@ func (m *Manager) Run(ctx context.Context) error {
 	defer cancel()
 	if err := m.Coordinator.Shutdown(shutdownCtx); err != nil {
 		m.log.Error(err, "stopping providers")
+	}
+	if m.client != nil {
+		// Detached: the survivor keeps the providers for the next manager.
+		m.client.Close()
 	}
 	return runErr
 }

@@ -1,0 +1,79 @@
+// Command survivor is iteron-survivor: one per node (its own DaemonSet,
+// updateStrategy OnDelete), it owns the node's provider processes and the
+// gateway's listening socket so that they outlive every restart and upgrade
+// of the manager (docs/survivor.md). It accepts commands only from the
+// manager that holds its node's state-dir lock, over
+// <state-dir>/survivor.sock, and knows nothing of Kubernetes.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+
+	"iteron.dev/operator/internal/procexec"
+	"iteron.dev/operator/internal/survivor"
+)
+
+// Exit codes.
+const (
+	exitOK      = 0
+	exitFailure = 1
+	exitUsage   = 2
+)
+
+// shutdownTimeout bounds the checkpoint request and stopping the providers
+// on SIGTERM; it stays under the DaemonSet's
+// terminationGracePeriodSeconds (60).
+const shutdownTimeout = 50 * time.Second
+
+func main() { os.Exit(run(os.Args[1:], os.Stderr)) }
+
+func run(args []string, stderr io.Writer) int {
+	opts, err := parseOptions(args, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return exitOK
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, "survivor:", err)
+		return exitUsage
+	}
+	log := zap.New(zap.WriteTo(stderr)).WithName("survivor")
+	srv, err := survivor.NewServer(survivor.ServerConfig{
+		StateDir: opts.stateDir, GatewaySocket: opts.gatewaySocket, GatewayGroup: opts.gatewayGroup,
+		ManagerUID: opts.managerUID, CheckpointTimeout: opts.checkpointTimeout, Log: log,
+		Executor: procexec.Config{ProviderUID: opts.providerUID, ProviderGID: opts.providerGID, Interpreters: opts.interpreters,
+			ExecutableCacheBytes: procexec.DefaultExecutableCacheBytes},
+	})
+	if err != nil {
+		fmt.Fprintln(stderr, "survivor:", err)
+		return exitFailure
+	}
+	log.Info("starting", "stateDir", opts.stateDir, "gatewaySocket", opts.gatewaySocket, "instance", srv.Instance(), "pid", os.Getpid(),
+		"managerUID", opts.managerUID, "providerUID", opts.providerUID, "providerGID", opts.providerGID, "protocol", survivor.ProtocolVersion)
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve() }()
+	select {
+	case s := <-sig:
+		log.Info("stopping: the providers of this node stop with the survivor", "signal", s.String())
+	case err := <-served:
+		log.Error(err, "serving the control socket failed")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
+	defer cancel()
+	if err := srv.Shutdown(ctx); err != nil {
+		fmt.Fprintln(stderr, "survivor:", err)
+		return exitFailure
+	}
+	return exitOK
+}
