@@ -639,3 +639,47 @@ func TestAPullerKilledMidPullLeavesNoPartialBlobThatIsEverUsed(t *testing.T) {
 		t.Fatalf("the executable laid out after the kill hashes to %s, want %s", got, exe)
 	}
 }
+
+// TestResolvesWhileTheSourceAppearsNeverLoseThePull resolves one reference
+// from several goroutines in a tight loop while its pull lays the source
+// out: a Resolve that sees the layout before the pull's goroutine has taken
+// the resolver's lock drops the digest's state, and the pull must then end
+// without it (it dereferenced the dropped state: a nil-pointer panic seen
+// with two activations of one digest).
+func TestResolvesWhileTheSourceAppearsNeverLoseThePull(t *testing.T) {
+	r := registry(t)
+	res, err := artifacts.Push(context.Background(), artifacts.RegistryOptions{CAFile: r.CAFile}, providerDir(t, "counter.race"), r.Host+"/providers/race")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 20 {
+		p, _ := newPuller(t, r, artifacts.RegistryOptions{})
+		rs := artifacts.NewResolver(p, 10*time.Millisecond, 50*time.Millisecond)
+		done := make(chan struct{}, 16)
+		rs.OnDone = func(string) { done <- struct{}{} }
+		var wg sync.WaitGroup
+		for range 4 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for {
+					if l, err := rs.Resolve(res.Ref, "spec"); err == nil && l != nil {
+						return
+					} else if err != nil && codeOf(err) != reasons.ArtifactUnavailable {
+						t.Errorf("round %d: %v", i, err)
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			t.Fatalf("round %d: the pull never ended", i)
+		}
+		if n := len(done); n != 0 {
+			t.Fatalf("round %d: %d more pulls of a digest already laid out", i, n)
+		}
+	}
+}

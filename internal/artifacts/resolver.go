@@ -85,6 +85,12 @@ func (r *Resolver) Resolve(refString, token string) (*Layout, error) {
 	defer r.mu.Unlock()
 	st := r.states[ref.Digest]
 	if st == nil {
+		// Looked again under the lock: a pull may have laid the source out
+		// (and a Resolve dropped its state) since the look above.
+		if l, ok := r.p.Store().Lookup(ref.Digest); ok {
+			r.used[ref.Digest] = r.now()
+			return l, nil
+		}
 		st = &pullState{}
 		r.states[ref.Digest] = st
 	}
@@ -106,7 +112,7 @@ func (r *Resolver) Resolve(refString, token string) (*Layout, error) {
 		return nil, &e
 	}
 	st.inFlight = true
-	go r.pull(refString, ref.Digest, token, creds)
+	go r.pull(st, refString, ref.Digest, token, creds)
 	return nil, r.pending(refString)
 }
 
@@ -117,15 +123,20 @@ func (r *Resolver) pending(ref string) *Error {
 		Detail: fmt.Sprintf("pulling %s into the artifact store", ref)}
 }
 
-func (r *Resolver) pull(refString, digest, token, creds string) {
+// pull runs one background pull for st. A Resolve that finds the source
+// laid out (this pull's own layout, visible before this goroutine takes the
+// lock) drops the digest's state: then only the use is recorded.
+func (r *Resolver) pull(st *pullState, refString, digest, token, creds string) {
 	_, err := r.p.Pull(context.Background(), refString)
 	r.mu.Lock()
-	st := r.states[digest]
 	st.inFlight = false
+	current := r.states[digest] == st
 	if err == nil {
-		delete(r.states, digest)
+		if current {
+			delete(r.states, digest)
+		}
 		r.used[digest] = r.now()
-	} else {
+	} else if current {
 		ae, ok := err.(*Error)
 		if !ok {
 			ae = &Error{Code: reasons.ArtifactUnavailable, Ref: refString, Detail: err.Error(), Err: err}
