@@ -24,6 +24,7 @@ import (
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
 	"iteron.dev/operator/examples/providers/providertest"
 	"iteron.dev/operator/internal/reasons"
+	"iteron.dev/operator/test/childproc"
 	"iteron.dev/operator/test/kubeapi"
 )
 
@@ -128,7 +129,7 @@ func (n *nodeState) start(t *testing.T, fault string, extra ...string) *manager 
 		m.cmd.Env = append(m.cmd.Env, "ITERON_FAULT_KILL_AFTER="+fault)
 	}
 	m.cmd.Stdout, m.cmd.Stderr = m.out, m.out
-	if err := m.cmd.Start(); err != nil {
+	if err := childproc.Start(m.cmd, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	go func() { m.done <- m.cmd.Wait() }()

@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"iteron.dev/operator/test/childproc"
 	"iteron.dev/operator/test/kubeapi"
 )
 
@@ -167,7 +168,7 @@ func (c *cluster) setupLocal(root string) error {
 	c.managerOut = &bytes.Buffer{}
 	c.manager.Stdout, c.manager.Stderr = c.managerOut, c.managerOut
 	c.manager.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := c.manager.Start(); err != nil {
+	if err := childproc.Start(c.manager, syscall.SIGKILL); err != nil {
 		return err
 	}
 	c.managerErr = make(chan error, 1)

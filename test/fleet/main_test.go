@@ -27,6 +27,7 @@ import (
 
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
 	"iteron.dev/operator/examples/providers/providertest"
+	"iteron.dev/operator/test/childproc"
 	"iteron.dev/operator/test/fleettest"
 	"iteron.dev/operator/test/kubeapi"
 )
@@ -186,7 +187,7 @@ func start(name string, args ...string) (*proc, error) {
 	} else {
 		p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
 	}
-	if err := p.cmd.Start(); err != nil {
+	if err := childproc.Start(p.cmd, syscall.SIGKILL); err != nil {
 		return nil, fmt.Errorf("start %s: %w", name, err)
 	}
 	go func() { p.done <- p.cmd.Wait() }()

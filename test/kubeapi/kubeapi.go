@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 
@@ -38,7 +39,8 @@ type Environment struct {
 	// RepoRoot is the repository's root directory.
 	RepoRoot string
 
-	env *envtest.Environment
+	env      *envtest.Environment
+	watchdog *exec.Cmd
 }
 
 // Start starts etcd and kube-apiserver and installs the CRDs from
@@ -73,18 +75,25 @@ func Start() (*Environment, error) {
 		return nil, fmt.Errorf("start etcd and kube-apiserver from %s: %w", assets, err)
 	}
 	e := &Environment{Config: cfg, Scheme: scheme, RepoRoot: root, env: env}
-	if e.Client, err = client.New(cfg, client.Options{Scheme: scheme}); err != nil {
+	// envtest allocated these under the temporary directory; Stop removes
+	// them, and so does the watchdog when Stop never runs.
+	dirs := []string{env.ControlPlane.Etcd.DataDir, env.ControlPlane.APIServer.CertDir}
+	if e.watchdog, _, err = startWatchdog([]string{"etcd", "kube-apiserver"}, dirs...); err != nil {
 		_ = env.Stop()
+		return nil, err
+	}
+	if e.Client, err = client.New(cfg, client.Options{Scheme: scheme}); err != nil {
+		_ = e.Stop()
 		return nil, err
 	}
 	dc, err := discovery.NewDiscoveryClientForConfig(cfg)
 	if err != nil {
-		_ = env.Stop()
+		_ = e.Stop()
 		return nil, err
 	}
 	info, err := dc.ServerVersion()
 	if err != nil {
-		_ = env.Stop()
+		_ = e.Stop()
 		return nil, fmt.Errorf("read the API server's version: %w", err)
 	}
 	e.ServerVersion = info.GitVersion
@@ -105,7 +114,14 @@ func NewScheme() (*runtime.Scheme, error) {
 
 // Stop stops kube-apiserver and etcd and removes their data.
 func (e *Environment) Stop() error {
-	return e.env.Stop()
+	err := e.env.Stop()
+	if e.watchdog != nil {
+		// SIGKILL: its trap must not run once the control plane is gone.
+		_ = e.watchdog.Process.Kill()
+		_ = e.watchdog.Wait()
+		e.watchdog = nil
+	}
+	return err
 }
 
 // KubectlPath is the kubectl built beside the control plane.

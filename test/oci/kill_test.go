@@ -21,6 +21,7 @@ import (
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
 	exartifacts "iteron.dev/operator/examples/providers/artifacts"
 	"iteron.dev/operator/internal/reasons"
+	"iteron.dev/operator/test/childproc"
 	"iteron.dev/operator/test/operatortest"
 )
 
@@ -77,8 +78,7 @@ func startManagerProc(t *testing.T, bin string, args []string) *managerProc {
 	t.Helper()
 	m := &managerProc{cmd: exec.Command(bin, args...), out: &syncBuffer{}, done: make(chan error, 1)}
 	m.cmd.Stdout, m.cmd.Stderr = m.out, m.out
-	m.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := m.cmd.Start(); err != nil {
+	if err := childproc.Start(m.cmd, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	go func() { m.done <- m.cmd.Wait() }()

@@ -27,6 +27,7 @@ import (
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
 	"iteron.dev/operator/examples/providers/providertest"
 	"iteron.dev/operator/internal/gateway"
+	"iteron.dev/operator/test/childproc"
 	"iteron.dev/operator/test/kubeapi"
 )
 
@@ -140,7 +141,7 @@ func start(t *testing.T, name, bin string, args ...string) *proc {
 	p := &proc{name: name, cmd: exec.Command(bin, args...), out: &syncBuffer{}, done: make(chan error, 1)}
 	p.cmd.Env = os.Environ()
 	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
-	if err := p.cmd.Start(); err != nil {
+	if err := childproc.Start(p.cmd, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	go func() { p.done <- p.cmd.Wait() }()

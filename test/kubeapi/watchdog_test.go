@@ -1,0 +1,107 @@
+package kubeapi
+
+import (
+	"bufio"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+const panicChildEnv = "ITERON_KUBEAPI_PANIC_CHILD"
+
+// TestMain lets this test binary be the child that starts a control plane
+// and panics.
+func TestMain(m *testing.M) {
+	if os.Getenv(panicChildEnv) == "1" {
+		env, err := Start()
+		if err != nil {
+			os.Stdout.WriteString("error " + err.Error() + "\n")
+			os.Exit(2)
+		}
+		groups, _ := childGroups([]string{"etcd", "kube-apiserver"})
+		os.Stdout.WriteString("groups " + strings.Join(groups, " ") + "\n")
+		os.Stdout.WriteString("dirs " + env.env.ControlPlane.Etcd.DataDir + " " + env.env.ControlPlane.APIServer.CertDir + "\n")
+		_ = env // no Stop: a panic runs no deferred function
+		panic("a test panicked with the control plane running")
+	}
+	os.Exit(m.Run())
+}
+
+func TestAPanickingTestBinaryLeavesNoControlPlaneRunning(t *testing.T) {
+	child := exec.Command(os.Args[0], "-test.run=^$")
+	child.Env = append(os.Environ(), panicChildEnv+"=1")
+	out, err := child.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr strings.Builder
+	child.Stderr = &stderr
+	if err := child.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var groups, dirs []string
+	sc := bufio.NewScanner(out)
+	for sc.Scan() {
+		if g, ok := strings.CutPrefix(sc.Text(), "groups "); ok {
+			groups = strings.Fields(g)
+		} else if d, ok := strings.CutPrefix(sc.Text(), "dirs "); ok {
+			dirs = strings.Fields(d)
+		} else {
+			t.Log("child: " + sc.Text())
+		}
+	}
+	err = child.Wait()
+	if len(groups) != 2 || len(dirs) != 2 {
+		t.Fatalf("the child did not report etcd and kube-apiserver (%v; exit %v):\n%s", groups, err, tail(stderr.String(), 2000))
+	}
+	if !strings.Contains(stderr.String(), "panic: a test panicked") {
+		t.Fatalf("the child did not panic (exit %v):\n%s", err, tail(stderr.String(), 2000))
+	}
+	// The child is gone; its control plane must follow (the watchdog acts
+	// on the child's death). Wait for it, bounded, and name what is left.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var alive []string
+		for _, g := range groups {
+			pid, start, _ := strings.Cut(g, ":")
+			if st, err := os.ReadFile("/proc/" + pid + "/stat"); err == nil {
+				if f := strings.Fields(string(st)); len(f) > 21 && f[21] == start && f[2] != "Z" {
+					alive = append(alive, g)
+				}
+			}
+		}
+		for _, d := range dirs {
+			if _, err := os.Stat(d); err == nil {
+				alive = append(alive, d)
+			}
+		}
+		if len(alive) == 0 {
+			t.Logf("after the panic, the control plane %v and its directories %v are gone", groups, dirs)
+			return
+		}
+		if time.Now().After(deadline) {
+			for _, g := range alive { // do not leave them to the next test
+				if pid, _, ok := strings.Cut(g, ":"); ok {
+					if n, err := strconv.Atoi(pid); err == nil {
+						_ = syscall.Kill(-n, syscall.SIGKILL)
+					}
+				} else {
+					_ = os.RemoveAll(g)
+				}
+			}
+			t.Fatalf("30 s after the test binary panicked, its control plane still runs: %v (killed now)", alive)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return "…" + s[len(s)-n:]
+	}
+	return s
+}
