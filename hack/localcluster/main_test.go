@@ -5,6 +5,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -85,13 +86,20 @@ func TestKillingItStopsEtcdAndTheAPIServer(t *testing.T) {
 			if len(workers) != 1 {
 				t.Fatalf("supervisor %d has children %v, want one worker", supervisor, workers)
 			}
-			servers := childrenOf(workers[0])
-			if len(servers) != 2 {
-				t.Fatalf("worker %d has children %v, want etcd and kube-apiserver", workers[0], servers)
+			// The worker's children: etcd, kube-apiserver and the watchdog
+			// test/kubeapi starts beside them; all must end.
+			children := childrenOf(workers[0])
+			var servers []string
+			for _, pid := range children {
+				servers = append(servers, comm(pid))
+			}
+			slices.Sort(servers)
+			if want := []string{"etcd", "kube-apiserver", "sh"}; !slices.Equal(servers, want) {
+				t.Fatalf("worker %d has children %v (%v), want %v", workers[0], children, servers, want)
 			}
 			tc.kill(t, supervisor, workers[0])
 			deadline = time.Now().Add(30 * time.Second)
-			for _, pid := range append(servers, workers[0]) {
+			for _, pid := range append(children, workers[0]) {
 				for alive(pid) {
 					if time.Now().After(deadline) {
 						data, _ := os.ReadFile(log.Name())

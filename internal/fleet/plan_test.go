@@ -595,6 +595,8 @@ func TestStampedComparesEveryFieldOfTheSpec(t *testing.T) {
 	tpl.CapabilityCeiling = []iteronv1.Capability{iteronv1.CapabilityReadOnly}
 	tpl.Swap.DeadlineSeconds, tpl.Swap.QuiesceTimeoutSeconds = 30, ptr.To[int32](10)
 	tpl.Checkpoint.IntervalSeconds, tpl.GenerationHistoryLimit = ptr.To[int32](60), ptr.To[int32](10)
+	// Paths and oci are alternatives to the API server, not to Stamped.
+	tpl.Sources[0].OCI = &iteronv1.OCISource{Ref: "registry.example/iteron/counter@sha256:" + strings.Repeat("a", 64)}
 	base := StampSpec(tpl, "node-1", false)
 	if !Stamped(&base, tpl, "node-1", false) {
 		t.Fatal("a stamped spec does not read as stamped")
