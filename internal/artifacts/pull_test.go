@@ -39,16 +39,7 @@ func TestMain(m *testing.M) {
 		pullHelper()
 		return
 	}
-	code := 0
-	func() {
-		defer func() {
-			if reg != nil {
-				reg.Stop()
-			}
-		}()
-		providertest.Main(m)
-	}()
-	os.Exit(code)
+	providertest.Main(m)
 }
 
 // registry is the package's one TLS registry (anonymous).
@@ -60,7 +51,11 @@ func registry(t *testing.T) *registrytest.Registry {
 			regErr = err
 			return
 		}
+		providertest.RemoveAtExit(dir) // after the registry stops (newest first)
 		reg, regErr = registrytest.Start(context.Background(), registrytest.Options{Dir: dir})
+		if regErr == nil {
+			providertest.AtExit(reg.Stop)
+		}
 	})
 	if regErr != nil {
 		t.Fatalf("registry: %v", regErr)

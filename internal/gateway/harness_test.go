@@ -52,6 +52,7 @@ func sharedExecutor(tb testing.TB) *procexec.Executor {
 			executorErr = err
 			return
 		}
+		providertest.RemoveAtExit(dir)
 		// Providers run as providerUID, not the default 65534: the client
 		// subprocesses of the authorization tests run as 65534, and the
 		// executor's subreaper kills any child running as a provider uid

@@ -41,6 +41,7 @@ func sharedExecutor(t *testing.T) *procexec.Executor {
 			executorErr = err
 			return
 		}
+		providertest.RemoveAtExit(dir)
 		executor, executorErr = procexec.NewExecutor(procexec.DefaultConfig(dir))
 	})
 	if executorErr != nil {

@@ -77,7 +77,7 @@ func Start() (*Environment, error) {
 	e := &Environment{Config: cfg, Scheme: scheme, RepoRoot: root, env: env}
 	// envtest allocated these under the temporary directory; Stop removes
 	// them, and so does the watchdog when Stop never runs.
-	dirs := []string{env.ControlPlane.Etcd.DataDir, env.ControlPlane.APIServer.CertDir}
+	dirs := []string{env.ControlPlane.Etcd.DataDir, env.ControlPlane.APIServer.CertDir, env.WebhookInstallOptions.LocalServingCertDir}
 	if e.watchdog, _, err = startWatchdog([]string{"etcd", "kube-apiserver"}, dirs...); err != nil {
 		_ = env.Stop()
 		return nil, err

@@ -24,7 +24,7 @@ func TestMain(m *testing.M) {
 		}
 		groups, _ := childGroups([]string{"etcd", "kube-apiserver"})
 		os.Stdout.WriteString("groups " + strings.Join(groups, " ") + "\n")
-		os.Stdout.WriteString("dirs " + env.env.ControlPlane.Etcd.DataDir + " " + env.env.ControlPlane.APIServer.CertDir + "\n")
+		os.Stdout.WriteString("dirs " + env.env.ControlPlane.Etcd.DataDir + " " + env.env.ControlPlane.APIServer.CertDir + " " + env.env.WebhookInstallOptions.LocalServingCertDir + "\n")
 		_ = env // no Stop: a panic runs no deferred function
 		panic("a test panicked with the control plane running")
 	}
@@ -55,7 +55,7 @@ func TestAPanickingTestBinaryLeavesNoControlPlaneRunning(t *testing.T) {
 		}
 	}
 	err = child.Wait()
-	if len(groups) != 2 || len(dirs) != 2 {
+	if len(groups) != 2 || len(dirs) != 3 {
 		t.Fatalf("the child did not report etcd and kube-apiserver (%v; exit %v):\n%s", groups, err, tail(stderr.String(), 2000))
 	}
 	if !strings.Contains(stderr.String(), "panic: a test panicked") {

@@ -30,6 +30,7 @@ import (
 
 var build struct {
 	mu       sync.Mutex
+	atExit   []func() // what Main runs after the tests, newest first
 	dir      string
 	root     string
 	paths    map[string]string // example name or variant key → executable
@@ -43,9 +44,26 @@ func Main(m *testing.M) {
 	if build.dir != "" {
 		os.RemoveAll(build.dir)
 	}
+	atExit := build.atExit
 	build.mu.Unlock()
+	for i := len(atExit) - 1; i >= 0; i-- {
+		atExit[i]()
+	}
 	os.Exit(code)
 }
+
+// AtExit has Main run fn once every test has run, before it exits (which
+// runs no deferred function of TestMain): for what lives as long as the test
+// binary — a shared executor's process records, a shared registry — and no
+// single test's cleanup may end.
+func AtExit(fn func()) {
+	build.mu.Lock()
+	defer build.mu.Unlock()
+	build.atExit = append(build.atExit, fn)
+}
+
+// RemoveAtExit has Main remove dir once every test has run (see AtExit).
+func RemoveAtExit(dir string) { AtExit(func() { os.RemoveAll(dir) }) }
 
 func buildDir(tb testing.TB) string {
 	if build.dir == "" {
