@@ -18,5 +18,5 @@
 //     when the next manager re-attaches.
 //
 // Each test prints its numbers (calls made and failed, the counts, pids
-// before and after); TestSummary prints the table of docs/survivor.md.
+// before and after); after the tests, TestMain prints the table of docs/survivor.md.
 package survivor

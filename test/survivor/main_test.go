@@ -95,7 +95,9 @@ func testMain(m *testing.M) int {
 			return 1
 		}
 	}
-	return m.Run()
+	code := m.Run()
+	printSummary()
+	return code
 }
 
 // nodeState is one node: a state dir and a gateway socket that outlive

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"strings"
 	"sync"
-	"testing"
 )
 
 // summaryRow is one case of the table docs/survivor.md shows.
@@ -28,19 +27,18 @@ func recordResult(r summaryRow) {
 	summary.Unlock()
 }
 
-// TestSummary runs last (its name sorts last in the file order go test
-// uses: it is declared in the last file) and prints the table of the cases
-// that ran.
-func TestSummary(t *testing.T) {
+// printSummary prints the table of the cases that ran, after every test (a
+// table is evidence, not a test: it asserts nothing).
+func printSummary() {
 	summary.Lock()
 	defer summary.Unlock()
 	if len(summary.rows) == 0 {
-		t.Skip("no case ran")
+		return
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "\n| case | calls made | calls failed | retried calls answered once? | state lost | provider pids |\n|---|---|---|---|---|---|\n")
+	fmt.Fprintf(&b, "\nsurvivor summary:\n| case | calls made | calls failed | retried calls answered once? | state lost | provider pids |\n|---|---|---|---|---|---|\n")
 	for _, r := range summary.rows {
 		fmt.Fprintf(&b, "| %s | %d | %d | %s | %s | %s |\n", r.kind, r.made, r.failed, r.retriedOnce, r.lost, r.pids)
 	}
-	t.Log(b.String())
+	fmt.Print(b.String())
 }
