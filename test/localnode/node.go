@@ -25,6 +25,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+
+	"iteron.dev/operator/test/childproc"
 )
 
 // Config says where the node's binaries and images are.
@@ -76,13 +78,12 @@ type Node struct {
 	// Clientset is a clientset for Config.
 	Clientset kubernetes.Interface
 
-	cfg   Config
-	rec   *record
-	lock  *lock
-	pki   *pki
-	nsFD  int
-	log   io.Writer
-	spawn chan spawnRequest
+	cfg  Config
+	rec  *record
+	lock *lock
+	pki  *pki
+	nsFD int
+	log  io.Writer
 
 	mu       sync.Mutex
 	procs    map[string]*exec.Cmd
@@ -173,8 +174,6 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	if err := n.makeNetNS(); err != nil {
 		return n, fmt.Errorf("network namespace: %w", err)
 	}
-	n.spawn = make(chan spawnRequest)
-	go spawner(n.spawn)
 	if err := n.startControlPlane(ctx); err != nil {
 		return n, err
 	}
@@ -307,22 +306,6 @@ func (n *Node) PacketCounters() (map[string]uint64, string, error) {
 	return counters, string(out), nil
 }
 
-// spawnRequest starts one command from the spawner's thread.
-type spawnRequest struct {
-	cmd  *exec.Cmd
-	done chan error
-}
-
-// spawner starts every process of the node from one OS thread that never
-// exits: Pdeathsig fires when the thread that forked exits, not the process
-// (Go issue 27505).
-func spawner(reqs <-chan spawnRequest) {
-	runtime.LockOSThread()
-	for r := range reqs {
-		r.done <- r.cmd.Start()
-	}
-}
-
 // start runs bin in the node's namespace and its daemons cgroup, logging to
 // logs/<name>.log, and records it.
 func (n *Node) start(name, bin string, args ...string) error {
@@ -338,10 +321,8 @@ func (n *Node) start(name, bin string, args ...string) error {
 	cmd := exec.Command("nsenter", append([]string{"--net=" + n.NetNS, "--", "/bin/sh", "-c", script, "sh", daemons, bin}, args...)...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.Env = append(os.Environ(), "PATH="+n.cfg.NodeBin+":/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	req := spawnRequest{cmd: cmd, done: make(chan error, 1)}
-	n.spawn <- req
-	if err := <-req.done; err != nil {
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := childproc.Start(cmd, syscall.SIGKILL); err != nil {
 		return fmt.Errorf("start %s: %w", name, err)
 	}
 	st, err := startTime(cmd.Process.Pid)

@@ -37,6 +37,8 @@ import (
 	"time"
 
 	"golang.org/x/crypto/bcrypt"
+
+	"iteron.dev/operator/test/childproc"
 )
 
 // Options configure a registry.
@@ -201,8 +203,8 @@ func (r *Registry) Restart(ctx context.Context) error {
 	cmd := exec.Command(r.o.Binary, "serve", r.config)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.Env = []string{"PATH=/usr/bin:/bin", "OTEL_TRACES_EXPORTER=none", "OTEL_SDK_DISABLED=true"}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := childproc.Start(cmd, syscall.SIGKILL); err != nil {
 		logf.Close()
 		return err
 	}
