@@ -35,6 +35,7 @@ const (
 	ReasonSchemaMismatch        = "SchemaMismatch"
 	ReasonDependencyUnsatisfied = "DependencyUnsatisfied"
 	ReasonDependencyCycle       = "DependencyCycle"
+	ReasonDependencyConflict    = "DependencyConflict"
 	ReasonStaleGeneration       = "StaleGeneration"
 	ReasonAuthorityChanged      = "AuthorityChanged"
 	ReasonPermissionDenied      = "PermissionDenied"

@@ -4,17 +4,21 @@ import (
 	_ "embed"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"slices"
 	"strings"
 	"sync"
+
+	"github.com/go-json-experiment/json/jsontext"
 
 	"iteron.dev/operator/pkg/protocol"
 )
 
 // Bounds and constants of the capability seam graph (spec/wire.md §1).
 const (
-	// SeamGraphSchemaVersion is the only seam graph schema version.
+	// SeamGraphSchemaVersion is the family's seam graph schema version (the
+	// built-in graph's; SeamGraphRequirementsVersion extends it).
 	SeamGraphSchemaVersion = 2
 	// BuiltinModuleCount is the number of modules of the built-in graph.
 	BuiltinModuleCount = 28
@@ -53,7 +57,9 @@ func BuiltinSeamGraphJSON() []byte { return slices.Clone(builtinSeamGraph) }
 type ModuleEntry struct {
 	// Module is the snake_case module ID.
 	Module string `json:"module"`
-	// Dependencies are the modules this one depends on (≤ 8).
+	// Dependencies are the modules this one depends on, as plain module
+	// IDs: ordered before it and part of its epoch when they have a source,
+	// never gating when they have none.
 	Dependencies []string `json:"dependencies"`
 	// Contracts are the twelve contract references of the module.
 	Contracts protocol.ModuleContracts `json:"contracts"`
@@ -61,20 +67,34 @@ type ModuleEntry struct {
 	FailureSemantics []string `json:"failure_semantics"`
 	// HostInvariants are the seven host invariants (HostInvariants()).
 	HostInvariants []string `json:"host_invariants"`
+	// Requirements are the typed dependencies (schema version 3); with
+	// Dependencies at most 8 in all.
+	Requirements []Requirement `json:"-"`
+	// Provides are contracts the module offers other modules' requirements
+	// (schema version 3).
+	Provides []ProvidedContract `json:"-"`
+	// ContractSchemas are the schema hashes of Contracts by role (schema
+	// version 3); nil when none is given.
+	ContractSchemas map[string]string `json:"-"`
+
+	// requirementIndex is each requirement's index in the file's
+	// dependencies array, for errors.
+	requirementIndex []int
 }
 
-// seamGraphFile is the file form: {"schema_version":2,"modules":[…]}.
+// seamGraphFile is the file form: {"schema_version":2|3,"modules":[…]}.
 type seamGraphFile struct {
 	SchemaVersion *uint32            `json:"schema_version"`
 	Modules       *[]moduleEntryWire `json:"modules"`
 }
 
 type moduleEntryWire struct {
-	Module           *string                   `json:"module"`
-	Dependencies     *[]string                 `json:"dependencies"`
-	Contracts        *protocol.ModuleContracts `json:"contracts"`
-	FailureSemantics *[]string                 `json:"failure_semantics"`
-	HostInvariants   *[]string                 `json:"host_invariants"`
+	Module           *string            `json:"module"`
+	Dependencies     *[]jsontext.Value  `json:"dependencies"`
+	Contracts        *contractsWire     `json:"contracts"`
+	FailureSemantics *[]string          `json:"failure_semantics"`
+	HostInvariants   *[]string          `json:"host_invariants"`
+	Provides         *[]contractRefWire `json:"provides"`
 }
 
 // SeamGraph is a validated capability seam graph; it is immutable, and every
@@ -83,6 +103,7 @@ type SeamGraph struct {
 	entries []ModuleEntry
 	index   map[string]int
 	builtin bool
+	version uint32
 }
 
 var builtinGraph = sync.OnceValue(func() *SeamGraph {
@@ -100,7 +121,7 @@ var builtinGraph = sync.OnceValue(func() *SeamGraph {
 func BuiltinSeamGraph() *SeamGraph { return builtinGraph() }
 
 // ParseSeamGraph parses and validates a custom graph (our extension): at most
-// 128 KiB, schema version 2, 1–64 modules matching ^[a-z][a-z0-9_]{0,47}$,
+// 128 KiB, schema version 2 or 3 (typed requirements), 1–64 modules matching ^[a-z][a-z0-9_]{0,47}$,
 // unique modules and contract IDs, at most 8 known dependencies each, every
 // failure semantic and host invariant listed, and no dependency cycle (the
 // error names the whole cycle).
@@ -147,8 +168,11 @@ func parseSeamGraph(data []byte, builtin bool) (*SeamGraph, *Error) {
 	if err != nil {
 		return nil, err
 	}
-	if version != SeamGraphSchemaVersion {
-		return nil, invalidf("schema_version", ErrUnsupportedVersion, "seam graph schema version %d is not supported (2)", version)
+	switch {
+	case builtin && version != SeamGraphSchemaVersion:
+		return nil, invalidf("schema_version", ErrUnsupportedVersion, "the built-in graph has schema version %d, not %d", SeamGraphSchemaVersion, version)
+	case version != SeamGraphSchemaVersion && version != SeamGraphRequirementsVersion:
+		return nil, invalidf("schema_version", ErrUnsupportedVersion, "seam graph schema version %d is not supported (%d, or %d with typed requirements)", version, SeamGraphSchemaVersion, SeamGraphRequirementsVersion)
 	}
 	wires, err := required("modules", file.Modules)
 	if err != nil {
@@ -162,9 +186,9 @@ func parseSeamGraph(data []byte, builtin bool) (*SeamGraph, *Error) {
 	case len(wires) > MaxCustomModules:
 		return nil, invalidf("modules", ErrTooLarge, "%d modules exceed %d", len(wires), MaxCustomModules)
 	}
-	g := &SeamGraph{entries: make([]ModuleEntry, 0, len(wires)), index: make(map[string]int, len(wires)), builtin: builtin}
+	g := &SeamGraph{entries: make([]ModuleEntry, 0, len(wires)), index: make(map[string]int, len(wires)), builtin: builtin, version: version}
 	for i, w := range wires {
-		e, err := w.entry(Index("modules", i))
+		e, err := w.entry(Index("modules", i), version)
 		if err != nil {
 			return nil, err
 		}
@@ -180,7 +204,7 @@ func parseSeamGraph(data []byte, builtin bool) (*SeamGraph, *Error) {
 	return g, nil
 }
 
-func (w moduleEntryWire) entry(field string) (ModuleEntry, *Error) {
+func (w moduleEntryWire) entry(field string, version uint32) (ModuleEntry, *Error) {
 	var e ModuleEntry
 	var err *Error
 	if e.Module, err = required(Field(field, "module"), w.Module); err != nil {
@@ -189,11 +213,50 @@ func (w moduleEntryWire) entry(field string) (ModuleEntry, *Error) {
 	if !IsModuleID(e.Module) {
 		return e, invalidf(Field(field, "module"), ErrInvalidValue, "%q is not a module ID (^[a-z][a-z0-9_]{0,47}$)", e.Module)
 	}
-	if e.Dependencies, err = required(Field(field, "dependencies"), w.Dependencies); err != nil {
+	deps, err := required(Field(field, "dependencies"), w.Dependencies)
+	if err != nil {
 		return e, err
 	}
-	if e.Contracts, err = required(Field(field, "contracts"), w.Contracts); err != nil {
+	e.Dependencies = []string{}
+	for j, raw := range deps {
+		d, r, err := dependency(Index(Field(field, "dependencies"), j), raw, version)
+		if err != nil {
+			return e, err
+		}
+		if r != nil {
+			e.Requirements = append(e.Requirements, *r)
+			e.requirementIndex = append(e.requirementIndex, j)
+			continue
+		}
+		e.Dependencies = append(e.Dependencies, d)
+	}
+	contracts, err := required(Field(field, "contracts"), w.Contracts)
+	if err != nil {
 		return e, err
+	}
+	refs, schemas, err := contracts.refs(Field(field, "contracts"), version)
+	if err != nil {
+		return e, err
+	}
+	e.Contracts, e.ContractSchemas = moduleContracts(refs), schemas
+	if w.Provides != nil {
+		pf := Field(field, "provides")
+		if version < SeamGraphRequirementsVersion {
+			return e, invalidf(pf, ErrInvalidValue, "provided contracts need schema_version %d", SeamGraphRequirementsVersion)
+		}
+		if len(*w.Provides) > MaxProvidedContracts {
+			return e, invalidf(pf, ErrTooLarge, "%d provided contracts exceed %d", len(*w.Provides), MaxProvidedContracts)
+		}
+		for j, pw := range *w.Provides {
+			p, err := pw.provided(Index(pf, j))
+			if err != nil {
+				return e, err
+			}
+			if slices.ContainsFunc(e.Provides, func(o ProvidedContract) bool { return o.ID == p.ID }) {
+				return e, invalidf(Field(Index(pf, j), "id"), ErrDuplicate, "%q is listed twice", p.ID)
+			}
+			e.Provides = append(e.Provides, p)
+		}
 	}
 	if e.FailureSemantics, err = required(Field(field, "failure_semantics"), w.FailureSemantics); err != nil {
 		return e, err
@@ -248,11 +311,11 @@ func (g *SeamGraph) check() *Error {
 			}
 			contractOwner[c.ref.ID] = e.Module + "." + c.role
 		}
-		if len(e.Dependencies) > MaxGraphDependencies {
-			return invalidf(Field(field, "dependencies"), ErrTooLarge, "%d dependencies exceed %d", len(e.Dependencies), MaxGraphDependencies)
+		if n := len(e.Dependencies) + len(e.Requirements); n > MaxGraphDependencies {
+			return invalidf(Field(field, "dependencies"), ErrTooLarge, "%d dependencies exceed %d", n, MaxGraphDependencies)
 		}
 		for j, d := range e.Dependencies {
-			df := Index(Field(field, "dependencies"), j)
+			df := Index(Field(field, "dependencies"), dependencyIndex(e, j))
 			if _, ok := g.index[d]; !ok {
 				return invalidf(df, ErrInvalidValue, "%q is not a module of this graph", d)
 			}
@@ -260,6 +323,9 @@ func (g *SeamGraph) check() *Error {
 				return invalidf(df, ErrDuplicate, "%q is listed twice", d)
 			}
 		}
+	}
+	if err := g.checkRequirements(); err != nil {
+		return err
 	}
 	if cycle := g.findCycle(); cycle != nil {
 		return invalidf("modules", ErrCycle, "dependency cycle: %s", strings.Join(cycle, " → "))
@@ -282,7 +348,7 @@ func (g *SeamGraph) findCycle() []string {
 	visit = func(i int) bool {
 		state[i] = onStack
 		stack = append(stack, i)
-		for _, d := range g.entries[i].Dependencies {
+		for _, d := range g.edges(i) {
 			j := g.index[d]
 			switch state[j] {
 			case onStack:
@@ -324,6 +390,57 @@ func contractList(c protocol.ModuleContracts) []roleRef {
 	}
 }
 
+// edges are the modules entry i may depend on: its plain dependencies, the
+// modules it requires, and every other provider of a contract it requires
+// (the selected one only, when selected): a graph is acyclic for any
+// activation.
+func (g *SeamGraph) edges(i int) []string {
+	e := g.entries[i]
+	out := slices.Clone(e.Dependencies)
+	for _, r := range e.Requirements {
+		switch {
+		case r.Module != "":
+			out = append(out, r.Module)
+		case r.Select != "":
+			out = append(out, r.Select)
+		default:
+			for _, p := range g.contractProviders()[r.Contract] {
+				if p != e.Module {
+					out = append(out, p)
+				}
+			}
+		}
+	}
+	return out
+}
+
+// dependencyIndex is the index in the file's dependencies array of e's j-th
+// plain dependency (requirements sit between them).
+func dependencyIndex(e ModuleEntry, j int) int {
+	for _, k := range e.requirementIndex {
+		if k <= j {
+			j++
+		}
+	}
+	return j
+}
+
+func moduleContracts(refs []roleRef) protocol.ModuleContracts {
+	by := map[string]protocol.ContractRef{}
+	for _, r := range refs {
+		by[r.role] = r.ref
+	}
+	return protocol.ModuleContracts{
+		Definition: by["definition"], Provider: by["provider"], Consumer: by["consumer"], Observation: by["observation"],
+		Load: by["load"], Start: by["start"], Cancel: by["cancel"], Stop: by["stop"], Snapshot: by["snapshot"],
+		Restore: by["restore"], Migrate: by["migrate"], Readiness: by["readiness"],
+	}
+}
+
+// SchemaVersion is the graph file's schema version (2, or 3 with typed
+// requirements).
+func (g *SeamGraph) SchemaVersion() uint32 { return g.version }
+
 // IsBuiltin reports whether g is the built-in graph.
 func (g *SeamGraph) IsBuiltin() bool { return g.builtin }
 
@@ -359,6 +476,10 @@ func (g *SeamGraph) Entry(module string) (ModuleEntry, bool) {
 	}
 	e := g.entries[i]
 	e.Dependencies = slices.Clone(e.Dependencies)
+	e.Requirements = cloneRequirements(e.Requirements)
+	e.Provides = slices.Clone(e.Provides)
+	e.ContractSchemas = maps.Clone(e.ContractSchemas)
+	e.requirementIndex = slices.Clone(e.requirementIndex)
 	e.FailureSemantics = slices.Clone(e.FailureSemantics)
 	e.HostInvariants = slices.Clone(e.HostInvariants)
 	return e, true

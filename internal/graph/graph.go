@@ -94,6 +94,10 @@ type ModuleStatus struct {
 	Reason string `json:"reason,omitempty"`
 	// Message explains Reason (at most 1 KiB).
 	Message string `json:"message,omitempty"`
+	// Diagnostics are what an admitted module runs without: each optional
+	// requirement that nothing satisfies, in the graph's order (at most 8,
+	// each at most 1 KiB).
+	Diagnostics []string `json:"diagnostics,omitempty"`
 }
 
 // Evaluation is an activation placed in its graph: every source's status in
@@ -145,8 +149,17 @@ type vertex struct {
 	node     *Node     // admitted
 	rejected *Rejected // failed verification
 	deps     []int     // direct dependencies present in the activation (vertex indexes), ModuleId order
-	// unmet is the first implementation dependency not satisfied, in words.
+	// unmet is the first implementation dependency or required
+	// requirement not satisfied, in words.
 	unmet string
+	// conflict names the first contract requirement with several
+	// providers and no selection.
+	conflict string
+	// optional maps a dependency (vertex index) bound by an optional
+	// requirement to the requirement in words: it gates nothing.
+	optional map[int]string
+	// diagnostics are the admitted module's unmet optional requirements.
+	diagnostics []string
 
 	resolved bool
 	admitted bool
@@ -220,6 +233,7 @@ func Evaluate(in Input) (*Evaluation, error) {
 			continue
 		}
 		v.deps, v.unmet = directDependencies(g, v, vs, byModule, byImpl)
+		bindRequirements(g, v, vs, byModule)
 	}
 
 	markCycles(vs)
@@ -244,9 +258,10 @@ func Evaluate(in Input) (*Evaluation, error) {
 			depIDs := make([]string, 0, len(v.deps))
 			for _, d := range v.deps {
 				dn := vs[d].node
-				depIDs = append(depIDs, Identity(dn.Module, dn.ImplementationID, dn.Version, dn.ArtifactSHA256))
+				depIDs = append(depIDs, epochMember(g, Identity(dn.Module, dn.ImplementationID, dn.Version, dn.ArtifactSHA256), dn.Module))
 			}
-			st.Epoch = Epoch(st.Identity, depIDs)
+			st.Epoch = Epoch(epochMember(g, st.Identity, n.Module), depIDs)
+			st.Diagnostics = v.diagnostics
 		}
 		ev.Modules = append(ev.Modules, st)
 	}
@@ -404,11 +419,24 @@ func resolve(v *vertex, vs []*vertex) {
 		v.cause = "it needs " + v.unmet
 		v.chain = []string{v.module}
 		return
+	case v.conflict != "":
+		v.reason = reasons.DependencyConflict
+		v.message = truncate(v.module + " requires " + v.conflict)
+		v.cause = "it requires " + v.conflict
+		v.chain = []string{v.module}
+		return
 	}
-	for _, d := range v.deps {
+	for _, d := range slices.Clone(v.deps) {
 		dep := vs[d]
 		resolve(dep, vs)
 		if dep.admitted {
+			continue
+		}
+		if req, ok := v.optional[d]; ok {
+			// An optional requirement never gates: the module runs
+			// without it, and says so.
+			v.deps = slices.DeleteFunc(v.deps, func(x int) bool { return x == d })
+			v.diagnose("optional dependency " + req + ": " + dep.module + " is not admitted (" + dep.reasonOrCause() + "); activated without it")
 			continue
 		}
 		v.reason = reasons.DependencyUnsatisfied
@@ -418,6 +446,24 @@ func resolve(v *vertex, vs []*vertex) {
 		return
 	}
 	v.admitted = true
+}
+
+// reasonOrCause is a not-admitted vertex's reason and message in words.
+func (v *vertex) reasonOrCause() string {
+	if v.message == "" {
+		return v.reason
+	}
+	return v.reason + ": " + v.message
+}
+
+// maxDiagnostics bounds a module's diagnostics (the CRD's bound).
+const maxDiagnostics = 8
+
+// diagnose adds a diagnostic, bounded in number and length.
+func (v *vertex) diagnose(d string) {
+	if len(v.diagnostics) < maxDiagnostics {
+		v.diagnostics = append(v.diagnostics, truncate(d))
+	}
 }
 
 // truncate bounds a message to 1 KiB at a rune boundary.

@@ -38,6 +38,9 @@ const (
 	DependencyUnsatisfied = "dependency_unsatisfied"
 	// DependencyCycle: the module graph has a cycle.
 	DependencyCycle = "dependency_cycle"
+	// DependencyConflict: several sources of the activation provide the
+	// contract a module requires, and the graph selects none of them.
+	DependencyConflict = "dependency_conflict"
 	// StaleGeneration: a target or a pinned call names a generation that
 	// is not (or no longer) the one it must follow or run on.
 	StaleGeneration = "stale_generation"
@@ -150,6 +153,8 @@ var table = []Reason{
 		Meaning: "a module waits for a dependency to be Active, or its implementation dependency is missing"},
 	{Code: DependencyCycle, BlockKind: BlockDependency, Blocks: true, GRPC: codes.FailedPrecondition, Stalling: true,
 		Meaning: "the module graph has a cycle (the message names it)"},
+	{Code: DependencyConflict, GRPC: codes.FailedPrecondition, Stalling: true,
+		Meaning: "several sources provide the contract a module requires and the seam graph selects none (the message names them; set the requirement's select)"},
 	{Code: StaleGeneration, BlockKind: BlockDependency, Blocks: true, GRPC: codes.FailedPrecondition,
 		Meaning: "a target or a pinned call names a generation that is no longer the active one"},
 	{Code: AuthorityChanged, BlockKind: BlockValidation, Blocks: true, GRPC: codes.FailedPrecondition, Stalling: true,

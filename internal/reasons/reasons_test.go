@@ -45,7 +45,7 @@ func TestConditionReasonsAreTheAPIConstants(t *testing.T) {
 	api := map[Code]string{
 		UnsupportedVersion: iteronv1.ReasonUnsupportedVersion, VerificationFailed: iteronv1.ReasonVerificationFailed,
 		SchemaMismatch: iteronv1.ReasonSchemaMismatch, DependencyUnsatisfied: iteronv1.ReasonDependencyUnsatisfied,
-		DependencyCycle: iteronv1.ReasonDependencyCycle, StaleGeneration: iteronv1.ReasonStaleGeneration,
+		DependencyCycle: iteronv1.ReasonDependencyCycle, DependencyConflict: iteronv1.ReasonDependencyConflict, StaleGeneration: iteronv1.ReasonStaleGeneration,
 		AuthorityChanged: iteronv1.ReasonAuthorityChanged, PermissionDenied: iteronv1.ReasonPermissionDenied,
 		ActivationFailed: iteronv1.ReasonActivationFailed, ProviderFailed: iteronv1.ReasonProviderFailed,
 		DeadlineExceeded: iteronv1.ReasonDeadlineExceeded, CleanupFailed: iteronv1.ReasonCleanupFailed,
