@@ -4,6 +4,7 @@ import (
 	stdjson "encoding/json"
 	"errors"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -131,6 +132,7 @@ func FuzzParseCatalog(f *testing.F) {
 func FuzzParseSeamGraph(f *testing.F) {
 	f.Add([]byte(`{"schema_version":2,"modules":[]}`))
 	f.Add(BuiltinSeamGraphJSON())
+	f.Add(v3Graph(f, 3, requirementsGraph()...))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		g, err := ParseSeamGraph(data)
 		if err != nil {
@@ -140,8 +142,30 @@ func FuzzParseSeamGraph(f *testing.F) {
 			t.Fatalf("accepted a graph of %d modules or with a cycle", g.Len())
 		}
 		for i, m := range g.Modules() {
-			if o, ok := g.Order(m); !ok || o != i || !IsModuleID(m) || len(g.Dependencies(m)) > MaxGraphDependencies {
+			if o, ok := g.Order(m); !ok || o != i || !IsModuleID(m) || len(g.Dependencies(m))+len(g.Requirements(m)) > MaxGraphDependencies {
 				t.Fatalf("module %q inconsistent", m)
+			}
+			if g.SchemaVersion() == SeamGraphSchemaVersion && (g.Requirements(m) != nil || g.SchemaHashes(m) != nil) {
+				t.Fatalf("a version 2 graph carries version 3 members at %q", m)
+			}
+			for _, r := range g.Requirements(m) {
+				switch {
+				case (r.Module == "") == (r.Contract == ""):
+					t.Fatalf("requirement of %q names %q and %q", m, r.Module, r.Contract)
+				case r.Module != "" && (!g.Has(r.Module) || r.Module == m):
+					t.Fatalf("requirement of %q on %q accepted", m, r.Module)
+				case r.Contract != "" && len(g.Providers(r.Contract)) == 0:
+					t.Fatalf("requirement of %q on unprovided %q accepted", m, r.Contract)
+				case r.Select != "" && !slices.Contains(g.Providers(r.Contract), r.Select):
+					t.Fatalf("selection %q does not provide %q", r.Select, r.Contract)
+				case r.Range.Minimum != nil && r.Range.Maximum != nil && r.Range.Minimum.Compare(*r.Range.Maximum) >= 0:
+					t.Fatalf("empty range %s accepted", r.Range)
+				}
+			}
+			for k, h := range g.SchemaHashes(m) {
+				if !IsDigest(h) {
+					t.Fatalf("schema hash %s=%q of %q accepted", k, h, m)
+				}
 			}
 		}
 	})
