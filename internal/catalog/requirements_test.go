@@ -188,7 +188,10 @@ func TestRequirementRejections(t *testing.T) {
 			edit:  func(e []map[string]any) []map[string]any { e[4]["dependencies"] = []any{7}; return e },
 			field: "modules[4].dependencies[0]", code: "schema_mismatch", sentinel: ErrMalformed, detail: "module ID string or"},
 		{name: "a requirement naming neither a module nor a contract is refused",
-			edit:  func(e []map[string]any) []map[string]any { e[4]["dependencies"] = []any{map[string]any{"optional": true}}; return e },
+			edit: func(e []map[string]any) []map[string]any {
+				e[4]["dependencies"] = []any{map[string]any{"optional": true}}
+				return e
+			},
 			field: "modules[4].dependencies[0]", code: "schema_mismatch", sentinel: ErrMissingField, detail: "names a module"},
 		{name: "a requirement naming both a module and a contract is refused",
 			edit: func(e []map[string]any) []map[string]any {
@@ -203,10 +206,16 @@ func TestRequirementRejections(t *testing.T) {
 			},
 			field: "modules[4].dependencies[0].minimum_version", code: "schema_mismatch", sentinel: ErrMalformed, detail: "unknown field"},
 		{name: "a required module outside the graph is refused",
-			edit:  func(e []map[string]any) []map[string]any { e[4]["dependencies"] = []any{map[string]any{"module": "omega"}}; return e },
+			edit: func(e []map[string]any) []map[string]any {
+				e[4]["dependencies"] = []any{map[string]any{"module": "omega"}}
+				return e
+			},
 			field: "modules[4].dependencies[0].module", code: "verification_failed", sentinel: ErrInvalidValue, detail: "not a module of this graph"},
 		{name: "a module requiring itself is refused",
-			edit:  func(e []map[string]any) []map[string]any { e[4]["dependencies"] = []any{map[string]any{"module": "planner"}}; return e },
+			edit: func(e []map[string]any) []map[string]any {
+				e[4]["dependencies"] = []any{map[string]any{"module": "planner"}}
+				return e
+			},
 			field: "modules[4].dependencies[0].module", code: "verification_failed", sentinel: ErrInvalidValue, detail: "cannot require itself"},
 		{name: "a module both a plain dependency and a requirement is refused",
 			edit: func(e []map[string]any) []map[string]any {
@@ -215,7 +224,10 @@ func TestRequirementRejections(t *testing.T) {
 			},
 			field: "modules[4].dependencies[1].module", code: "verification_failed", sentinel: ErrDuplicate, detail: "also a plain dependency"},
 		{name: "a contract nobody provides is refused",
-			edit:  func(e []map[string]any) []map[string]any { e[4]["dependencies"] = []any{map[string]any{"contract": "acme/none@v1"}}; return e },
+			edit: func(e []map[string]any) []map[string]any {
+				e[4]["dependencies"] = []any{map[string]any{"contract": "acme/none@v1"}}
+				return e
+			},
 			field: "modules[4].dependencies[0].contract", code: "verification_failed", sentinel: ErrInvalidValue, detail: "no other module"},
 		{name: "a selection that does not provide the contract is refused",
 			edit: func(e []map[string]any) []map[string]any {
