@@ -673,7 +673,7 @@ func ledgerStatus(st hotswap.ActivationStatus) *iteronv1.LedgerStatus {
 func moduleStatuses(s *activationScope) []iteronv1.ModuleStatus {
 	var out []iteronv1.ModuleStatus
 	for _, rm := range s.res.Modules {
-		ms := iteronv1.ModuleStatus{Module: rm.Module, Phase: iteronv1.PhaseInactive, Epoch: rm.Epoch}
+		ms := iteronv1.ModuleStatus{Module: rm.Module, Phase: iteronv1.PhaseInactive, Epoch: rm.Epoch, Diagnostics: rm.Diagnostics}
 		rt, known := s.status.Modules[rm.Module]
 		if known {
 			if rt.Active != "" {

@@ -45,4 +45,7 @@ type ResolvedModule struct {
 	Code, Message string
 	// NotAdmitted are requested capabilities the ceiling dropped.
 	NotAdmitted []string
+	// Diagnostics are the unmet optional requirements of an admitted
+	// module (internal/graph).
+	Diagnostics []string
 }

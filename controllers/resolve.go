@@ -31,7 +31,7 @@ func NewResolver(v *activation.Verifier) func(context.Context, *iteronv1.Impleme
 		}
 		out := Resolution{ActivateOrder: ev.ActivateOrder, DrainOrder: ev.DrainOrder, RetryAfter: retryAfter(res)}
 		for _, ms := range ev.Modules {
-			rm := ResolvedModule{Module: ms.Module, Epoch: ms.Epoch, Identity: ms.Identity, DependsOn: ms.DependsOn, Code: ms.Reason, Message: ms.Message}
+			rm := ResolvedModule{Module: ms.Module, Epoch: ms.Epoch, Identity: ms.Identity, DependsOn: ms.DependsOn, Code: ms.Reason, Message: ms.Message, Diagnostics: ms.Diagnostics}
 			if vs, ok := plans[ms.Module]; ok {
 				rm.NotAdmitted = vs.NotAdmittedCapabilities
 				if ms.Admitted {

@@ -265,6 +265,15 @@ type ModuleStatus struct {
 	// +optional
 	// +kubebuilder:validation:MaxLength=1024
 	Message string `json:"message,omitempty"`
+	// diagnostics say what the module runs without: each optional
+	// requirement of a custom seam graph (schema version 3) that no source
+	// satisfies. A module with diagnostics is still activated; reason says
+	// what keeps a module from running, diagnostics never do.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=8
+	// +kubebuilder:validation:items:MaxLength=1024
+	Diagnostics []string `json:"diagnostics,omitempty"`
 }
 
 // PlanStatus is the RuntimePlan of the last spec acted on.

@@ -278,6 +278,13 @@ func (d *diagnosis) modules() {
 		if serving && inSpec {
 			d.r.ServingCount++
 		}
+		if serving && inSpec {
+			for _, diag := range ms.Diagnostics {
+				d.add(Finding{Code: FindingOptionalDependencyMissing, Severity: SeverityInfo, Module: m,
+					Summary: fmt.Sprintf("module %s is Active without an optional dependency: %s", m, diag),
+					Hint:    "Nothing to do unless the module should use it: add a source for it (within the seam graph's version range) to the activation."})
+			}
+		}
 		if serving && inSpec && ms.Reason == "" && mismatch == "" {
 			d.r.ActiveCount++
 			continue
@@ -317,7 +324,7 @@ func (d *diagnosis) modules() {
 		case isDependencyCode(ms.Reason):
 			d.add(Finding{Code: FindingDependencyBlocked, Severity: SeverityProblem, Module: m,
 				Summary: fmt.Sprintf("module %s is %s: %s: %s", m, describePhase(ms), ms.Reason, ms.Message),
-				Hint:    "An implementation dependency (the manifest's dependencies[]) is not met by a source of this activation, or modules depend on each other in a cycle; the message names the chain."})
+				Hint:    dependencyHint(ms.Reason)})
 		default:
 			d.add(d.notActive(md))
 		}
@@ -491,14 +498,22 @@ func splitAround(message, sep string) (before, after string) {
 // (as opposed to a source that does not verify or a dependency that waits).
 func isTransactionFailure(code string) bool {
 	switch code {
-	case "", reasons.VerificationFailed, reasons.SchemaMismatch, reasons.DependencyUnsatisfied, reasons.DependencyCycle:
+	case "", reasons.VerificationFailed, reasons.SchemaMismatch, reasons.DependencyUnsatisfied, reasons.DependencyCycle, reasons.DependencyConflict:
 		return false
 	}
 	return true
 }
 
+// dependencyHint says what to change for a dependency reason.
+func dependencyHint(code string) string {
+	if code == reasons.DependencyConflict {
+		return "Several sources of this activation provide the contract the module requires: remove all but one, or select one in the seam graph (the requirement's \"select\")."
+	}
+	return "An implementation dependency (the manifest's dependencies[]) or a required dependency of the seam graph (with its version range) is not met by a source of this activation, or modules depend on each other in a cycle; the message names the range, the version found and the chain."
+}
+
 func isDependencyCode(code string) bool {
-	return code == reasons.DependencyUnsatisfied || code == reasons.DependencyCycle
+	return code == reasons.DependencyUnsatisfied || code == reasons.DependencyCycle || code == reasons.DependencyConflict
 }
 
 func describePhase(ms iteronv1.ModuleStatus) string {

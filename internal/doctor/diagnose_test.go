@@ -35,6 +35,43 @@ func TestDiagnoseFindings(t *testing.T) {
 			},
 		},
 		{
+			name: "a module Active without an optional dependency is healthy and the doctor quotes its diagnostic",
+			build: func() *Input {
+				a := activation("prompt_system", "context_assembly")
+				module(a, "context_assembly").Diagnostics = []string{"optional dependency memo ≥ 1.0.0, which has no source in the activation; activated without it"}
+				return input(a)
+			},
+			want:    []string{"info optional_dependency_missing context_assembly"},
+			healthy: true,
+			check: func(t *testing.T, r *Report) {
+				f := finding(t, r, FindingOptionalDependencyMissing, "context_assembly")
+				if !strings.Contains(f.Summary, "module context_assembly is Active without an optional dependency: optional dependency memo ≥ 1.0.0, which has no source") {
+					t.Fatalf("summary %q", f.Summary)
+				}
+				if r.ActiveCount != 2 {
+					t.Fatalf("active count %d", r.ActiveCount)
+				}
+			},
+		},
+		{
+			name: "a dependency conflict is a blocked dependency with the selection as the fix",
+			build: func() *Input {
+				a := activation("prompt_system", "context_assembly")
+				ms := module(a, "context_assembly")
+				ms.Phase, ms.GenerationName, ms.Generation, ms.ImplementationID = iteronv1.PhaseInactive, "", 0, ""
+				ms.Reason, ms.Message = reasons.DependencyConflict, "context_assembly requires contract acme/search@v1, which 2 sources provide: a (x) and b (y); the seam graph selects none"
+				setCondition(a, iteronv1.ConditionReady, metav1.ConditionFalse, iteronv1.ReasonDependencyConflict, "module context_assembly: …")
+				return input(a)
+			},
+			want: []string{"problem dependency_blocked context_assembly"},
+			check: func(t *testing.T, r *Report) {
+				f := finding(t, r, FindingDependencyBlocked, "context_assembly")
+				if !strings.Contains(f.Summary, "dependency_conflict: context_assembly requires contract acme/search@v1") || !strings.Contains(f.Hint, "\"select\"") {
+					t.Fatalf("finding %+v", f)
+				}
+			},
+		},
+		{
 			name: "a module that failed verification is not active and its consumers wait on the chain",
 			build: func() *Input {
 				a := activation("prompt_system", "context_assembly", "provider_routing")

@@ -28,6 +28,9 @@ const (
 	// FindingDependencyBlocked: a module waits for a dependency that does
 	// not serve.
 	FindingDependencyBlocked = "dependency_blocked"
+	// FindingOptionalDependencyMissing: a module is Active without an
+	// optional requirement of the seam graph (its status diagnostics).
+	FindingOptionalDependencyMissing = "optional_dependency_missing"
 	// FindingPlanWaiting: a module waits because an earlier transaction of
 	// the same plan failed (a plan is not atomic across modules).
 	FindingPlanWaiting = "plan_waiting"
