@@ -79,6 +79,7 @@ func run(args []string, stderr io.Writer) int {
 	m, err := app.New(cfg, app.Options{
 		NodeName: opts.nodeName, StateDir: opts.stateDir, AllowedRoots: opts.allowedRoots, Interpreters: opts.interpreters,
 		ProviderUID: opts.providerUID, ProviderGID: opts.providerGID, CapabilityCeiling: opts.capabilityCeiling,
+		Graph:              opts.graph,
 		MetricsBindAddress: opts.metricsBindAddress, HealthProbeBindAddress: opts.healthProbeBindAddress,
 		Gateway:    &app.GatewayOptions{Socket: opts.gatewaySocket, Group: opts.gatewayGroup, Allow: opts.gatewayAllow},
 		Artifacts:  &opts.artifacts,

@@ -15,6 +15,7 @@ import (
 	"iteron.dev/operator/cmd/manager/app"
 	"iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/artifacts"
+	"iteron.dev/operator/internal/catalog"
 	"iteron.dev/operator/internal/gateway"
 )
 
@@ -33,6 +34,7 @@ type options struct {
 	gatewayGroup           int
 	gatewayAllow           gateway.Allow
 	capabilityCeiling      []string
+	graph                  *catalog.SeamGraph
 	artifacts              app.ArtifactOptions
 	survivorSocket         string
 }
@@ -57,6 +59,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	var (
 		o                                      options
 		roots, interpreters, ceiling, uid, gid string
+		graphFile                              string
 		gatewayAllowValues                     multiFlag
 	)
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "path to a kubeconfig; empty uses $KUBECONFIG or the in-cluster config")
@@ -72,6 +75,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.gatewayGroup, "gateway-group", 0, "group owning the gateway socket (mode 0660): the callers' group")
 	fs.Var(&gatewayAllowValues, "gateway-allow", "repeatable: uid:<n>=<ns>[,<ns>...] or gid:<n>=<ns>[,<ns>...]; '*' is every namespace")
 	fs.StringVar(&ceiling, "capability-ceiling", "read_only,reversible_local", "comma-separated capabilities this node admits at most")
+	fs.StringVar(&graphFile, "graph", "", "custom seam graph file (schema version 2, or 3 with typed requirements; docs/reference/catalog.md), read once at start; empty: the built-in 28-module graph")
 	a := &o.artifacts
 	fs.StringVar(&a.Store, "artifact-store", artifacts.DefaultStore, "content-addressed store OCI sources are pulled into (its own directory: may not overlap --state-dir or --allowed-roots)")
 	fs.Int64Var(&a.MaxBytes, "artifact-store-max-bytes", artifacts.DefaultMaxStoreBytes, "bound of the whole artifact store in bytes")
@@ -127,6 +131,14 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 			if err := checkAbsoluteClean(f.name, f.value); err != nil {
 				return nil, err
 			}
+		}
+	}
+	if graphFile != "" {
+		if err := checkAbsoluteClean("graph", graphFile); err != nil {
+			return nil, err
+		}
+		if o.graph, err = catalog.LoadSeamGraph(graphFile); err != nil {
+			return nil, &flagError{"graph", graphFile, err.Error()}
 		}
 	}
 	if o.interpreters, err = parsePathList("interpreters", interpreters); err != nil {

@@ -27,6 +27,8 @@ func TestParseOptionsRefusesBadValuesNamingTheFlag(t *testing.T) {
 		{"a gateway allow rule with a bad namespace", []string{"--gateway-allow=uid:1000=Default"}, "not a namespace name"},
 		{"an unknown capability", []string{"--capability-ceiling=read_only,root"}, `unknown capability "root"`},
 		{"an empty node name", []string{"--node-name="}, "--node-name"},
+		{"a relative graph file", []string{"--graph=graph.json"}, "--graph"},
+		{"a graph file that does not exist", []string{"--graph=/nonexistent/graph.json"}, "no such file"},
 		{"a stray argument", []string{"extra"}, "unexpected arguments"},
 	}
 	for _, tc := range cases {

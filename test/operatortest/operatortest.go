@@ -31,6 +31,7 @@ import (
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
 	"iteron.dev/operator/cmd/manager/app"
 	"iteron.dev/operator/examples/providers/providertest"
+	"iteron.dev/operator/internal/catalog"
 	"iteron.dev/operator/internal/hotswap"
 	"iteron.dev/operator/internal/procexec"
 	"iteron.dev/operator/test/kubeapi"
@@ -51,6 +52,11 @@ type Options struct {
 	Gateway *app.GatewayOptions
 	// Artifacts, when set, configure OCI sources (the artifact store).
 	Artifacts *app.ArtifactOptions
+	// Graph, when set, is the manager's custom seam graph (--graph).
+	Graph *catalog.SeamGraph
+	// AfterPhase, when set, is the coordinator's test hook: it runs after
+	// each phase record of a transaction, the transaction waiting for it.
+	AfterPhase func(key hotswap.ActivationKey, module, phase string)
 }
 
 // Manager is the controllers running in-process.
@@ -85,6 +91,7 @@ func StartManager(ctx context.Context, env *kubeapi.Environment, o Options) (*Ma
 		NodeName: o.Node, StateDir: o.StateDir, AllowedRoots: o.AllowedRoots, Interpreters: defaults.Interpreters,
 		ProviderUID: defaults.ProviderUID, ProviderGID: defaults.ProviderGID, CapabilityCeiling: []string{"read_only", "reversible_local"},
 		MetricsBindAddress: "0", HealthProbeBindAddress: "0", Gateway: o.Gateway, Artifacts: o.Artifacts, Log: log,
+		Graph: o.Graph, AfterPhase: o.AfterPhase,
 	})
 	if err != nil {
 		return nil, err

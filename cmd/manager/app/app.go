@@ -34,6 +34,7 @@ import (
 	"iteron.dev/operator/controllers"
 	"iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/artifacts"
+	"iteron.dev/operator/internal/catalog"
 	"iteron.dev/operator/internal/gateway"
 	"iteron.dev/operator/internal/hotswap"
 	"iteron.dev/operator/internal/procexec"
@@ -56,6 +57,9 @@ type Options struct {
 	ProviderUID, ProviderGID uint32
 	// CapabilityCeiling is what this node admits at most.
 	CapabilityCeiling []string
+	// Graph is the node's custom seam graph (--graph); nil: the built-in
+	// graph.
+	Graph *catalog.SeamGraph
 	// MetricsBindAddress and HealthProbeBindAddress ("0" disables them).
 	MetricsBindAddress, HealthProbeBindAddress string
 	// Gateway, when set, serves the node-local gateway.
@@ -174,7 +178,7 @@ func New(cfg *rest.Config, o Options) (*Manager, error) {
 		ao = *o.Artifacts
 	}
 	arts := &lazyArtifacts{o: ao, log: log.WithName("artifacts")}
-	verifier, err := activation.NewVerifier(activation.Config{AllowedRoots: o.AllowedRoots, Ceiling: o.CapabilityCeiling, Artifacts: arts})
+	verifier, err := activation.NewVerifier(activation.Config{AllowedRoots: o.AllowedRoots, Ceiling: o.CapabilityCeiling, Graph: o.Graph, Artifacts: arts})
 	if err != nil {
 		return nil, fmt.Errorf("verifier: %w", err)
 	}
