@@ -159,7 +159,8 @@ func (a *activationRuntime) renewalDue(m *moduleRuntime, g *generationRuntime, d
 // holds a.mu.
 func (a *activationRuntime) activate(m *moduleRuntime, g *generationRuntime, d *Desired) {
 	m.active = g
-	g.phase, g.reason, g.message = iteronv1.PhaseActive, "", ""
+	a.setPhase(g, iteronv1.PhaseActive)
+	g.reason, g.message = "", ""
 	if g.activatedAt.IsZero() {
 		g.activatedAt = a.c.cfg.Now()
 	}

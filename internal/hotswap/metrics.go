@@ -45,7 +45,7 @@ var (
 // Collectors are the coordinator's metrics, for the manager to register
 // (controller-runtime's registry).
 func Collectors() []prometheus.Collector {
-	return []prometheus.Collector{transactionsTotal, phaseDuration, activeGenerations, renewalsTotal, crashesTotal, ledgerAppends, ledgerSync}
+	return []prometheus.Collector{transactionsTotal, phaseDuration, activeGenerations, renewalsTotal, crashesTotal, ledgerAppends, ledgerSync, illegalPhaseEdges}
 }
 
 func (a *activationRuntime) observeSync(d time.Duration) {

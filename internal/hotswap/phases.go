@@ -198,7 +198,8 @@ func (r *txnRun) captureStderr(g *generationRuntime) {
 func (r *txnRun) markFailed(pf *phaseFailure, what string) {
 	r.a.mu.Lock()
 	g := r.gen
-	g.phase, g.step = iteronv1.PhaseFailed, iteronv1.StepRolledBack
+	r.a.setPhase(g, iteronv1.PhaseFailed)
+	g.step = iteronv1.StepRolledBack
 	g.reason, g.message = string(pf.code), truncateMessage(fmt.Sprintf("%s %s at %s: %s", g.name, what, pf.phase, pf.message))
 	g.proc = nil
 	r.a.failed[g.name] = Failure{Module: r.m.name, GenerationName: g.name, Code: string(pf.code), Message: g.message,

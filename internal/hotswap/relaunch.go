@@ -39,7 +39,8 @@ func (a *activationRuntime) watchProcess(m *moduleRuntime, g *generationRuntime,
 			// wrong.
 			g.stderrTail, g.stderrDropped = tail, dropped
 			g.proc = nil
-			g.phase, g.reason = iteronv1.PhasePreparing, reasons.LedgerUnwritable
+			a.setPhase(g, iteronv1.PhasePreparing)
+			g.reason = reasons.LedgerUnwritable
 			g.message = truncateMessage(fmt.Sprintf("the process of %s ended while the ledger cannot be written (a renewal or relaunch must be recorded first): it is relaunched once the ledger accepts appends again", g.name))
 			m.dur.relaunchAt = a.c.cfg.Now()
 			m.dispatcher.PauseNow()
@@ -51,7 +52,8 @@ func (a *activationRuntime) watchProcess(m *moduleRuntime, g *generationRuntime,
 			// a survivor takes launches again; calls wait for it.
 			g.stderrTail, g.stderrDropped = tail, dropped
 			g.proc = nil
-			g.phase, g.reason = iteronv1.PhasePreparing, reasons.Recovering
+			a.setPhase(g, iteronv1.PhasePreparing)
+			g.reason = reasons.Recovering
 			g.message = truncateMessage(fmt.Sprintf("the survivor that owned the process of %s went away: relaunching it from its newest durable snapshot", g.name))
 			g.relaunchCause = "the survivor that owned its process went away at " + a.c.cfg.Now().UTC().Format(time.RFC3339)
 			m.dur.relaunchAt = a.c.cfg.Now()
@@ -96,7 +98,7 @@ func (a *activationRuntime) noteCrash(m *moduleRuntime, g *generationRuntime, wh
 	}
 	d.crashes = append(kept, now)
 	if len(d.crashes) >= CrashBudget {
-		g.phase = iteronv1.PhaseFailed
+		a.setPhase(g, iteronv1.PhaseFailed)
 		g.reason = reasons.ProviderFailed
 		g.message = truncateMessage(fmt.Sprintf("%s: %s; it crashed %d times in %s and is not relaunched again (stderr tail in status)", g.name, what, len(d.crashes), CrashWindow))
 		a.failed[g.name] = Failure{Module: m.name, GenerationName: g.name, Code: g.reason, Message: g.message}
@@ -107,7 +109,8 @@ func (a *activationRuntime) noteCrash(m *moduleRuntime, g *generationRuntime, wh
 	}
 	backoff := min(firstRelaunchBackoff<<(len(d.crashes)-1), maxRelaunchBackoff)
 	d.relaunchAt = now.Add(backoff)
-	g.phase, g.reason = iteronv1.PhasePreparing, reasons.ProviderFailed
+	a.setPhase(g, iteronv1.PhasePreparing)
+	g.reason = reasons.ProviderFailed
 	g.message = truncateMessage(fmt.Sprintf("%s (crash %d of %d allowed in %s); relaunching in %s", what, len(d.crashes), CrashBudget, CrashWindow, backoff))
 	m.dispatcher.SetAvailable()
 	a.log("provider crashed", "module", m.name, "generation", g.name, "relaunchIn", backoff)
@@ -120,7 +123,8 @@ func (a *activationRuntime) noteCrash(m *moduleRuntime, g *generationRuntime, wh
 // again. Caller holds a.mu.
 func (a *activationRuntime) refuseRelaunch(m *moduleRuntime, g *generationRuntime, pf *phaseFailure) {
 	g.proc = nil
-	g.phase, g.reason = iteronv1.PhaseFailed, string(pf.code)
+	a.setPhase(g, iteronv1.PhaseFailed)
+	g.reason = string(pf.code)
 	g.message = truncateMessage(fmt.Sprintf("relaunch of %s refused at %s: %s (not retried until the spec changes or a retry is requested)", g.name, pf.phase, pf.message))
 	m.dur.relaunchAt = time.Time{}
 	m.dur.refused = &Failure{Module: m.name, GenerationName: g.name, Code: g.reason, Message: g.message}
@@ -243,7 +247,8 @@ func (a *activationRuntime) runRelaunch(d *Desired, m *moduleRuntime, g *generat
 			case pf.code == reasons.LedgerUnwritable:
 				// Not the provider's fault: relaunched once the ledger is
 				// writable again; until then nothing serves the module.
-				g.phase, g.reason = iteronv1.PhasePreparing, string(pf.code)
+				a.setPhase(g, iteronv1.PhasePreparing)
+				g.reason = string(pf.code)
 				g.message = truncateMessage(fmt.Sprintf("relaunch of %s waits for the ledger: %s", g.name, pf.message))
 				m.dur.relaunchAt = a.c.cfg.Now()
 				m.dispatcher.PauseNow()

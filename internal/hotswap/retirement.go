@@ -48,7 +48,7 @@ func (a *activationRuntime) retire(swap SwapPolicy, candidate string, m *moduleR
 			r.verifyPhase(nil),
 			phase{name: ledger.PhaseQuiesce, work: func() error {
 				a.mu.Lock()
-				g.phase = iteronv1.PhaseDraining
+				a.setPhase(g, iteronv1.PhaseDraining)
 				a.mu.Unlock()
 				cancelled, _ := m.dispatcher.Pause(r.ctx, swap.QuiesceTimeout)
 				if cancelled != nil {
@@ -87,7 +87,7 @@ func (a *activationRuntime) retire(swap SwapPolicy, candidate string, m *moduleR
 		failed: func(pf *phaseFailure, _ bool, _ error) {
 			a.mu.Lock()
 			if g.proc != nil {
-				g.phase = iteronv1.PhaseActive
+				a.setPhase(g, iteronv1.PhaseActive)
 			}
 			a.mu.Unlock()
 			a.log("retirement waits", "module", m.name, "generation", g.name, "reason", pf.code, "message", pf.message)

@@ -367,14 +367,16 @@ func (r *txnRun) recorded(phase ledger.Phase, gens ...*generationRuntime) {
 		g.lastSeq, g.lastHash = last.Sequence, last.RecordSHA256
 	}
 	r.a.mu.Unlock()
-	if hook := r.a.c.cfg.AfterPhase; hook != nil {
-		hook(r.a.key, r.m.name, string(phase))
-	}
 	names := []string{r.gen.name}
 	for _, g := range gens {
 		names = append(names, g.name)
 	}
+	// Notify first: a hook that holds the transaction (a test watching the
+	// phases through the API) must not hold back the status they show.
 	r.a.notify(names...)
+	if hook := r.a.c.cfg.AfterPhase; hook != nil {
+		hook(r.a.key, r.m.name, string(phase))
+	}
 }
 
 // blockedCode is the reason code of the transaction's blocked record.

@@ -168,7 +168,7 @@ func (a *activationRuntime) setDesired(d Desired) {
 			if m.dur.refused != nil && m.active != nil && m.active.proc == nil {
 				m.dur.refused = nil
 				m.dur.relaunchAt = a.c.cfg.Now()
-				m.active.phase = iteronv1.PhasePreparing
+				a.setPhase(m.active, iteronv1.PhasePreparing)
 				m.dispatcher.SetAvailable()
 			}
 		}

@@ -88,10 +88,13 @@ func (a *activationRuntime) swap(d *Desired, t ModuleTarget, old *generationRunt
 			newProc = g.proc
 			a.mu.Lock()
 			m.active = g
-			g.phase, g.activatedAt = iteronv1.PhasePreparing, a.c.cfg.Now()
-			old.phase = iteronv1.PhaseDraining
+			a.setPhase(g, iteronv1.PhasePreparing)
+			g.activatedAt = a.c.cfg.Now()
+			a.setPhase(old, iteronv1.PhaseDraining)
 			a.mu.Unlock()
 			m.dispatcher.Resume()
+			// The old generation's object shows Draining while it drains.
+			a.notify(old.name)
 		}),
 		// drain: stop and reap old. A fault of the new process until the
 		// drain record rolls back to old.
@@ -194,7 +197,8 @@ func (a *activationRuntime) drain(old *generationRuntime, successor string) stri
 	a.mu.Lock()
 	old.proc = nil
 	old.stderrTail, old.stderrDropped = tail, dropped
-	old.phase, old.step, old.drainedAt = iteronv1.PhaseInactive, iteronv1.StepDrain, a.c.cfg.Now()
+	a.setPhase(old, iteronv1.PhaseInactive)
+	old.step, old.drainedAt = iteronv1.StepDrain, a.c.cfg.Now()
 	if note != "" {
 		old.reason, old.message = reasons.CleanupFailed, truncateMessage(note)
 	}
@@ -222,7 +226,8 @@ func (r *txnRun) rollbackAfterSwitch(old *generationRuntime) error {
 		msg := truncateMessage(fmt.Sprintf("the old generation could not be restored after %s failed: %s", r.gen.name, firstLine(err.Error())))
 		r.a.mu.Lock()
 		m.active = nil
-		old.phase, old.reason, old.message = iteronv1.PhaseFailed, reasons.RollbackFailed, msg
+		r.a.setPhase(old, iteronv1.PhaseFailed)
+		old.reason, old.message = reasons.RollbackFailed, msg
 		r.a.mu.Unlock()
 		_, _ = m.dispatcher.Switch(Route{})
 		m.dispatcher.SetUnavailable(reasons.RollbackFailed, msg)

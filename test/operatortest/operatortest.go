@@ -284,6 +284,13 @@ type Suite struct {
 // that records the API server's version), hands it to ready, runs the
 // tests, tears everything down and returns the exit code for os.Exit.
 func Run(m *testing.M, name, node string, ready func(*Suite)) int {
+	return RunWith(m, name, node, nil, ready)
+}
+
+// RunWith is Run with the manager's options edited first (a custom seam
+// graph, the coordinator's AfterPhase hook); Node, StateDir and
+// AllowedRoots are set already. edit may be nil.
+func RunWith(m *testing.M, name, node string, edit func(*Options), ready func(*Suite)) int {
 	s := &Suite{}
 	var err error
 	if s.Base, err = os.MkdirTemp("", "iteron-"+name+"-"); err != nil {
@@ -316,7 +323,11 @@ func Run(m *testing.M, name, node string, ready func(*Suite)) int {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	if s.Manager, err = StartManager(ctx, s.Env, Options{Node: node, StateDir: s.StateDir, AllowedRoots: []string{s.ProvidersDir}}); err != nil {
+	opts := Options{Node: node, StateDir: s.StateDir, AllowedRoots: []string{s.ProvidersDir}}
+	if edit != nil {
+		edit(&opts)
+	}
+	if s.Manager, err = StartManager(ctx, s.Env, opts); err != nil {
 		fmt.Fprintln(os.Stderr, "start the manager:", err)
 		return 1
 	}

@@ -1,0 +1,112 @@
+package hotswap
+
+import (
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/go-logr/logr/funcr"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	iteronv1 "iteron.dev/operator/api/v1alpha1"
+)
+
+// phaseRecorder is an activation runtime whose log lines are kept, for
+// setPhase alone (no process, no ledger).
+func phaseRecorder() (*activationRuntime, *[]string) {
+	var mu sync.Mutex
+	var lines []string
+	log := funcr.New(func(prefix, args string) {
+		mu.Lock()
+		lines = append(lines, args)
+		mu.Unlock()
+	}, funcr.Options{})
+	a := &activationRuntime{c: &Coordinator{cfg: Config{Log: log}}, key: ActivationKey{Namespace: "team", Name: "stack"}}
+	return a, &lines
+}
+
+// TestIllegalPhaseEdgesAreCaughtAndReported: one row per change of a
+// Generation's phase that PhaseEdges does not allow. The coordinator makes
+// the change (its other state has moved already) and reports it: an error
+// log naming the generation and both phases, and the illegal-transition
+// counter.
+func TestIllegalPhaseEdgesAreCaughtAndReported(t *testing.T) {
+	tests := []struct {
+		name     string
+		from, to iteronv1.ModulePhase
+	}{
+		{"an Inactive generation never goes back to Preparing (a new attempt is a new generation)", iteronv1.PhaseInactive, iteronv1.PhasePreparing},
+		{"a Preparing generation never becomes Inactive without being drained (its transaction fails it)", iteronv1.PhasePreparing, iteronv1.PhaseInactive},
+		{"an Active generation never becomes Inactive without Draining first", iteronv1.PhaseActive, iteronv1.PhaseInactive},
+		{"a Draining generation is never relaunched as Preparing (a rollback makes it Active)", iteronv1.PhaseDraining, iteronv1.PhasePreparing},
+		{"a Failed generation never becomes Inactive except through a retirement's drain", iteronv1.PhaseFailed, iteronv1.PhaseInactive},
+		{"a Failed generation never becomes Active without a relaunch (Preparing) first", iteronv1.PhaseFailed, iteronv1.PhaseActive},
+		{"a generation that never had a phase never becomes Active (it is created Preparing)", "", iteronv1.PhaseActive},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, ok := LegalPhaseEdge(tc.from, tc.to); ok {
+				t.Fatalf("%q → %q is in the table of legal edges", tc.from, tc.to)
+			}
+			a, lines := phaseRecorder()
+			g := &generationRuntime{name: "stack-prompt-system-g3-1", phase: tc.from}
+			counter := illegalPhaseEdges.WithLabelValues(string(tc.from), string(tc.to))
+			before := testutil.ToFloat64(counter)
+			a.setPhase(g, tc.to)
+			if g.phase != tc.to {
+				t.Errorf("phase = %q, want %q: the change is made and reported, not refused", g.phase, tc.to)
+			}
+			if got := testutil.ToFloat64(counter) - before; got != 1 {
+				t.Errorf("iteron_generation_illegal_phase_transitions_total{from=%q,to=%q} rose by %v, want 1", tc.from, tc.to, got)
+			}
+			if len(*lines) != 1 {
+				t.Fatalf("log lines %q, want one", *lines)
+			}
+			for _, want := range []string{`"illegal generation phase transition`, `"generation"="stack-prompt-system-g3-1"`, `"from"="` + string(tc.from) + `"`, `"to"="` + string(tc.to) + `"`, `"activation"="stack"`} {
+				if !strings.Contains((*lines)[0], want) {
+					t.Errorf("log line %q does not say %s", (*lines)[0], want)
+				}
+			}
+		})
+	}
+}
+
+// TestLegalPhaseEdgesAreSilent: every edge of the table, and every phase
+// set to itself, changes the phase without a report.
+func TestLegalPhaseEdgesAreSilent(t *testing.T) {
+	edges := append([]PhaseEdge{}, PhaseEdges...)
+	for _, p := range []iteronv1.ModulePhase{iteronv1.PhaseInactive, iteronv1.PhasePreparing, iteronv1.PhaseActive, iteronv1.PhaseDraining, iteronv1.PhaseFailed} {
+		edges = append(edges, PhaseEdge{From: p, To: p, Why: "no change"})
+	}
+	for _, e := range edges {
+		a, lines := phaseRecorder()
+		g := &generationRuntime{name: "g", phase: e.From}
+		before := testutil.ToFloat64(illegalPhaseEdges.WithLabelValues(string(e.From), string(e.To)))
+		a.setPhase(g, e.To)
+		if g.phase != e.To || len(*lines) != 0 || testutil.ToFloat64(illegalPhaseEdges.WithLabelValues(string(e.From), string(e.To))) != before {
+			t.Errorf("legal edge %s → %s (%s): phase %q, log %q", e.From, e.To, e.Why, g.phase, *lines)
+		}
+	}
+}
+
+// TestThePhaseTableCoversTheLifecycle: the seed's lifecycle and Failed
+// from every live phase are in the table, and every edge says why.
+func TestThePhaseTableCoversTheLifecycle(t *testing.T) {
+	must := [][2]iteronv1.ModulePhase{
+		{iteronv1.PhasePreparing, iteronv1.PhaseActive}, {iteronv1.PhaseActive, iteronv1.PhaseDraining}, {iteronv1.PhaseDraining, iteronv1.PhaseInactive},
+		{iteronv1.PhasePreparing, iteronv1.PhaseFailed}, {iteronv1.PhaseActive, iteronv1.PhaseFailed}, {iteronv1.PhaseDraining, iteronv1.PhaseFailed},
+		{iteronv1.PhaseActive, iteronv1.PhasePreparing}, {iteronv1.PhaseDraining, iteronv1.PhaseActive},
+	}
+	for _, e := range must {
+		if _, ok := LegalPhaseEdge(e[0], e[1]); !ok {
+			t.Errorf("%s → %s is missing", e[0], e[1])
+		}
+	}
+	seen := map[[2]iteronv1.ModulePhase]bool{}
+	for _, e := range PhaseEdges {
+		if e.Why == "" || e.From == e.To || seen[[2]iteronv1.ModulePhase{e.From, e.To}] {
+			t.Errorf("edge %+v: empty reason, self edge or listed twice", e)
+		}
+		seen[[2]iteronv1.ModulePhase{e.From, e.To}] = true
+	}
+}
