@@ -310,9 +310,9 @@ func TestValidateUsesACustomGraph(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "ok  alpha a") {
 		t.Fatalf("custom graph: exit %d, out %q, err %q", code, out, errOut)
 	}
-	bad := writeFile(t, filepath.Join(s.dir, "bad-graph.json"), `{"schema_version":3,"modules":[]}`)
+	bad := writeFile(t, filepath.Join(s.dir, "bad-graph.json"), `{"schema_version":4,"modules":[]}`)
 	code, _, errOut = runCLI(t, "", "validate", "--allowed-roots", s.dir, "--graph", bad, doc)
-	if code != 1 || !strings.Contains(errOut, "schema_version: seam graph schema version 3") {
+	if code != 1 || !strings.Contains(errOut, "schema_version: seam graph schema version 4 is not supported") {
 		t.Fatalf("bad graph: exit %d, err %q", code, errOut)
 	}
 }
