@@ -52,15 +52,23 @@ func bindRequirements(g *catalog.SeamGraph, v *vertex, vs []*vertex, byModule ma
 				v.unmet = problem
 			}
 		default:
-			if !slices.Contains(v.deps, target) {
-				v.deps = append(v.deps, target)
-				slices.Sort(v.deps)
-			}
-			if r.Optional {
+			already := slices.Contains(v.deps, target)
+			switch {
+			case !r.Optional:
+				// Required here: whatever made it optional elsewhere no
+				// longer does.
+				delete(v.optional, target)
+			case !already:
+				// Optional only if nothing else (a manifest dependency, a
+				// required requirement) binds it already.
 				if v.optional == nil {
 					v.optional = map[int]string{}
 				}
 				v.optional[target] = want
+			}
+			if !already {
+				v.deps = append(v.deps, target)
+				slices.Sort(v.deps)
 			}
 		}
 	}

@@ -89,6 +89,9 @@ func requirementCases() []RequirementCase {
 	store := func(v catalog.Version) Node { return node("store", "store-impl", v, 1) }
 	memo := func(v catalog.Version) Node { return node("memo", "memo-impl", v, 2) }
 	planner := node("planner", "planner-impl", v1, 3)
+	// strictPlanner's manifest depends on memo's implementation, which the
+	// graph requires only optionally.
+	strictPlanner := node("planner", "planner-impl", v1, 3, dep("memo-impl", v1))
 	fast := node("search_fast", "fast-impl", v1, 4)
 	exact := node("search_exact", "exact-impl", v1, 5)
 	ranker := node("ranker", "ranker-impl", v1, 6)
@@ -128,6 +131,11 @@ func requirementCases() []RequirementCase {
 			Sources: []Node{fast, ranker}, Module: "ranker", Admitted: true, DependsOn: []string{"search_fast"}},
 		{Name: "a selection binds the selected provider among two",
 			Sources: []Node{fast, exact, picker}, Module: "picker", Admitted: true, DependsOn: []string{"search_exact"}},
+		{Name: "an optional requirement never loosens a manifest dependency on the same module",
+			Sources:  []Node{store(catalog.Version{1, 2, 0}), strictPlanner},
+			Rejected: []Rejected{{Module: "memo", ImplementationID: "memo-impl", Reason: "verification_failed", Message: "digest mismatch"}},
+			Module:   "planner",
+			Reason:   "dependency_unsatisfied", Message: "planner needs memo (not admitted: verification_failed: digest mismatch)"},
 		{Name: "a selected provider without a source keeps the consumer Inactive",
 			Sources: []Node{fast, picker}, Module: "picker",
 			Reason: "dependency_unsatisfied", Message: "picker needs contract acme/search@v1, which has no source in the activation"},
