@@ -49,7 +49,7 @@ table=(
   "test/node         8m       serial"   # 34-55s warm, 132s on a cold build cache (a real node: kubelet, containerd, the DaemonSet scenario; it builds the image of the code under test); with the survivor DaemonSet and the three manager restarts under a caller loop (issue 19): 47-128s over 8 runs (2 Dec 2026, load from other real-node runs)
   "test/survivor     4m       serial"   # 33-74s (9 runs, 2 Dec 2026, load from another real-node run; a control plane, the manager and survivor binaries killed and restarted under calls)
   "test/oci          5m       serial"   # 32.0-51.0s (12 runs, 2 Dec 2026; two registries, the control plane, the manager in-process and the manager binary built and SIGKILLed mid-pull: a cold build cache adds the manager's build)
-  "test/lifecycle    3m       serial"   # 29.7s (2 Dec 2026; a control plane, the manager in-process with a custom seam graph, nine requirement activations and one hot swap held at two phases)
+  "test/lifecycle    3m       serial"   # 21.9-36.0s (3 runs, 2 Dec 2026; a control plane, the manager in-process with a custom seam graph, nine requirement activations and one hot swap held at two phases)
   "internal/artifacts 3m      parallel" # 4.1-7.4s (a registry of its own; a puller re-executed and SIGKILLed)
 )
 
