@@ -310,6 +310,20 @@ func TestValidateUsesACustomGraph(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "ok  alpha a") {
 		t.Fatalf("custom graph: exit %d, out %q, err %q", code, out, errOut)
 	}
+	// Schema version 3: alpha requires beta optionally; the document has no
+	// source for beta, so alpha is admitted with a note.
+	beta := map[string]any{"module": "beta", "dependencies": []string{}, "contracts": map[string]any{},
+		"failure_semantics": catalog.FailureSemantics(), "host_invariants": catalog.HostInvariants()}
+	for _, role := range []string{"definition", "provider", "consumer", "observation", "load", "start", "cancel", "stop", "snapshot", "restore", "migrate", "readiness"} {
+		beta["contracts"].(map[string]any)[role] = map[string]any{"id": "custom/beta/" + role + "@v1", "version": 1}
+	}
+	entry["dependencies"] = []any{map[string]any{"module": "beta", "optional": true, "version_range": map[string]any{"minimum": []int{2, 0, 0}}}}
+	g3, _ := json.Marshal(map[string]any{"schema_version": 3, "modules": []any{beta, entry}})
+	graph3 := writeFile(t, filepath.Join(s.dir, "graph3.json"), string(g3))
+	code, out, errOut = runCLI(t, "", "validate", "--allowed-roots", s.dir, "--graph", graph3, doc)
+	if code != 0 || !strings.Contains(out, "ok  alpha a") || !strings.Contains(errOut, "note: alpha: optional dependency beta ≥ 2.0.0, which has no source in the activation; activated without it") {
+		t.Fatalf("typed requirements: exit %d, out %q, err %q", code, out, errOut)
+	}
 	bad := writeFile(t, filepath.Join(s.dir, "bad-graph.json"), `{"schema_version":4,"modules":[]}`)
 	code, _, errOut = runCLI(t, "", "validate", "--allowed-roots", s.dir, "--graph", bad, doc)
 	if code != 1 || !strings.Contains(errOut, "schema_version: seam graph schema version 4 is not supported") {

@@ -236,6 +236,9 @@ type moduleReport struct {
 	Epoch                string   `json:"epoch,omitempty"`
 	Reason               string   `json:"reason,omitempty"`
 	Message              string   `json:"message,omitempty"`
+	// Diagnostics are the unmet optional requirements of an admitted
+	// module (a custom seam graph of schema version 3).
+	Diagnostics []string `json:"diagnostics,omitempty"`
 }
 
 func (e *evaluated) reports() []moduleReport {
@@ -246,7 +249,7 @@ func (e *evaluated) reports() []moduleReport {
 	var out []moduleReport
 	for _, s := range e.eval.Modules {
 		r := moduleReport{Module: s.Module, ImplementationID: s.ImplementationID, Admitted: s.Admitted,
-			Epoch: s.Epoch, Reason: s.Reason, Message: s.Message}
+			Epoch: s.Epoch, Reason: s.Reason, Message: s.Message, Diagnostics: s.Diagnostics}
 		if vs := verified[s.Module]; vs != nil {
 			r.Version, r.ManifestSHA256, r.ArtifactSHA256 = vs.Version.String(), vs.ManifestSHA256, vs.ArtifactSHA256
 			r.AdmittedCapabilities, r.NotAdmitted, r.AuthoritySHA256 = vs.AdmittedCapabilities, vs.NotAdmittedCapabilities, vs.AuthoritySHA256
@@ -303,6 +306,9 @@ Exit status: 0 every module is admitted, 1 something is invalid, 2 usage.`,
 			}
 			failed := 0
 			for _, r := range reports {
+				for _, d := range r.Diagnostics {
+					fmt.Fprintf(cmd.ErrOrStderr(), "note: %s: %s\n", r.Module, d)
+				}
 				if !r.Admitted {
 					failed++
 					fmt.Fprintf(cmd.ErrOrStderr(), "%s: %s: %s\n", r.Module, r.Reason, r.Message)

@@ -82,6 +82,7 @@ func newHarness(t *testing.T) *harness {
 func newHarnessAt(t *testing.T, stateDir string, key ActivationKey) *harness {
 	t.Helper()
 	h := &harness{t: t, stateDir: stateDir, key: key, lineages: map[string]int64{}, attempts: map[string]int32{}}
+	failOnIllegalPhaseEdges(t)
 	c, err := New(Config{
 		StateDir: h.stateDir, Launch: NewExecutorLauncher(sharedExecutor(t)), Log: testr.New(t),
 		AfterPhase: func(_ ActivationKey, module, phase string) {

@@ -6,7 +6,9 @@ import (
 	"testing"
 
 	"github.com/go-logr/logr/funcr"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
 
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
 )
@@ -109,4 +111,33 @@ func TestThePhaseTableCoversTheLifecycle(t *testing.T) {
 		}
 		seen[[2]iteronv1.ModulePhase{e.From, e.To}] = true
 	}
+}
+
+// illegalEdgeTotal is the illegal-transition counter summed over its
+// labels.
+func illegalEdgeTotal(t *testing.T) float64 {
+	ch := make(chan prometheus.Metric, 64)
+	illegalPhaseEdges.Collect(ch)
+	close(ch)
+	sum := 0.0
+	for m := range ch {
+		var d dto.Metric
+		if err := m.Write(&d); err != nil {
+			t.Fatal(err)
+		}
+		sum += d.GetCounter().GetValue()
+	}
+	return sum
+}
+
+// failOnIllegalPhaseEdges fails t when the coordinator reports an illegal
+// phase edge while t runs (its shutdown included): every coordinator test
+// (faults, rollbacks, renewals, restarts) checks the table too.
+func failOnIllegalPhaseEdges(t *testing.T) {
+	before := illegalEdgeTotal(t)
+	t.Cleanup(func() {
+		if n := illegalEdgeTotal(t) - before; n != 0 {
+			t.Errorf("the coordinator took %v illegal generation phase transition(s): the log says which", n)
+		}
+	})
 }
