@@ -229,7 +229,7 @@ func validatePackageRuntimeManifest(m PackageRuntimeManifest) *Error {
 		return invalidf("artifact_sha256", ErrInvalidValue, "%q is not 64 lowercase hex digits (no sha256: prefix inside a manifest)", m.ArtifactSHA256)
 	}
 	bounds := []struct {
-		field    string
+		field     string
 		v, lo, hi uint64
 	}{
 		{"deadlines.handshake_ms", m.Deadlines.HandshakeMs, 1, MaxHandshakeMs},
