@@ -138,7 +138,9 @@ func (p *runtimeProcess) handshake(t *testing.T) *runtimepb.HandshakeResponse {
 	return resp
 }
 
-func str(s string) *caminopb.Value { return &caminopb.Value{Kind: &caminopb.Value_StringValue{StringValue: s}} }
+func str(s string) *caminopb.Value {
+	return &caminopb.Value{Kind: &caminopb.Value_StringValue{StringValue: s}}
+}
 
 func (p *runtimeProcess) call(id, export, ns string, hs *runtimepb.HandshakeResponse, input map[string]*caminopb.Value) *runtimepb.InvokeRequest {
 	return &runtimepb.InvokeRequest{
@@ -219,9 +221,15 @@ func TestCallsTheRuntimeCannotTrustAreRefused(t *testing.T) {
 		edit func(r *runtimepb.InvokeRequest)
 		code codes.Code
 	}{
-		{"a grant for another namespace", func(r *runtimepb.InvokeRequest) { r.Context.Grant = "team-b:" + strings.SplitN(r.Context.Grant, ":", 2)[1] }, codes.PermissionDenied},
-		{"a grant for another invocation", func(r *runtimepb.InvokeRequest) { r.Context.Grant = packageruntime.Grant(p.key, "other", "team-a", "get") }, codes.PermissionDenied},
-		{"a grant for another export", func(r *runtimepb.InvokeRequest) { r.Context.Grant = packageruntime.Grant(p.key, r.InvocationId, "team-a", "put") }, codes.PermissionDenied},
+		{"a grant for another namespace", func(r *runtimepb.InvokeRequest) {
+			r.Context.Grant = "team-b:" + strings.SplitN(r.Context.Grant, ":", 2)[1]
+		}, codes.PermissionDenied},
+		{"a grant for another invocation", func(r *runtimepb.InvokeRequest) {
+			r.Context.Grant = packageruntime.Grant(p.key, "other", "team-a", "get")
+		}, codes.PermissionDenied},
+		{"a grant for another export", func(r *runtimepb.InvokeRequest) {
+			r.Context.Grant = packageruntime.Grant(p.key, r.InvocationId, "team-a", "put")
+		}, codes.PermissionDenied},
 		{"a grant made with another key", func(r *runtimepb.InvokeRequest) {
 			r.Context.Grant = packageruntime.Grant(make([]byte, 32), r.InvocationId, "team-a", "get")
 		}, codes.PermissionDenied},
