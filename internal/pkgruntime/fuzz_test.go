@@ -1,4 +1,4 @@
-package packageruntime
+package pkgruntime
 
 import (
 	"bytes"
