@@ -6,13 +6,9 @@ import (
 	"encoding/hex"
 	"errors"
 	"io"
-	"net"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -24,27 +20,20 @@ import (
 	caminopb "iteron.dev/operator/api/quixos/camino"
 	quixospb "iteron.dev/operator/api/quixos/quixos"
 	runtimepb "iteron.dev/operator/api/quixos/quixos/runtime"
-	"iteron.dev/operator/examples/providers/artifacts"
 	"iteron.dev/operator/pkg/packageruntime"
+	"iteron.dev/operator/test/pkgruntimetest"
 )
 
-var kvBinary string
+var binaries map[string]string
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "iteron-kv-")
 	if err != nil {
 		panic(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	root, err := artifacts.ModuleRoot(ctx)
-	if err == nil {
-		kvBinary = filepath.Join(dir, "kv")
-		err = artifacts.Build(ctx, root, "iteron.dev/operator/examples/packageruntimes/kv", kvBinary, "")
-	}
-	cancel()
 	code := 1
-	if err != nil {
-		os.Stderr.WriteString("building the kv example: " + err.Error() + "\n")
+	if binaries, err = pkgruntimetest.Build(dir); err != nil {
+		os.Stderr.WriteString("building the package runtimes: " + err.Error() + "\n")
 	} else {
 		code = m.Run()
 	}
@@ -52,65 +41,22 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// runtimeProcess is a kv runtime started the way the manager starts one:
-// descriptor 3 its executable, 4 a listening unix socket in a private
-// directory, 5 a pipe carrying the launch key; nothing in argv or the
-// environment.
+// runtimeProcess is a kv runtime started the way the manager starts one,
+// and a client connected to it.
 type runtimeProcess struct {
 	key    []byte
-	cmd    *exec.Cmd
 	client runtimepb.PackageRuntimeClient
 }
 
 func start(t *testing.T) *runtimeProcess {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "kv-sock-") // t.TempDir() can exceed a socket path's 107 bytes
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	sock := filepath.Join(dir, "runtime.sock")
-	lis, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	lis.SetUnlinkOnClose(false) // the socket's file stays: the runtime serves on a duplicate of it
-	lisFile, err := lis.File()
-	lis.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lisFile.Close()
-	exe, err := os.Open(kvBinary)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer exe.Close()
-	keyR, keyW, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer keyR.Close()
-	p := &runtimeProcess{key: make([]byte, packageruntime.LaunchKeyBytes)}
-	rand.Read(p.key)
-	p.cmd = &exec.Cmd{Path: kvBinary, Args: []string{"kv"}, Env: []string{}, ExtraFiles: []*os.File{exe, lisFile, keyR},
-		Stderr: os.Stderr, SysProcAttr: &syscall.SysProcAttr{Setpgid: true}}
-	if err := p.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
-		p.cmd.Wait()
-	})
-	keyW.Write(p.key)
-	keyW.Close()
-	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	r := pkgruntimetest.Start(t, binaries[pkgruntimetest.KV])
+	conn, err := grpc.NewClient("unix://"+r.Socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	p.client = runtimepb.NewPackageRuntimeClient(conn)
-	return p
+	return &runtimeProcess{key: r.Key, client: runtimepb.NewPackageRuntimeClient(conn)}
 }
 
 func nonce() string {
