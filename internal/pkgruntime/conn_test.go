@@ -49,7 +49,9 @@ func pinFor(name string) Pin {
 	}
 }
 
-func str(s string) *caminopb.Value { return &caminopb.Value{Kind: &caminopb.Value_StringValue{StringValue: s}} }
+func str(s string) *caminopb.Value {
+	return &caminopb.Value{Kind: &caminopb.Value_StringValue{StringValue: s}}
+}
 
 func kvCall(export, key string, value *caminopb.Value) Call {
 	in := map[string]*caminopb.Value{"key": str(key)}
