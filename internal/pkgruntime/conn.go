@@ -289,7 +289,7 @@ func (w *Watch) read(stream grpc.ServerStreamingClient[runtimepb.WatchEvent]) {
 	first := true
 	for {
 		ev, err := stream.Recv()
-		var r watchResult
+		r := watchResult{ev: ev} // a violation keeps its event: it is the evidence
 		switch {
 		case errors.Is(err, io.EOF):
 			return
@@ -301,8 +301,6 @@ func (w *Watch) read(stream grpc.ServerStreamingClient[runtimepb.WatchEvent]) {
 			r.err = errorf(reasons.ProviderFailed, "watch.initial", "the first event of a watch must have initial set")
 		case !first && ev.GetInitial():
 			r.err = errorf(reasons.ProviderFailed, "watch.initial", "only the first event of a watch may have initial set")
-		default:
-			r.ev = ev
 		}
 		first = false
 		select {
@@ -316,8 +314,8 @@ func (w *Watch) read(stream grpc.ServerStreamingClient[runtimepb.WatchEvent]) {
 }
 
 // Recv returns the next event, or io.EOF once the watch has ended. An event
-// with error set is the last; a violation is returned as an error and ends
-// the watch.
+// with error set is the last; a violation is returned as an error (with the
+// offending event, if there was one) and ends the watch.
 func (w *Watch) Recv(ctx context.Context) (*runtimepb.WatchEvent, error) {
 	select {
 	case r := <-w.events:
