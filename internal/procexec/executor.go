@@ -72,7 +72,7 @@ func DefaultConfig(recordDir string) Config {
 // the durable records of the provider groups it started.
 type Executor struct {
 	cfg   Config
-	cache *exeCache
+	cache *spawn.SealCache
 
 	mu   sync.Mutex
 	live map[int]*Process // by leader pid
@@ -102,7 +102,7 @@ func NewExecutor(cfg Config) (*Executor, error) {
 	if err := spawn.Start(); err != nil {
 		return nil, err
 	}
-	return &Executor{cfg: cfg, cache: newExeCache(cfg.ExecutableCacheBytes), live: map[int]*Process{}}, nil
+	return &Executor{cfg: cfg, cache: spawn.NewSealCache(cfg.ExecutableCacheBytes), live: map[int]*Process{}}, nil
 }
 
 // Config returns the executor's configuration, defaults filled in.
@@ -150,18 +150,11 @@ func (e *Executor) Launch(plan activation.LaunchPlan) (*Process, error) {
 	if err := checkPlan(plan); err != nil {
 		return nil, err
 	}
-	exe, head, cached := e.cache.get(plan.ArtifactSHA256())
-	var size int64
-	if !cached {
-		var err error
-		if exe, size, head, err = sealedCopy(plan.Executable(), plan.ArtifactSHA256()); err != nil {
-			return nil, err
-		}
-		if _, ferr := checkInterpreter(head, e.cfg.Interpreters); ferr == nil {
-			e.cache.put(plan.ArtifactSHA256(), exe, size, head)
-		}
+	exe, err := e.cache.SealRunnable(plan.Executable(), plan.ArtifactSHA256(), e.cfg.Interpreters)
+	if err != nil {
+		return nil, sealFault(err)
 	}
-	return e.launch(plan, exe, head)
+	return e.launch(plan, exe.File(), exe.Head())
 }
 
 // launch checks the plan and the #! interpreter and starts the sealed
@@ -172,9 +165,9 @@ func (e *Executor) launch(plan activation.LaunchPlan, exe *os.File, head []byte)
 		return nil, err
 	}
 	version := protocol.Version(plan.ProtocolVersion())
-	interpreter, ferr := checkInterpreter(head, e.cfg.Interpreters)
-	if ferr != nil {
-		return nil, ferr
+	interpreter, serr := spawn.CheckInterpreter(head, e.cfg.Interpreters)
+	if serr != nil {
+		return nil, sealFault(serr)
 	}
 
 	var files [6]*os.File // stdin r/w, stdout r/w, stderr r/w

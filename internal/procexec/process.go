@@ -92,7 +92,7 @@ func (p *Process) start() {
 		if beforeRehash != nil {
 			beforeRehash(p)
 		}
-		if err := rehash(p.plan.Executable(), p.plan.ArtifactSHA256()); err != nil {
+		if err := spawn.Rehash(p.plan.Executable(), p.plan.ArtifactSHA256()); err != nil {
 			p.fail(&Fault{Kind: KindTampered, Op: OpVerify, Reason: reasons.VerificationFailed, Detail: "the artifact changed after verification: " + err.Error(), Err: err})
 		}
 	}()
