@@ -39,7 +39,7 @@ type Process struct {
 	stdin  *os.File
 	stdout *os.File
 	stderr *os.File
-	errs   *ring
+	errs   *spawn.Ring
 
 	reqMu sync.Mutex // serializes requests
 	wbuf  []byte     // the request frame buffer, reused (guarded by reqMu)
@@ -74,7 +74,7 @@ func newProcess(e *Executor, plan activation.LaunchPlan, v protocol.Version, g s
 	return &Process{
 		ex: e, plan: plan, version: v, contracts: plan.Contracts(), limits: plan.EvidenceLimits(),
 		group: g, interpreter: interpreter, startedAt: time.Now(),
-		pidfd: pidfd, stdin: stdin, stdout: stdout, stderr: stderr, errs: newRing(plan.EvidenceLimits().StderrBytes),
+		pidfd: pidfd, stdin: stdin, stdout: stdout, stderr: stderr, errs: spawn.NewRing(plan.EvidenceLimits().StderrBytes),
 		exited: make(chan struct{}), verified: make(chan struct{}), recorded: make(chan struct{}),
 		stdoutDone: make(chan struct{}), stderrDone: make(chan struct{}), watchDone: make(chan struct{}), done: make(chan struct{}),
 	}

@@ -50,6 +50,20 @@ func Build(dir string) (map[string]string, error) {
 	return paths, nil
 }
 
+// BuildSeedWithFault builds test/seedruntime into dir with -fault=fault as
+// its default (for runtimes the manager launches, which get no argv), and
+// returns its path.
+func BuildSeedWithFault(dir, fault string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	root, err := artifacts.ModuleRoot(ctx)
+	if err != nil {
+		return "", err
+	}
+	out := filepath.Join(dir, Seed+"-"+fault)
+	return out, artifacts.Build(ctx, root, packages[Seed], out, "-X main.defaultFault="+fault)
+}
+
 // Runtime is one started runtime process.
 type Runtime struct {
 	// Socket is the path of the socket it serves on.

@@ -33,7 +33,12 @@ import (
 	runtimepb "iteron.dev/operator/api/quixos/quixos/runtime"
 )
 
-var fault = flag.String("fault", "", "misbehave this way (see the package doc)")
+// defaultFault is the -fault a build gets by default (-ldflags "-X
+// main.defaultFault=NAME"): a runtime launched by the manager has no argv to
+// say it.
+var defaultFault string
+
+var fault = flag.String("fault", defaultFault, "misbehave this way (see the package doc)")
 
 const revision = "seed-kv-1"
 
