@@ -31,7 +31,7 @@ generate: manifests generate-proto ## Generate deepcopy code, CRDs, RBAC, the AP
 	$(GO) run ./hack/reasonsdoc -out docs/reference/reasons.md
 
 .PHONY: generate-proto
-generate-proto: ## Generate api/gateway/v1 from gateway.proto (Debian's protoc, installed when missing; pinned protoc-gen-go/-go-grpc).
+generate-proto: ## Generate api/gateway/v1 from gateway.proto and api/quixos from the package-runtime service (Debian's protoc, installed when missing; pinned protoc-gen-go/-go-grpc).
 	hack/generate-proto.sh
 
 .PHONY: manifests

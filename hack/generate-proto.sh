@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Regenerates the gateway's Go code (api/gateway/v1) from gateway.proto with
+# Regenerates the gateway's Go code (api/gateway/v1) from gateway.proto and the
+# package-runtime service's (api/quixos) from its three .proto files, with
 # Debian's protoc (package protobuf-compiler, installed here when missing)
 # and protoc-gen-go / protoc-gen-go-grpc at the versions pinned by go.mod's
 # `tool` directives (run through `go tool`, never from PATH), so that the
@@ -29,3 +30,26 @@ protoc \
   --go_out=api/gateway/v1 --go_opt=paths=source_relative \
   --go-grpc_out=api/gateway/v1 --go-grpc_opt=paths=source_relative \
   gateway.proto
+
+# The package-runtime service of seed 004 (quixos.runtime.PackageRuntime),
+# verbatim, and the two files it imports (ours). The seed's files carry no
+# go_package option and must stay verbatim, so the Go import paths are given
+# here with M mappings.
+quixos=api/quixos
+maps=(
+  "camino/api.proto=iteron.dev/operator/api/quixos/camino;caminopb"
+  "quixos/refs.proto=iteron.dev/operator/api/quixos/quixos;quixospb"
+  "quixos/runtime/package_runtime.proto=iteron.dev/operator/api/quixos/quixos/runtime;runtimepb"
+)
+go_opts=(--go_opt=paths=source_relative)
+grpc_opts=(--go-grpc_opt=paths=source_relative)
+for m in "${maps[@]}"; do
+  go_opts+=(--go_opt="M$m")
+  grpc_opts+=(--go-grpc_opt="M$m")
+done
+protoc \
+  --plugin=protoc-gen-go="$gen_go" --plugin=protoc-gen-go-grpc="$gen_grpc" \
+  --proto_path="$quixos" \
+  --go_out="$quixos" "${go_opts[@]}" \
+  --go-grpc_out="$quixos" "${grpc_opts[@]}" \
+  camino/api.proto quixos/refs.proto quixos/runtime/package_runtime.proto

@@ -16,7 +16,7 @@ git ls-files -z --cached --others --exclude-standard | while IFS= read -r -d '' 
 done
 (cd "$scratch" && make --no-print-directory generate >/dev/null)
 status=0
-for path in api/v1alpha1 api/gateway/v1 config/crd/bases config/rbac/role.yaml config/fleet/role.yaml docs/reference/api.md docs/reference/reasons.md; do
+for path in api/v1alpha1 api/gateway/v1 api/quixos config/crd/bases config/rbac/role.yaml config/fleet/role.yaml docs/reference/api.md docs/reference/reasons.md; do
   if ! diff -ru "$root/$path" "$scratch/$path" >/dev/null; then
     echo "stale generated files under $path: run 'make generate' and commit the result" >&2
     diff -ru "$root/$path" "$scratch/$path" | head -40 >&2 || true

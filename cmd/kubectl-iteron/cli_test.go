@@ -463,3 +463,34 @@ capabilities not admitted:
 		t.Fatalf("bad --from: exit %d, err %q", code, errOut)
 	}
 }
+
+func TestDigestManifestKnowsAPackageRuntimeManifest(t *testing.T) {
+	dir := t.TempDir()
+	manifest := `{"schema_id":"iteron-package-runtime/1","package_revision_id":"kv-1.0.0","runtime_protocol_version":"quixos.runtime/1",` +
+		`"module":"prompt_system","export_ids":["get","put","watch"],"executable":"bin/kv","artifact_sha256":"` + strings.Repeat("ab", 32) + `",` +
+		`"deadlines":{"handshake_ms":5000,"invoke_ms":10000,"cancel_ms":2000},` +
+		`"limits":{"max_message_bytes":1048576,"max_concurrent_invocations":64,"max_watches":16}}`
+	m, err := catalog.ParsePackageRuntimeManifest([]byte(manifest))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, _ := catalog.PackageRuntimeManifestDigest(m)
+	path := writeFile(t, filepath.Join(dir, "kv.json"), manifest)
+	code, out, errOut := runCLI(t, "", "digest", "manifest", path)
+	if code != 0 || out != want+"  kv-1.0.0\n" {
+		t.Fatalf("exit %d, out %q (want %q), err %q", code, out, want+"  kv-1.0.0\n", errOut)
+	}
+	code, out, _ = runCLI(t, manifest, "digest", "manifest", "-", "kv-1.0.0")
+	if code != 0 || out != want+"\n" {
+		t.Fatalf("from stdin, naming its revision: exit %d, out %q", code, out)
+	}
+	code, _, errOut = runCLI(t, "", "digest", "manifest", path, "kv-2.0.0")
+	if code != 1 || !strings.Contains(errOut, `is the package runtime "kv-1.0.0", not "kv-2.0.0"`) {
+		t.Fatalf("another revision: exit %d, err %q", code, errOut)
+	}
+	bad := writeFile(t, filepath.Join(dir, "bad.json"), strings.Replace(manifest, `["get","put","watch"]`, `["put","get"]`, 1))
+	code, out, errOut = runCLI(t, "", "digest", "manifest", bad)
+	if code != 1 || out != "" || !strings.Contains(errOut, "(a package-runtime manifest): export_ids[1]: ") {
+		t.Fatalf("unsorted export_ids: exit %d, out %q, err %q", code, out, errOut)
+	}
+}

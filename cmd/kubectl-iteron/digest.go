@@ -24,12 +24,17 @@ func newDigestCmd() *cobra.Command {
 func newDigestManifestCmd() *cobra.Command {
 	var lone bool
 	cmd := &cobra.Command{
-		Use:   "manifest [--manifest] <catalog.json|manifest.json|-> [implementation_id]",
+		Use:   "manifest [--manifest] <catalog.json|manifest.json|package-runtime.json|-> [implementation_id]",
 		Short: "Print the canonical manifest digest of each implementation in a catalog (or of one)",
 		Long: `Parse a catalog strictly (every rule of docs/reference/catalog.md, the whole
 catalog rejected if one manifest is invalid or it is not dependency-closed)
 and print "sha256:<hex>  <implementation_id>" for each manifest, or only the
 digest of the one named. With --manifest the file is a single manifest object.
+
+A package-runtime manifest (a file whose top level has a schema_id member,
+docs/reference/package-runtimes.md) is parsed by its own rules and printed as
+"sha256:<hex>  <package_revision_id>": the manifest_sha256 of a source that
+names it.
 
 A catalog reached through a symlink (at any component of its path) is
 refused, naming the link and its target, as the manager refuses it: digest
@@ -44,6 +49,9 @@ the target and name that path in the activation.`,
 			data, err := readInput(cmd, args[0])
 			if err != nil {
 				return err
+			}
+			if catalog.IsPackageRuntimeManifest(data) {
+				return digestPackageRuntime(cmd, args, data)
 			}
 			var manifests []catalog.Manifest
 			if lone {
@@ -86,6 +94,28 @@ the target and name that path in the activation.`,
 	}
 	cmd.Flags().BoolVar(&lone, "manifest", false, "the file is one manifest, not a catalog")
 	return cmd
+}
+
+// digestPackageRuntime prints a package-runtime manifest's digest; an
+// implementation_id argument must be its package_revision_id.
+func digestPackageRuntime(cmd *cobra.Command, args []string, data []byte) error {
+	m, err := catalog.ParsePackageRuntimeManifest(data)
+	if err != nil {
+		return invalid(fmt.Errorf("%s (a package-runtime manifest): %w", args[0], err))
+	}
+	d, err := catalog.PackageRuntimeManifestDigest(m)
+	if err != nil {
+		return invalid(err)
+	}
+	if len(args) == 2 {
+		if args[1] != m.PackageRevisionID {
+			return invalid(fmt.Errorf("%s is the package runtime %q, not %q", args[0], m.PackageRevisionID, args[1]))
+		}
+		fmt.Fprintln(cmd.OutOrStdout(), d)
+		return nil
+	}
+	fmt.Fprintf(cmd.OutOrStdout(), "%s  %s\n", d, m.PackageRevisionID)
+	return nil
 }
 
 func newDigestArtifactCmd() *cobra.Command {

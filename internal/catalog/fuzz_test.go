@@ -170,3 +170,45 @@ func FuzzParseSeamGraph(f *testing.F) {
 		}
 	})
 }
+
+// FuzzParsePackageRuntimeManifest checks that package-runtime manifest
+// parsing never panics, rejects with a typed error, and that whatever it
+// accepts validates, is recognised by its schema_id, and parses back from its
+// canonical bytes to an equal manifest with an equal digest.
+func FuzzParsePackageRuntimeManifest(f *testing.F) {
+	f.Add([]byte(goldenPackageRuntimeCanonical))
+	f.Add([]byte(`{"schema_id":"iteron-package-runtime/1","schema_id":"x"}`))
+	f.Add([]byte(`{"schema_id":"iteron-package-runtime/1","export_ids":["b","a"]}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		m, err := ParsePackageRuntimeManifest(data)
+		if err != nil {
+			var ce *Error
+			if !errors.As(err, &ce) || ce.ReasonCode() == "" {
+				t.Fatalf("untyped rejection %T: %v", err, err)
+			}
+			return
+		}
+		if err := ValidatePackageRuntimeManifest(m); err != nil {
+			t.Fatalf("accepted manifest does not validate: %v", err)
+		}
+		if !IsPackageRuntimeManifest(data) {
+			t.Fatalf("accepted manifest is not recognised by its schema_id: %s", data)
+		}
+		canon, err := strictjson.Canonical(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		again, err := ParsePackageRuntimeManifest(canon)
+		if err != nil {
+			t.Fatalf("canonical form of an accepted manifest is refused: %v\n%s", err, canon)
+		}
+		if !reflect.DeepEqual(m, again) {
+			t.Fatalf("round trip changed the manifest")
+		}
+		a, _ := PackageRuntimeManifestDigest(m)
+		b, _ := PackageRuntimeManifestDigest(again)
+		if a != b {
+			t.Fatalf("digest changed over a round trip: %s vs %s", a, b)
+		}
+	})
+}

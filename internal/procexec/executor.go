@@ -14,6 +14,7 @@ import (
 
 	"iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/reasons"
+	"iteron.dev/operator/internal/spawn"
 	"iteron.dev/operator/pkg/protocol"
 )
 
@@ -71,7 +72,7 @@ func DefaultConfig(recordDir string) Config {
 // the durable records of the provider groups it started.
 type Executor struct {
 	cfg   Config
-	cache *exeCache
+	cache *spawn.SealCache
 
 	mu   sync.Mutex
 	live map[int]*Process // by leader pid
@@ -98,13 +99,10 @@ func NewExecutor(cfg Config) (*Executor, error) {
 	if err := os.MkdirAll(cfg.RecordDir, 0o700); err != nil {
 		return nil, fmt.Errorf("procexec: record directory: %w", err)
 	}
-	if err := startReaper(); err != nil {
+	if err := spawn.Start(); err != nil {
 		return nil, err
 	}
-	if err := startSpawner(); err != nil {
-		return nil, err
-	}
-	return &Executor{cfg: cfg, cache: newExeCache(cfg.ExecutableCacheBytes), live: map[int]*Process{}}, nil
+	return &Executor{cfg: cfg, cache: spawn.NewSealCache(cfg.ExecutableCacheBytes), live: map[int]*Process{}}, nil
 }
 
 // Config returns the executor's configuration, defaults filled in.
@@ -119,7 +117,7 @@ func (e *Executor) Config() Config {
 // once at manager start, before Launch. A record whose pid now names another
 // process (a different start time) is removed without killing anything.
 func (e *Executor) Sweep() (SweepReport, error) {
-	return sweep(e.cfg.RecordDir, func(pid int) bool {
+	return spawn.SweepRecords(e.cfg.RecordDir, func(pid int) bool {
 		e.mu.Lock()
 		defer e.mu.Unlock()
 		_, ok := e.live[pid]
@@ -152,18 +150,11 @@ func (e *Executor) Launch(plan activation.LaunchPlan) (*Process, error) {
 	if err := checkPlan(plan); err != nil {
 		return nil, err
 	}
-	exe, head, cached := e.cache.get(plan.ArtifactSHA256())
-	var size int64
-	if !cached {
-		var err error
-		if exe, size, head, err = sealedCopy(plan.Executable(), plan.ArtifactSHA256()); err != nil {
-			return nil, err
-		}
-		if _, ferr := checkInterpreter(head, e.cfg.Interpreters); ferr == nil {
-			e.cache.put(plan.ArtifactSHA256(), exe, size, head)
-		}
+	exe, err := e.cache.SealRunnable(plan.Executable(), plan.ArtifactSHA256(), e.cfg.Interpreters)
+	if err != nil {
+		return nil, sealFault(err)
 	}
-	return e.launch(plan, exe, head)
+	return e.launch(plan, exe.File(), exe.Head())
 }
 
 // launch checks the plan and the #! interpreter and starts the sealed
@@ -174,9 +165,9 @@ func (e *Executor) launch(plan activation.LaunchPlan, exe *os.File, head []byte)
 		return nil, err
 	}
 	version := protocol.Version(plan.ProtocolVersion())
-	interpreter, ferr := checkInterpreter(head, e.cfg.Interpreters)
-	if ferr != nil {
-		return nil, ferr
+	interpreter, serr := spawn.CheckInterpreter(head, e.cfg.Interpreters)
+	if serr != nil {
+		return nil, sealFault(serr)
 	}
 
 	var files [6]*os.File // stdin r/w, stdout r/w, stderr r/w
@@ -222,29 +213,7 @@ func (e *Executor) launch(plan activation.LaunchPlan, exe *os.File, head []byte)
 	}
 	argv := append([]string{"/proc/self/fd/3", plan.Executable()}, plan.Argv()...)
 
-	// The reaper must not see the new leader before its group is
-	// registered (it would take it for an escaped descendant): hold its lock
-	// across the fork.
-	reaper.mu.Lock()
-	pid, pidfd, err := spawn(argv, attr)
-	var st procStat
-	if err == nil {
-		st, err = readStat(pid)
-		if err != nil {
-			// The child exec'd and is already gone and reaped? It cannot be
-			// reaped: we have not waited. Report and kill.
-			syscall.Kill(-pid, syscall.SIGKILL)
-		}
-	}
-	var g group
-	if err == nil {
-		g = group{pid: pid, pgid: st.pgid, startTime: st.startTime, uid: int(e.cfg.ProviderUID)}
-		reaper.groups[g.pgid] = g
-		if g.uid != os.Geteuid() {
-			reaper.providerUIDs[g.uid] = true
-		}
-	}
-	reaper.mu.Unlock()
+	g, pidfd, err := spawn.SpawnGroup(argv, attr, int(e.cfg.ProviderUID))
 	stdinR.Close()
 	stdoutW.Close()
 	stderrW.Close()
@@ -259,11 +228,10 @@ func (e *Executor) launch(plan activation.LaunchPlan, exe *os.File, head []byte)
 	}
 	if err := unix.SetNonblock(pidfd, true); err != nil {
 		// Without a pollable pidfd the exit watcher cannot work: give up.
-		syscall.Kill(-g.pgid, syscall.SIGKILL)
-		var info siginfo
-		waitid(unix.P_PIDFD, pidfd, &info, unix.WEXITED)
+		syscall.Kill(-g.PGID, syscall.SIGKILL)
+		spawn.WaitPidfd(pidfd, unix.WEXITED)
 		syscall.Close(pidfd)
-		unregisterGroup(g)
+		spawn.Unregister(g)
 		stdinW.Close()
 		stdoutR.Close()
 		stderrR.Close()
@@ -271,7 +239,7 @@ func (e *Executor) launch(plan activation.LaunchPlan, exe *os.File, head []byte)
 	}
 	p := newProcess(e, plan, version, g, os.NewFile(uintptr(pidfd), "pidfd"), stdinW, stdoutR, stderrR, interpreter)
 	e.mu.Lock()
-	e.live[pid] = p
+	e.live[g.PID] = p
 	e.mu.Unlock()
 	p.start()
 	return p, nil
@@ -294,8 +262,8 @@ func checkPlan(plan activation.LaunchPlan) error {
 func (e *Executor) forget(p *Process) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.live[p.group.pid] == p {
-		delete(e.live, p.group.pid)
+	if e.live[p.group.PID] == p {
+		delete(e.live, p.group.PID)
 	}
 }
 

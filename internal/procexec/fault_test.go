@@ -15,6 +15,8 @@ import (
 	"iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/reasons"
 	"iteron.dev/operator/pkg/protocol"
+
+	"iteron.dev/operator/internal/spawn"
 )
 
 // A fault case drives a provider until its fault surfaces.
@@ -303,7 +305,7 @@ func TestEveryFaultEndsInItsTypedErrorAndLeavesNothing(t *testing.T) {
 			if !gone {
 				var detail []string
 				for _, pid := range p.Remaining() {
-					st, err := readStat(pid)
+					st, err := spawn.ReadStat(pid)
 					detail = append(detail, fmt.Sprintf("%d: %+v %v", pid, st, err))
 				}
 				t.Errorf("processes of the group left: %v (remaining in pgid %d: %v; teardown %+v)", alive(p.Pgid(), group...), p.Pgid(), detail, p.Teardown())

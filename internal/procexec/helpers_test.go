@@ -16,14 +16,16 @@ import (
 	"iteron.dev/operator/examples/providers/artifacts"
 	"iteron.dev/operator/examples/providers/providertest"
 	"iteron.dev/operator/internal/activation"
+
+	"iteron.dev/operator/internal/spawn"
 )
 
 func TestMain(m *testing.M) { providertest.Main(m) }
 
 // leakOptions ignore exactly the permanent spawner and reaper goroutines.
 var leakOptions = []goleak.Option{
-	goleak.IgnoreTopFunction("iteron.dev/operator/internal/procexec.spawnerLoop"),
-	goleak.IgnoreTopFunction("iteron.dev/operator/internal/procexec.reaperLoop"),
+	goleak.IgnoreTopFunction("iteron.dev/operator/internal/spawn.spawnerLoop"),
+	goleak.IgnoreTopFunction("iteron.dev/operator/internal/spawn.reaperLoop"),
 }
 
 // leakedGoroutines returns the goroutines left besides the permanent ones
@@ -98,7 +100,7 @@ func openFDs(t *testing.T) []string {
 func alive(pgid int, pids ...int) []int {
 	var out []int
 	for _, pid := range pids {
-		if st, err := readStat(pid); err == nil && st.pgid == pgid && isProcess(pid) {
+		if st, err := spawn.ReadStat(pid); err == nil && st.PGID == pgid && isProcess(pid) {
 			out = append(out, pid)
 		}
 	}
@@ -152,8 +154,8 @@ func waitEscapee(t *testing.T, p *Process) int {
 	if pid == 0 {
 		t.Fatalf("faulty reported no escaped grandchild: %q", p.StderrTail())
 	}
-	st, err := readStat(pid)
-	if err != nil || st.pgid != pid || st.pgid == p.Pgid() {
+	st, err := spawn.ReadStat(pid)
+	if err != nil || st.PGID != pid || st.PGID == p.Pgid() {
 		t.Fatalf("the escapee %d does not lead a group outside %d: %+v, %v", pid, p.Pgid(), st, err)
 	}
 	t.Cleanup(func() {

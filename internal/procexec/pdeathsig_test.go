@@ -19,6 +19,8 @@ import (
 	"iteron.dev/operator/examples/providers/providertest"
 	"iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/pkg/protocol"
+
+	"iteron.dev/operator/internal/spawn"
 )
 
 // helperUID is the provider uid of the helper processes: not the uid this
@@ -149,16 +151,16 @@ func (h *helper) kill() {
 // (orphans are re-parented to this process, a subreaper); it reports
 // whether pid is gone or dead.
 func reapIfOurs(pid int) bool {
-	st, err := readStat(pid)
+	st, err := spawn.ReadStat(pid)
 	if err != nil {
 		return true
 	}
-	if st.state != 'Z' {
+	if st.State != 'Z' {
 		return false
 	}
-	if st.ppid == os.Getpid() {
-		var info siginfo
-		waitid(unix.P_PID, pid, &info, unix.WEXITED|unix.WNOHANG)
+	if st.PPID == os.Getpid() {
+		var info unix.Siginfo
+		unix.Waitid(unix.P_PID, pid, &info, unix.WEXITED|unix.WNOHANG, nil)
 	}
 	return true
 }
@@ -182,7 +184,7 @@ func TestAProviderOutlivesExitingThreadsButNotItsManager(t *testing.T) {
 	h := startHelper(t, t.TempDir(), impl)
 	// The helper ended 16 threads after spawning, and the provider served a
 	// run afterwards; it is still running now.
-	if st, err := readStat(h.pid); err != nil || st.state == 'Z' {
+	if st, err := spawn.ReadStat(h.pid); err != nil || st.State == 'Z' {
 		t.Fatalf("the provider %d died with the helper's other threads: %+v, %v", h.pid, st, err)
 	}
 	h.kill()
@@ -194,14 +196,14 @@ func TestSweepKillsTheGroupsOfADeadManagerAndNeverAReusedPid(t *testing.T) {
 	records := t.TempDir()
 	impl := implement(t, artifacts.Faulty)
 	h := startHelper(t, records, impl, "--fault", "fork-grandchild", "--at", "load")
-	members, err := groupMembers(h.pgid)
+	members, err := spawn.GroupMembers(h.pgid)
 	if err != nil || len(members) != 2 {
 		t.Fatalf("the helper's provider group: %+v, %v", members, err)
 	}
 	var grandchild int
 	for _, m := range members {
-		if m.pid != h.pid {
-			grandchild = m.pid
+		if m.PID != h.pid {
+			grandchild = m.PID
 		}
 	}
 	// The manager dies: Pdeathsig kills its provider, but not the
@@ -213,9 +215,9 @@ func TestSweepKillsTheGroupsOfADeadManagerAndNeverAReusedPid(t *testing.T) {
 	}
 	// A record naming a live process with another start time (a reused
 	// pid) must not be killed.
-	self, _ := readStat(os.Getpid())
-	reused := Record{PID: os.Getpid(), PGID: self.pgid, StartTime: self.startTime + 1, BootID: bootID(), UID: 0}
-	if _, err := writeRecord(records, reused); err != nil {
+	self, _ := spawn.ReadStat(os.Getpid())
+	reused := Record{PID: os.Getpid(), PGID: self.PGID, StartTime: self.StartTime + 1, BootID: spawn.BootID(), UID: 0}
+	if _, err := spawn.WriteRecord(records, reused); err != nil {
 		t.Fatal(err)
 	}
 
@@ -245,13 +247,13 @@ func TestALiveProcessIsRecordedDurablyUntilItIsGone(t *testing.T) {
 	if err != nil || len(ents) != 1 {
 		t.Fatalf("records: %v, %v", ents, err)
 	}
-	r, err := readRecord(ex.Config().RecordDir + "/" + ents[0].Name())
+	r, err := spawn.ReadRecord(ex.Config().RecordDir + "/" + ents[0].Name())
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, _ := readStat(p.Pid())
-	if r.PID != p.Pid() || r.PGID != p.Pgid() || r.StartTime != st.startTime || r.BootID != bootID() || r.UID != DefaultProviderID {
-		t.Fatalf("record %+v does not name the process (pid %d pgid %d start %d)", r, p.Pid(), p.Pgid(), st.startTime)
+	st, _ := spawn.ReadStat(p.Pid())
+	if r.PID != p.Pid() || r.PGID != p.Pgid() || r.StartTime != st.StartTime || r.BootID != spawn.BootID() || r.UID != DefaultProviderID {
+		t.Fatalf("record %+v does not name the process (pid %d pgid %d start %d)", r, p.Pid(), p.Pgid(), st.StartTime)
 	}
 	// Sweeping while the process lives leaves it alone.
 	if rep, err := ex.Sweep(); err != nil || len(rep.Killed) != 0 || rep.Stale != 0 {

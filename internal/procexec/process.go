@@ -12,6 +12,7 @@ import (
 
 	"iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/reasons"
+	"iteron.dev/operator/internal/spawn"
 	"iteron.dev/operator/pkg/protocol"
 )
 
@@ -30,7 +31,7 @@ type Process struct {
 	version     protocol.Version
 	contracts   protocol.ModuleContracts
 	limits      activation.EvidenceLimits
-	group       group
+	group       spawn.Group
 	interpreter string
 	startedAt   time.Time
 
@@ -38,7 +39,7 @@ type Process struct {
 	stdin  *os.File
 	stdout *os.File
 	stderr *os.File
-	errs   *ring
+	errs   *spawn.Ring
 
 	reqMu sync.Mutex // serializes requests
 	wbuf  []byte     // the request frame buffer, reused (guarded by reqMu)
@@ -69,11 +70,11 @@ type Process struct {
 	report       TeardownReport
 }
 
-func newProcess(e *Executor, plan activation.LaunchPlan, v protocol.Version, g group, pidfd, stdin, stdout, stderr *os.File, interpreter string) *Process {
+func newProcess(e *Executor, plan activation.LaunchPlan, v protocol.Version, g spawn.Group, pidfd, stdin, stdout, stderr *os.File, interpreter string) *Process {
 	return &Process{
 		ex: e, plan: plan, version: v, contracts: plan.Contracts(), limits: plan.EvidenceLimits(),
 		group: g, interpreter: interpreter, startedAt: time.Now(),
-		pidfd: pidfd, stdin: stdin, stdout: stdout, stderr: stderr, errs: newRing(plan.EvidenceLimits().StderrBytes),
+		pidfd: pidfd, stdin: stdin, stdout: stdout, stderr: stderr, errs: spawn.NewRing(plan.EvidenceLimits().StderrBytes),
 		exited: make(chan struct{}), verified: make(chan struct{}), recorded: make(chan struct{}),
 		stdoutDone: make(chan struct{}), stderrDone: make(chan struct{}), watchDone: make(chan struct{}), done: make(chan struct{}),
 	}
@@ -91,15 +92,15 @@ func (p *Process) start() {
 		if beforeRehash != nil {
 			beforeRehash(p)
 		}
-		if err := rehash(p.plan.Executable(), p.plan.ArtifactSHA256()); err != nil {
+		if err := spawn.Rehash(p.plan.Executable(), p.plan.ArtifactSHA256()); err != nil {
 			p.fail(&Fault{Kind: KindTampered, Op: OpVerify, Reason: reasons.VerificationFailed, Detail: "the artifact changed after verification: " + err.Error(), Err: err})
 		}
 	}()
 	go func() {
 		defer close(p.recorded)
-		r := Record{PID: p.group.pid, PGID: p.group.pgid, StartTime: p.group.startTime, BootID: bootID(), UID: p.group.uid,
+		r := Record{PID: p.group.PID, PGID: p.group.PGID, StartTime: p.group.StartTime, BootID: spawn.BootID(), UID: p.group.UID,
 			Module: p.plan.Module(), ImplementationID: p.plan.ImplementationID(), ArtifactSHA256: p.plan.ArtifactSHA256()}
-		p.record, p.recErr = writeRecord(p.ex.cfg.RecordDir, r)
+		p.record, p.recErr = spawn.WriteRecord(p.ex.cfg.RecordDir, r)
 		if p.recErr != nil {
 			p.fail(&Fault{Kind: KindSpawn, Op: OpSpawn, Detail: "writing the group record: " + p.recErr.Error(), Err: errors.Join(errNotRecorded, p.recErr)})
 		}
@@ -107,14 +108,14 @@ func (p *Process) start() {
 }
 
 // Pid is the provider's (the group leader's) pid.
-func (p *Process) Pid() int { return p.group.pid }
+func (p *Process) Pid() int { return p.group.PID }
 
 // Pgid is the provider's process group.
-func (p *Process) Pgid() int { return p.group.pgid }
+func (p *Process) Pgid() int { return p.group.PGID }
 
 // StartTime is the leader's start time in clock ticks since boot (with Pid,
 // the process's identity).
-func (p *Process) StartTime() uint64 { return p.group.startTime }
+func (p *Process) StartTime() uint64 { return p.group.StartTime }
 
 // StartedAt is when the process was spawned.
 func (p *Process) StartedAt() time.Time { return p.startedAt }
@@ -205,24 +206,24 @@ func (p *Process) ActiveRun() (*Run, bool) {
 func (p *Process) CheckIdentity() error {
 	select {
 	case <-p.exited:
-		return fmt.Errorf("process %d has exited", p.group.pid)
+		return fmt.Errorf("process %d has exited", p.group.PID)
 	default:
 	}
 	var err error
 	p.control(func(fd int) { err = unix.PidfdSendSignal(fd, 0, nil, 0) })
 	if err != nil {
-		return fmt.Errorf("process %d: pidfd: %w", p.group.pid, err)
+		return fmt.Errorf("process %d: pidfd: %w", p.group.PID, err)
 	}
-	st, err := readStat(p.group.pid)
+	st, err := spawn.ReadStat(p.group.PID)
 	if err != nil {
-		return fmt.Errorf("process %d: %w", p.group.pid, err)
+		return fmt.Errorf("process %d: %w", p.group.PID, err)
 	}
-	if st.startTime != p.group.startTime || st.pgid != p.group.pgid {
-		return fmt.Errorf("process %d now has start time %d and group %d; it was started with %d and %d", p.group.pid, st.startTime, st.pgid, p.group.startTime, p.group.pgid)
+	if st.StartTime != p.group.StartTime || st.PGID != p.group.PGID {
+		return fmt.Errorf("process %d now has start time %d and group %d; it was started with %d and %d", p.group.PID, st.StartTime, st.PGID, p.group.StartTime, p.group.PGID)
 	}
 	return nil
 }
 
 // BootID identifies this boot of the machine (a start time means nothing
 // across boots).
-func BootID() string { return bootID() }
+func BootID() string { return spawn.BootID() }

@@ -16,6 +16,8 @@ import (
 	"iteron.dev/operator/examples/providers/artifacts"
 	"iteron.dev/operator/examples/providers/providertest"
 	"iteron.dev/operator/pkg/strictjson"
+
+	"iteron.dev/operator/internal/spawn"
 )
 
 // exeDigest hashes the bytes the kernel runs for pid (/proc/<pid>/exe).
@@ -57,7 +59,7 @@ func captureExes(t *testing.T) *exeCapture {
 			// The leader is reaped only by its own teardown, which may
 			// have begun (an unexpected exit): make sure the pid still
 			// names the process spawned.
-			if st, serr := readStat(p.Pid()); serr != nil || st.startTime != p.StartTime() {
+			if st, serr := spawn.ReadStat(p.Pid()); serr != nil || st.StartTime != p.StartTime() {
 				f.Close()
 				f, err = nil, errors.New("the process was gone before its executable could be opened")
 			}

@@ -10,6 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"iteron.dev/operator/internal/spawn"
 	"iteron.dev/operator/pkg/protocol"
 )
 
@@ -132,36 +133,34 @@ func (p *Process) teardown(graceful bool) {
 	if graceful {
 		// The leader exited after stop: whatever is left of its group was
 		// left behind.
-		if members, err := groupMembers(p.group.pgid); err == nil {
+		if members, err := spawn.GroupMembers(p.group.PGID); err == nil {
 			for _, m := range members {
-				if m.pid != p.group.pid && m.state != 'Z' {
-					rep.LeftBehind = append(rep.LeftBehind, m.pid)
+				if m.PID != p.group.PID && m.State != 'Z' {
+					rep.LeftBehind = append(rep.LeftBehind, m.PID)
 				}
 			}
 		}
 	}
 	// The leader is not reaped (only this goroutine reaps it, below), so
 	// the pgid still names this group: kill it.
-	syscall.Kill(-p.group.pgid, syscall.SIGKILL)
+	syscall.Kill(-p.group.PGID, syscall.SIGKILL)
 	killDeadline := time.Now().Add(p.ex.cfg.KillTimeout)
 	select {
 	case <-p.exited:
 	case <-time.After(p.ex.cfg.KillTimeout):
 	}
-	rep.Unreaped = sweepGroup(p.group.pgid, p.group.pid, killDeadline)
+	rep.Unreaped = spawn.SweepGroup(p.group, killDeadline)
 	select {
 	case <-p.exited:
-		var info siginfo
-		p.control(func(fd int) { waitid(unix.P_PIDFD, fd, &info, unix.WEXITED) })
-		rep.Exit = exitOf(&info)
+		p.control(func(fd int) { _, rep.Exit, _ = spawn.WaitPidfd(fd, unix.WEXITED) })
 	default:
-		rep.Unreaped = append(rep.Unreaped, p.group.pid)
+		rep.Unreaped = append(rep.Unreaped, p.group.PID)
 	}
 	rep.Reaped = time.Since(t0)
 	if len(rep.Unreaped) == 0 {
-		unregisterGroup(p.group)
+		spawn.Unregister(p.group)
 	}
-	kickReaper() // descendants that left the group are re-parented now
+	spawn.Kick() // descendants that left the group are re-parented now
 
 	// Drain the pipes: they close when the last holder dies; a descendant
 	// that left the group may hold them, so the wait is bounded. One bound
@@ -240,19 +239,18 @@ func (p *Process) watchExit() {
 	rc, err := p.pidfd.SyscallConn()
 	if err == nil {
 		err = rc.Read(func(fd uintptr) bool {
-			var info siginfo
-			werr := waitid(unix.P_PIDFD, int(fd), &info, unix.WEXITED|unix.WNOWAIT|unix.WNOHANG)
+			changed, exit, werr := spawn.WaitPidfd(int(fd), unix.WEXITED|unix.WNOWAIT|unix.WNOHANG)
 			if werr == syscall.EAGAIN {
 				return false
 			}
 			if werr != nil {
 				return true
 			}
-			if info.Pid == 0 {
+			if !changed {
 				return false
 			}
 			p.mu.Lock()
-			p.exit = exitOf(&info)
+			p.exit = exit
 			p.mu.Unlock()
 			return true
 		})
@@ -277,13 +275,13 @@ func (p *Process) watchExit() {
 // Remaining returns the pids of the processes still in the provider's group
 // (zombies included): empty once Done is closed, whatever the provider did.
 func (p *Process) Remaining() []int {
-	members, err := groupMembers(p.group.pgid)
+	members, err := spawn.GroupMembers(p.group.PGID)
 	if err != nil {
 		return nil
 	}
 	var pids []int
 	for _, m := range members {
-		pids = append(pids, m.pid)
+		pids = append(pids, m.PID)
 	}
 	return pids
 }

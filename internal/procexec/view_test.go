@@ -17,6 +17,8 @@ import (
 	"iteron.dev/operator/examples/providers/artifacts"
 	"iteron.dev/operator/examples/providers/providertest"
 	"iteron.dev/operator/internal/reasons"
+
+	"iteron.dev/operator/internal/spawn"
 )
 
 type providerView struct {
@@ -95,7 +97,7 @@ func TestAProviderSeesAnEmptyEnvironmentLiteralArgvItsCredentialsAndNoPrivilege(
 		t.Errorf("NoNewPrivs %q, want 1", v.NoNewPrivs)
 	}
 	for _, set := range []string{"CapInh", "CapPrm", "CapEff", "CapAmb", "CapBnd"} {
-		if set == "CapBnd" && !spawner.capsDropped {
+		if set == "CapBnd" && !spawn.BoundingSetEmptied() {
 			continue
 		}
 		if v.Caps[set] != "0000000000000000" {
@@ -183,7 +185,7 @@ func TestADescendantThatLeftTheGroupIsKilledByTheSubreaper(t *testing.T) {
 // TestCloseReturnsAfterWaitDelayWhileAnEscapeeHoldsBothPipes runs the
 // provider as the manager's own uid: the subreaper then cannot tell its
 // escaped descendant from the manager's own children and leaves it alone
-// (reaper.go), so the escapee keeps stdout and stderr open after the group
+// (internal/spawn), so the escapee keeps stdout and stderr open after the group
 // is gone. Draining them is bounded by WaitDelay, both of them: Close
 // returns.
 func TestCloseReturnsAfterWaitDelayWhileAnEscapeeHoldsBothPipes(t *testing.T) {

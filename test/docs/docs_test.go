@@ -87,6 +87,7 @@ var guides = []guide{
 	{Path: "docs/reference/encoding.md"},
 	{Path: "docs/reference/catalog.md"},
 	{Path: "docs/reference/ledger.md"},
+	{Path: "docs/reference/package-runtimes.md"},
 }
 
 // TestGuidesRunAsWritten runs every shell block of each guide in order and

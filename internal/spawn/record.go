@@ -1,4 +1,4 @@
-package procexec
+package spawn
 
 import (
 	"errors"
@@ -18,14 +18,22 @@ import (
 // Sweep at the next start kills the groups they name: pid, pgid and start
 // time (and the boot) must all match, so a reused pid is never killed.
 type Record struct {
-	PID              int    `json:"pid"`
-	PGID             int    `json:"pgid"`
-	StartTime        uint64 `json:"start_time"`
-	BootID           string `json:"boot_id"`
-	UID              int    `json:"uid"`
-	Module           string `json:"module"`
+	// PID is the group's leader.
+	PID int `json:"pid"`
+	// PGID is the group's id.
+	PGID int `json:"pgid"`
+	// StartTime is the leader's start time in clock ticks since boot.
+	StartTime uint64 `json:"start_time"`
+	// BootID is the boot the group was started in.
+	BootID string `json:"boot_id"`
+	// UID is the uid the provider runs as.
+	UID int `json:"uid"`
+	// Module is the module the provider fills.
+	Module string `json:"module"`
+	// ImplementationID is the provider's implementation.
 	ImplementationID string `json:"implementation_id"`
-	ArtifactSHA256   string `json:"artifact_sha256"`
+	// ArtifactSHA256 is the digest of the bytes it runs.
+	ArtifactSHA256 string `json:"artifact_sha256"`
 }
 
 // maxRecordBytes bounds a record file.
@@ -33,7 +41,9 @@ const maxRecordBytes = 4096
 
 func (r Record) fileName() string { return fmt.Sprintf("%d-%d.json", r.PID, r.StartTime) }
 
-func writeRecord(dir string, r Record) (string, error) {
+// WriteRecord writes r durably into dir (temporary file, fsync, rename,
+// fsync of the directory) and returns its path.
+func WriteRecord(dir string, r Record) (string, error) {
 	b, err := strictjson.Canonical(r)
 	if err != nil {
 		return "", err
@@ -74,7 +84,8 @@ func syncDir(dir string) error {
 	return d.Sync()
 }
 
-func readRecord(path string) (Record, error) {
+// ReadRecord reads one record file strictly.
+func ReadRecord(path string) (Record, error) {
 	var r Record
 	f, err := os.Open(path)
 	if err != nil {
@@ -104,16 +115,16 @@ type SweepReport struct {
 	Invalid []string
 }
 
-// sweep kills the leftover groups recorded in dir by an earlier manager and
+// SweepRecords kills the leftover groups recorded in dir by an earlier manager and
 // removes their records. live names the groups of this executor, which are
 // never touched.
-func sweep(dir string, live func(pid int) bool) (SweepReport, error) {
+func SweepRecords(dir string, live func(pid int) bool) (SweepReport, error) {
 	var rep SweepReport
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return rep, err
 	}
-	boot := bootID()
+	boot := BootID()
 	for _, e := range entries {
 		name := e.Name()
 		path := filepath.Join(dir, name)
@@ -124,7 +135,7 @@ func sweep(dir string, live func(pid int) bool) (SweepReport, error) {
 		if !strings.HasSuffix(name, ".json") || !e.Type().IsRegular() {
 			continue
 		}
-		r, err := readRecord(path)
+		r, err := ReadRecord(path)
 		if err != nil {
 			rep.Invalid = append(rep.Invalid, path)
 			os.Remove(path)
@@ -152,30 +163,30 @@ func sweep(dir string, live func(pid int) bool) (SweepReport, error) {
 // recorded uid and started after the leader (a later group reusing the pgid
 // would need a leader of its own, which is checked first).
 func killRecorded(r Record) bool {
-	if st, err := readStat(r.PID); err == nil {
-		if st.startTime != r.StartTime || st.pgid != r.PGID {
+	if st, err := ReadStat(r.PID); err == nil {
+		if st.StartTime != r.StartTime || st.PGID != r.PGID {
 			return false // the pid was reused
 		}
 		syscall.Kill(-r.PGID, syscall.SIGKILL)
 		syscall.Kill(r.PID, syscall.SIGKILL)
 		return true
 	}
-	if st, err := readStat(r.PGID); err == nil && st.pgid == r.PGID && st.startTime != r.StartTime {
+	if st, err := ReadStat(r.PGID); err == nil && st.PGID == r.PGID && st.StartTime != r.StartTime {
 		return false // another group now owns this pgid
 	}
-	members, err := groupMembers(r.PGID)
+	members, err := GroupMembers(r.PGID)
 	if err != nil {
 		return false
 	}
 	killed := false
 	for _, m := range members {
-		if m.startTime < r.StartTime {
+		if m.StartTime < r.StartTime {
 			continue
 		}
-		if uid, err := readUID(m.pid); err != nil || uid != r.UID {
+		if uid, err := readUID(m.PID); err != nil || uid != r.UID {
 			continue
 		}
-		syscall.Kill(m.pid, syscall.SIGKILL)
+		syscall.Kill(m.PID, syscall.SIGKILL)
 		killed = true
 	}
 	return killed

@@ -1,4 +1,4 @@
-package procexec
+package spawn
 
 import (
 	"fmt"
@@ -27,10 +27,18 @@ import (
 // Group leaders are never reaped here: each Process reaps its own leader
 // through its pidfd, after the group is gone.
 
-type group struct {
-	pid, pgid int
-	startTime uint64
-	uid       int
+// Group is a provider's process group as the reaper knows it: its leader,
+// the group's id, the leader's start time (with the pid, one process for the
+// life of the machine) and the uid the provider runs as.
+type Group struct {
+	// PID is the group's leader, the provider process.
+	PID int
+	// PGID is the group's id (the leader's pid while the leader is unreaped).
+	PGID int
+	// StartTime is the leader's start time in clock ticks since boot.
+	StartTime uint64
+	// UID is the uid the provider runs as.
+	UID int
 }
 
 var reaper struct {
@@ -42,7 +50,7 @@ var reaper struct {
 	// from /proc is not reaped (and reused) by another goroutine between the
 	// read and the wait.
 	mu     sync.Mutex
-	groups map[int]group // by pgid
+	groups map[int]Group // by pgid
 	// providerUIDs are the uids, other than the manager's, that providers
 	// have run as during this manager's life: an escaped descendant keeps
 	// its uid long after its group is gone.
@@ -55,11 +63,11 @@ var reaper struct {
 func startReaper() error {
 	reaper.once.Do(func() {
 		if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
-			reaper.err = fmt.Errorf("procexec: prctl(PR_SET_CHILD_SUBREAPER): %w", err)
+			reaper.err = fmt.Errorf("spawn: prctl(PR_SET_CHILD_SUBREAPER): %w", err)
 			return
 		}
 		reaper.self = os.Getpid()
-		reaper.groups = map[int]group{}
+		reaper.groups = map[int]Group{}
 		reaper.providerUIDs = map[int]bool{}
 		reaper.kick = make(chan struct{}, 1)
 		sig := make(chan os.Signal, 1)
@@ -104,26 +112,30 @@ func nextChildEvent() <-chan struct{} {
 	return childEvents.ch
 }
 
-func kickReaper() {
+// Kick has the reaper scan /proc now: after a group is torn down, its
+// descendants that left it are re-parented to the manager.
+func Kick() {
 	select {
 	case reaper.kick <- struct{}{}:
 	default:
 	}
 }
 
-func registerGroup(g group) {
-	reaper.mu.Lock()
-	defer reaper.mu.Unlock()
-	reaper.groups[g.pgid] = g
-	if g.uid != os.Geteuid() {
-		reaper.providerUIDs[g.uid] = true
+// registerGroup is called with reaper.mu held (SpawnGroup holds it across
+// the fork).
+func registerGroup(g Group) {
+	reaper.groups[g.PGID] = g
+	if g.UID != os.Geteuid() {
+		reaper.providerUIDs[g.UID] = true
 	}
 }
 
-func unregisterGroup(g group) {
+// Unregister forgets a group once it is gone (every member killed and
+// reaped): its pgid may be reused from then on.
+func Unregister(g Group) {
 	reaper.mu.Lock()
 	defer reaper.mu.Unlock()
-	delete(reaper.groups, g.pgid)
+	delete(reaper.groups, g.PGID)
 }
 
 // ReapOrphans scans /proc at once, as the reaper does on SIGCHLD: it reaps
@@ -152,12 +164,12 @@ func reapOrphans() {
 	reaper.mu.Lock()
 	defer reaper.mu.Unlock()
 	for _, pid := range pids {
-		st, err := readStat(pid)
-		if err != nil || st.ppid != reaper.self {
+		st, err := ReadStat(pid)
+		if err != nil || st.PPID != reaper.self {
 			continue
 		}
-		if g, ok := reaper.groups[st.pgid]; ok {
-			if pid != g.pid && st.state == 'Z' {
+		if g, ok := reaper.groups[st.PGID]; ok {
+			if pid != g.PID && st.State == 'Z' {
 				reapPID(pid)
 			}
 			continue
@@ -171,11 +183,11 @@ func reapOrphans() {
 		}
 		// A provider's descendant that left its group: kill it, and reap it
 		// once it is a zombie (now or at the next scan).
-		if st.state != 'Z' && len(reaper.escaped) < 1024 && !slices.Contains(reaper.escaped, pid) {
+		if st.State != 'Z' && len(reaper.escaped) < 1024 && !slices.Contains(reaper.escaped, pid) {
 			reaper.escaped = append(reaper.escaped, pid)
 		}
 		syscall.Kill(pid, syscall.SIGKILL)
-		if st.state == 'Z' {
+		if st.State == 'Z' {
 			reapPID(pid)
 		} else {
 			kickLater()
@@ -192,7 +204,7 @@ func kickLater() {
 	}
 	time.AfterFunc(20*time.Millisecond, func() {
 		kickPending.Unlock()
-		kickReaper()
+		Kick()
 	})
 }
 
@@ -224,7 +236,9 @@ const cldExited = 1
 type Exit struct {
 	// Exited is true for a normal exit with Code; false for death by Signal.
 	Exited bool
-	Code   int
+	// Code is the exit status of a normal exit.
+	Code int
+	// Signal is the signal that killed it.
 	Signal syscall.Signal
 }
 
@@ -248,6 +262,20 @@ func exitOf(info *siginfo) Exit {
 	}
 }
 
+// WaitPidfd waits on a pidfd with waitid(P_PIDFD) and the given options
+// (unix.WEXITED, with WNOWAIT to look without reaping, WNOHANG not to
+// block). changed is false when WNOHANG found nothing to report.
+func WaitPidfd(fd int, options int) (changed bool, exit Exit, err error) {
+	var info siginfo
+	if err := waitid(unix.P_PIDFD, fd, &info, options); err != nil {
+		return false, Exit{}, err
+	}
+	if info.Pid == 0 {
+		return false, Exit{}, nil
+	}
+	return true, exitOf(&info), nil
+}
+
 func waitid(idtype, id int, info *siginfo, options int) error {
 	for {
 		_, _, e := syscall.Syscall6(syscall.SYS_WAITID, uintptr(idtype), uintptr(id), uintptr(unsafe.Pointer(info)), uintptr(options), 0, 0)
@@ -261,25 +289,26 @@ func waitid(idtype, id int, info *siginfo, options int) error {
 	}
 }
 
-// sweepGroup waits until no process but the (already exited, unreaped)
-// leader is left in group pgid, reaping the members re-parented to the
+// SweepGroup waits until no process but the (already exited, unreaped)
+// leader is left in group g, reaping the members re-parented to the
 // manager as they die. The group has been sent SIGKILL while the leader was
 // unreaped, so no process can join it any more; it is sent SIGKILL again on
 // every pass anyway (the leader still pins the pgid). It returns the pids
 // still present at the deadline.
-func sweepGroup(pgid, leader int, deadline time.Time) []int {
+func SweepGroup(g Group, deadline time.Time) []int {
+	pgid, leader := g.PGID, g.PID
 	for {
 		// Subscribe before scanning, so that a child dying during the scan
 		// wakes the wait below.
 		event := nextChildEvent()
 		syscall.Kill(-pgid, syscall.SIGKILL)
-		members, err := groupMembers(pgid)
+		members, err := GroupMembers(pgid)
 		if err != nil {
 			return nil
 		}
-		var others []procStat
+		var others []Stat
 		for _, m := range members {
-			if m.pid != leader {
+			if m.PID != leader {
 				others = append(others, m)
 			}
 		}
@@ -289,7 +318,7 @@ func sweepGroup(pgid, leader int, deadline time.Time) []int {
 		reaped := 0
 		reaper.mu.Lock()
 		for _, m := range others {
-			if m.ppid == reaper.self && m.state == 'Z' && reapPID(m.pid) {
+			if m.PPID == reaper.self && m.State == 'Z' && reapPID(m.PID) {
 				reaped++
 			}
 		}
@@ -302,7 +331,7 @@ func sweepGroup(pgid, leader int, deadline time.Time) []int {
 		if time.Now().After(deadline) {
 			var left []int
 			for _, m := range others {
-				left = append(left, m.pid)
+				left = append(left, m.PID)
 			}
 			return left
 		}

@@ -1,4 +1,4 @@
-package procexec
+package spawn
 
 import (
 	"bytes"
@@ -9,15 +9,19 @@ import (
 	"syscall"
 )
 
-// procStat is what the executor reads from /proc/<pid>/stat.
-type procStat struct {
-	pid   int
-	state byte // R, S, D, Z, …
-	ppid  int
-	pgid  int
-	// startTime is the process's start time in clock ticks since boot: with
+// Stat is what /proc/<pid>/stat says of a process.
+type Stat struct {
+	// PID is the process.
+	PID int
+	// State is R, S, D, Z, …
+	State byte
+	// PPID is its parent.
+	PPID int
+	// PGID is its process group.
+	PGID int
+	// StartTime is the process's start time in clock ticks since boot: with
 	// the pid, it names one process for the life of the machine.
-	startTime uint64
+	StartTime uint64
 }
 
 // readStat parses /proc/<pid>/stat. The command name is in parentheses and
@@ -27,38 +31,38 @@ type procStat struct {
 // It uses raw open/read/close into a stack buffer: a group sweep reads every
 // process's stat, and os.ReadFile's extra fstat and allocation double that
 // cost.
-func readStat(pid int) (procStat, error) {
+func ReadStat(pid int) (Stat, error) {
 	fd, err := syscall.Open("/proc/"+strconv.Itoa(pid)+"/stat", syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
 	if err != nil {
-		return procStat{}, err
+		return Stat{}, err
 	}
 	var buf [1024]byte
 	n, err := syscall.Read(fd, buf[:])
 	syscall.Close(fd)
 	if err != nil {
-		return procStat{}, err
+		return Stat{}, err
 	}
 	return parseStat(pid, buf[:n])
 }
 
-func parseStat(pid int, b []byte) (procStat, error) {
+func parseStat(pid int, b []byte) (Stat, error) {
 	i := bytes.LastIndexByte(b, ')')
 	if i < 0 || i+2 > len(b) {
-		return procStat{}, fmt.Errorf("/proc/%d/stat: no command name", pid)
+		return Stat{}, fmt.Errorf("/proc/%d/stat: no command name", pid)
 	}
 	f := strings.Fields(string(b[i+1:]))
 	// After the name: state(0) ppid(1) pgrp(2) session(3) … starttime(19).
 	if len(f) < 20 || len(f[0]) != 1 {
-		return procStat{}, fmt.Errorf("/proc/%d/stat: %d fields after the name", pid, len(f))
+		return Stat{}, fmt.Errorf("/proc/%d/stat: %d fields after the name", pid, len(f))
 	}
-	s := procStat{pid: pid, state: f[0][0]}
+	s := Stat{PID: pid, State: f[0][0]}
 	var errs [3]error
-	s.ppid, errs[0] = strconv.Atoi(f[1])
-	s.pgid, errs[1] = strconv.Atoi(f[2])
-	s.startTime, errs[2] = strconv.ParseUint(f[19], 10, 64)
+	s.PPID, errs[0] = strconv.Atoi(f[1])
+	s.PGID, errs[1] = strconv.Atoi(f[2])
+	s.StartTime, errs[2] = strconv.ParseUint(f[19], 10, 64)
 	for _, err := range errs {
 		if err != nil {
-			return procStat{}, fmt.Errorf("/proc/%d/stat: %w", pid, err)
+			return Stat{}, fmt.Errorf("/proc/%d/stat: %w", pid, err)
 		}
 	}
 	return s, nil
@@ -109,18 +113,18 @@ func listPIDs() ([]int, error) {
 
 // groupMembers returns the processes whose process group is pgid, zombies
 // included.
-func groupMembers(pgid int) ([]procStat, error) {
+func GroupMembers(pgid int) ([]Stat, error) {
 	pids, err := listPIDs()
 	if err != nil {
 		return nil, err
 	}
-	var out []procStat
+	var out []Stat
 	for _, pid := range pids {
-		s, err := readStat(pid)
+		s, err := ReadStat(pid)
 		if err != nil {
 			continue // gone since the listing
 		}
-		if s.pgid == pgid {
+		if s.PGID == pgid {
 			out = append(out, s)
 		}
 	}
@@ -129,7 +133,7 @@ func groupMembers(pgid int) ([]procStat, error) {
 
 // bootID identifies this boot of the machine: a record from another boot
 // names no live process.
-func bootID() string {
+func BootID() string {
 	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
 	if err != nil {
 		return ""

@@ -1,4 +1,4 @@
-package procexec
+package spawn
 
 import (
 	"fmt"
@@ -46,6 +46,49 @@ var spawner struct {
 	capsDropped bool
 }
 
+// Start makes this process a child subreaper and starts the reaper and the
+// spawner thread, once; later calls return the first call's error.
+func Start() error {
+	if err := startReaper(); err != nil {
+		return err
+	}
+	return startSpawner()
+}
+
+// BoundingSetEmptied reports whether the spawner thread's capability
+// bounding set could be emptied (it cannot without CAP_SETPCAP; a manager
+// that is not root has no capabilities to pass on anyway).
+func BoundingSetEmptied() bool { return spawner.capsDropped }
+
+// SpawnGroup forks and execs argv on the spawner thread (argv[0] is the path
+// to exec, the child's argv is argv[1:]); attr must make the child the leader
+// of a new group (Setpgid). The group is registered with the reaper, as run
+// by uid, before the reaper can see the child: it would take an unregistered
+// leader for an escaped descendant. The pidfd (-1 when none) is the caller's
+// to close; the caller reaps the leader (WaitPidfd) and Unregisters the group
+// once it is gone.
+func SpawnGroup(argv []string, attr *syscall.ProcAttr, uid int) (g Group, pidfd int, err error) {
+	if err := Start(); err != nil {
+		return Group{}, -1, err
+	}
+	reaper.mu.Lock()
+	defer reaper.mu.Unlock()
+	pid, pidfd, err := spawn(argv, attr)
+	if err != nil {
+		return Group{}, pidfd, err
+	}
+	st, err := ReadStat(pid)
+	if err != nil {
+		// The child cannot be gone and reaped (nobody has waited): report,
+		// and kill what there is.
+		syscall.Kill(-pid, syscall.SIGKILL)
+		return Group{}, pidfd, err
+	}
+	g = Group{PID: pid, PGID: st.PGID, StartTime: st.StartTime, UID: uid}
+	registerGroup(g)
+	return g, pidfd, nil
+}
+
 func startSpawner() error {
 	spawner.once.Do(func() {
 		spawner.reqs = make(chan spawnRequest)
@@ -61,7 +104,7 @@ func startSpawner() error {
 func spawnerLoop(reqs <-chan spawnRequest, ready chan<- error) {
 	runtime.LockOSThread() // never unlocked
 	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
-		ready <- fmt.Errorf("procexec: prctl(PR_SET_NO_NEW_PRIVS) on the spawner thread: %w", err)
+		ready <- fmt.Errorf("spawn: prctl(PR_SET_NO_NEW_PRIVS) on the spawner thread: %w", err)
 		return
 	}
 	spawner.capsDropped = dropBoundingSet() == nil

@@ -1,4 +1,4 @@
-package procexec
+package spawn
 
 import (
 	"os"

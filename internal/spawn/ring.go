@@ -1,11 +1,11 @@
-package procexec
+package spawn
 
 import "sync"
 
-// ring keeps the newest bytes written to it, up to its size, and counts the
+// Ring keeps the newest bytes written to it, up to its size, and counts the
 // ones it dropped: a provider's stderr is evidence for status and doctor,
 // bounded, and never a fault.
-type ring struct {
+type Ring struct {
 	mu      sync.Mutex
 	buf     []byte
 	size    int
@@ -15,15 +15,16 @@ type ring struct {
 	total   int64
 }
 
-func newRing(size int64) *ring {
+// NewRing returns a ring keeping at most size bytes.
+func NewRing(size int64) *Ring {
 	if size < 0 {
 		size = 0
 	}
-	return &ring{buf: make([]byte, 0, size), size: int(size)}
+	return &Ring{buf: make([]byte, 0, size), size: int(size)}
 }
 
 // Write keeps the newest bytes of p and counts the ones pushed out.
-func (r *ring) Write(p []byte) (int, error) {
+func (r *Ring) Write(p []byte) (int, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	n := len(p)
@@ -59,7 +60,7 @@ func (r *ring) Write(p []byte) (int, error) {
 }
 
 // Tail returns a copy of the kept bytes, oldest first.
-func (r *ring) Tail() []byte {
+func (r *Ring) Tail() []byte {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if !r.full {
@@ -71,14 +72,14 @@ func (r *ring) Tail() []byte {
 }
 
 // Dropped is the number of bytes written but no longer kept.
-func (r *ring) Dropped() int64 {
+func (r *Ring) Dropped() int64 {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.dropped
 }
 
 // Total is the number of bytes written.
-func (r *ring) Total() int64 {
+func (r *Ring) Total() int64 {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.total

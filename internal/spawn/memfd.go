@@ -1,4 +1,4 @@
-package procexec
+package spawn
 
 import (
 	"bytes"
@@ -14,7 +14,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"iteron.dev/operator/internal/reasons"
 	"iteron.dev/operator/pkg/strictjson"
 )
 
@@ -37,18 +36,18 @@ const shebangBytes = 256
 func sealedCopy(path, want string) (exe *os.File, size int64, head []byte, err error) {
 	src, err := os.OpenFile(path, os.O_RDONLY|unix.O_NOFOLLOW, 0)
 	if err != nil {
-		return nil, 0, nil, &Fault{Kind: KindSpawn, Op: OpSpawn, Detail: "opening the executable: " + err.Error(), Err: err, Reason: reasons.VerificationFailed}
+		return nil, 0, nil, &SealError{Verification: true, Detail: "opening the executable: " + err.Error(), Err: err}
 	}
 	defer src.Close()
 	fi, err := src.Stat()
 	if err != nil {
-		return nil, 0, nil, &Fault{Kind: KindSpawn, Op: OpSpawn, Detail: err.Error(), Err: err}
+		return nil, 0, nil, &SealError{Detail: err.Error(), Err: err}
 	}
 	if !fi.Mode().IsRegular() {
-		return nil, 0, nil, &Fault{Kind: KindRefused, Op: OpSpawn, Detail: fmt.Sprintf("%s is not a regular file", path), Reason: reasons.VerificationFailed}
+		return nil, 0, nil, &SealError{Refused: true, Detail: fmt.Sprintf("%s is not a regular file", path)}
 	}
 	if fi.Size() > MaxExecutableBytes {
-		return nil, 0, nil, &Fault{Kind: KindRefused, Op: OpSpawn, Detail: fmt.Sprintf("%s is %d bytes, more than %d", path, fi.Size(), MaxExecutableBytes), Reason: reasons.VerificationFailed}
+		return nil, 0, nil, &SealError{Refused: true, Detail: fmt.Sprintf("%s is %d bytes, more than %d", path, fi.Size(), MaxExecutableBytes)}
 	}
 	mfd, err := unix.MemfdCreate("iteron-provider", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING|unix.MFD_EXEC)
 	if errors.Is(err, unix.EINVAL) {
@@ -56,7 +55,7 @@ func sealedCopy(path, want string) (exe *os.File, size int64, head []byte, err e
 		mfd, err = unix.MemfdCreate("iteron-provider", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 	}
 	if err != nil {
-		return nil, 0, nil, &Fault{Kind: KindSpawn, Op: OpSpawn, Detail: "memfd_create: " + err.Error(), Err: err}
+		return nil, 0, nil, &SealError{Detail: "memfd_create: " + err.Error(), Err: err}
 	}
 	mem := os.NewFile(uintptr(mfd), "iteron-provider")
 	defer mem.Close()
@@ -69,7 +68,7 @@ func sealedCopy(path, want string) (exe *os.File, size int64, head []byte, err e
 	for copied < want64 {
 		n, err := unix.Sendfile(mfd, int(src.Fd()), nil, int(min(want64-copied, 1<<30)))
 		if err != nil && err != unix.EINTR && err != unix.EAGAIN {
-			return nil, 0, nil, &Fault{Kind: KindSpawn, Op: OpSpawn, Detail: "copying into the memfd: " + err.Error(), Err: err}
+			return nil, 0, nil, &SealError{Detail: "copying into the memfd: " + err.Error(), Err: err}
 		}
 		if n == 0 && err == nil {
 			break // the file shrank while being copied: the digest will say so
@@ -77,43 +76,43 @@ func sealedCopy(path, want string) (exe *os.File, size int64, head []byte, err e
 		copied += int64(n)
 	}
 	if err := mem.Chmod(0o555); err != nil {
-		return nil, 0, nil, &Fault{Kind: KindSpawn, Op: OpSpawn, Detail: "chmod memfd: " + err.Error(), Err: err}
+		return nil, 0, nil, &SealError{Detail: "chmod memfd: " + err.Error(), Err: err}
 	}
 	seals := unix.F_SEAL_WRITE | unix.F_SEAL_GROW | unix.F_SEAL_SHRINK | unix.F_SEAL_SEAL
 	if _, err := unix.FcntlInt(mem.Fd(), unix.F_ADD_SEALS, seals|unix.F_SEAL_EXEC); err != nil {
 		// F_SEAL_EXEC (no later chmod) is 6.3+; the rest is what matters.
 		if _, err := unix.FcntlInt(mem.Fd(), unix.F_ADD_SEALS, seals); err != nil {
-			return nil, 0, nil, &Fault{Kind: KindSpawn, Op: OpSpawn, Detail: "sealing the memfd: " + err.Error(), Err: err}
+			return nil, 0, nil, &SealError{Detail: "sealing the memfd: " + err.Error(), Err: err}
 		}
 	}
 	var got string
 	got, head, err = hashSealed(mfd, copied)
 	if err != nil {
-		return nil, 0, nil, &Fault{Kind: KindSpawn, Op: OpSpawn, Detail: "hashing the memfd: " + err.Error(), Err: err}
+		return nil, 0, nil, &SealError{Detail: "hashing the memfd: " + err.Error(), Err: err}
 	}
 	if got != want {
-		return nil, 0, nil, &Fault{Kind: KindRefused, Op: OpSpawn, Reason: reasons.VerificationFailed,
+		return nil, 0, nil, &SealError{Refused: true,
 			Detail: fmt.Sprintf("artifact digest mismatch: %s hashes to %s, the plan says %s", path, got, want)}
 	}
 	// Exec refuses a file open for writing (ETXTBSY): hand the child a
 	// read-only descriptor of the same sealed memory, and close this one.
 	ro, err := os.OpenFile("/proc/self/fd/"+strconv.Itoa(int(mem.Fd())), os.O_RDONLY, 0)
 	if err != nil {
-		return nil, 0, nil, &Fault{Kind: KindSpawn, Op: OpSpawn, Detail: "reopening the memfd read-only: " + err.Error(), Err: err}
+		return nil, 0, nil, &SealError{Detail: "reopening the memfd read-only: " + err.Error(), Err: err}
 	}
 	return ro, copied, head, nil
 }
 
-// checkInterpreter returns the interpreter of a #! script, refusing one that
+// CheckInterpreter returns the interpreter of a #! script, refusing one that
 // is not an absolute, clean path on the allowlist.
-func checkInterpreter(head []byte, allow []string) (string, *Fault) {
+func CheckInterpreter(head []byte, allow []string) (string, *SealError) {
 	if !bytes.HasPrefix(head, []byte("#!")) {
 		return "", nil
 	}
 	line := head[2:]
 	nl := bytes.IndexByte(line, '\n')
 	if nl < 0 {
-		return "", &Fault{Kind: KindRefused, Op: OpSpawn, Reason: reasons.VerificationFailed,
+		return "", &SealError{Refused: true,
 			Detail: fmt.Sprintf("the #! line is longer than the %d bytes the kernel reads", shebangBytes)}
 	}
 	line = bytes.TrimLeft(line[:nl], " \t")
@@ -123,15 +122,15 @@ func checkInterpreter(head []byte, allow []string) (string, *Fault) {
 	}
 	interp := string(bytes.TrimRight(line[:end], "\r"))
 	if interp == "" || !filepath.IsAbs(interp) || filepath.Clean(interp) != interp || !slices.Contains(allow, interp) {
-		return "", &Fault{Kind: KindRefused, Op: OpSpawn, Reason: reasons.VerificationFailed,
+		return "", &SealError{Refused: true,
 			Detail: fmt.Sprintf("interpreter %q is not on the allowlist %q", interp, allow)}
 	}
 	return interp, nil
 }
 
-// rehash hashes the file at path again (after the process started) through
+// Rehash hashes the file at path again (after the process started) through
 // the fixed buffer and reports whether it still has digest want.
-func rehash(path, want string) error {
+func Rehash(path, want string) error {
 	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NOFOLLOW, 0)
 	if err != nil {
 		return fmt.Errorf("reopening %s: %w", path, err)

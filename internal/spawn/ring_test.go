@@ -1,4 +1,4 @@
-package procexec
+package spawn
 
 import (
 	"strings"
@@ -22,7 +22,7 @@ func TestTheStderrRingKeepsTheNewestBytesAndCountsTheRest(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			r := newRing(tc.size)
+			r := NewRing(tc.size)
 			var total int64
 			for _, w := range tc.writes {
 				n, err := r.Write([]byte(w))
