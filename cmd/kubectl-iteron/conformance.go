@@ -33,9 +33,11 @@ func newConformanceCmd() *cobra.Command {
 		interpreters    []string
 		stderrBytes     int64
 		trace           bool
+		kind            string
+		pr              packageRuntimeFlags
 	)
 	cmd := &cobra.Command{
-		Use:   "conformance <executable> --protocol 1|2 --module <module> [-- argv...]",
+		Use:   "conformance <executable> --protocol 1|2 --module <module> [-- argv...] | --kind package-runtime <manifest.json>",
 		Short: "Run a provider executable through the whole protocol and report each violation",
 		Long: `conformance hashes the executable itself and runs it exactly as the executor runs a
 verified provider (sealed copy, no shell, empty environment, own process group,
@@ -47,9 +49,25 @@ readiness; then stop. Each violation is reported with its operation and the offe
 line the host wrote to the provider's stdin, "< " and a line the provider
 wrote to its stdout (docs/reference/protocol.md describes each).
 
+With --kind package-runtime the argument is a package runtime's manifest
+(docs/reference/package-runtimes.md): the runtime is launched as the manager
+launches one (the manifest's digest checked on a sealed copy, descriptors 3-5,
+uid/gid, empty environment), its handshake checked field by field, then every
+export is invoked (with --invoke EXPORT=JSON, or {}) and its status asked,
+each export named by --watch EXPORT=JSON is watched to its first event and
+cancelled, and the status of an invocation it never saw is asked. Each
+violation is printed with the runtime's offending message.
+
 Exit status: 0 conformant, 1 violations found, 2 usage.`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			switch kind {
+			case "provider":
+			case "package-runtime":
+				return runPackageRuntimeConformance(cmd, args, pr, uid, gid, interpreters)
+			default:
+				return usage(fmt.Errorf("--kind must be provider or package-runtime, not %q", kind))
+			}
 			dash := cmd.ArgsLenAtDash()
 			var argv []string
 			switch {
@@ -164,6 +182,12 @@ Exit status: 0 conformant, 1 violations found, 2 usage.`,
 	f.StringSliceVar(&interpreters, "interpreters", []string{"/bin/sh"}, "interpreters a #! script may name")
 	f.Int64Var(&stderrBytes, "stderr-bytes", 64<<10, "stderr the provider may write (evidence_limits.stderr_bytes); more is a violation")
 	f.BoolVar(&trace, "trace", false, "print every frame exchanged: '> ' host to provider, '< ' provider to host")
+	f.StringVar(&kind, "kind", "provider", "provider (the line protocol) or package-runtime (quixos.runtime.PackageRuntime)")
+	f.StringVar(&pr.artifactRoot, "artifact-root", "", "package-runtime: the artifact root the manifest's executable is under (default: the manifest's directory)")
+	f.StringArrayVar(&pr.invoke, "invoke", nil, "package-runtime: EXPORT=JSON, the input object to invoke EXPORT with (default {}); repeatable")
+	f.StringArrayVar(&pr.watch, "watch", nil, "package-runtime: EXPORT=JSON, an export to watch to its first event and cancel; repeatable")
+	f.StringVar(&pr.ceiling, "capability-ceiling", "read_only,reversible_local", "package-runtime: the capabilities admitted at most (as the manager's flag)")
+	f.StringVar(&pr.namespace, "namespace", "conformance", "package-runtime: the caller namespace the grants name")
 	return cmd
 }
 

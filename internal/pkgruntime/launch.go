@@ -225,6 +225,17 @@ func (l *Launcher) start(pin Pin, artifactRoot string, exe *spawn.Sealed, key []
 		}
 		return fail(fmt.Errorf("exec %s as %d:%d in %s: %w", pin.Manifest.Executable, l.cfg.ProviderUID, l.cfg.ProviderGID, artifactRoot, err))
 	}
+	// A pollable pidfd is what lets watchExit wait for the exit without
+	// blocking a thread (and without reaping): os.NewFile only registers a
+	// non-blocking descriptor with the poller.
+	if err := unix.SetNonblock(pidfd, true); err != nil {
+		syscall.Kill(-g.PGID, syscall.SIGKILL)
+		spawn.WaitPidfd(pidfd, unix.WEXITED)
+		syscall.Close(pidfd)
+		spawn.Unregister(g)
+		errR.Close()
+		return fail(fmt.Errorf("pidfd: %w", err))
+	}
 	r.group, r.pidfd = g, os.NewFile(uintptr(pidfd), "pidfd")
 	go func() {
 		defer close(r.stderrDone)
