@@ -90,10 +90,13 @@ func TestReceiptsSurviveARestartAndACutTailIsReportedIncomplete(t *testing.T) {
 	}
 	step("manager stopped (SIGTERM)")
 	second := n.start(t, "", cfIrreversibleCeiling)
-	got = waitFor(t, a, "Ready after the restart", readyWith("prompt_system", "counter-irr"))
-	after := waitGeneration(t, name, "counting its 3 receipts after the restart", func(g *iteronv1.Generation) bool {
-		return g.Status.Phase == iteronv1.PhaseActive && g.Status.Receipts != nil && g.Status.Receipts.Total == 3
+	// The new manager relaunched the generation (a new pid) and counts the
+	// receipts the old one recorded.
+	after := waitGeneration(t, name, "relaunched, counting its 3 receipts", func(g *iteronv1.Generation) bool {
+		return g.Status.Phase == iteronv1.PhaseActive && g.Status.Pid > 0 && g.Status.Pid != before.Status.Pid &&
+			g.Status.Receipts != nil && g.Status.Receipts.Total == 3
 	})
+	got = waitFor(t, a, "Ready after the restart", readyWith("prompt_system", "counter-irr"))
 	if r := after.Status.Receipts; r.Truncated || r.IncompleteReason != "" || r.Irreversible != 3 {
 		t.Fatalf("after a clean restart the receipts survive as complete evidence; status says %+v", *r)
 	}
@@ -141,10 +144,11 @@ func TestReceiptsSurviveARestartAndACutTailIsReportedIncomplete(t *testing.T) {
 		t.Fatalf("the cut lost a receipt that a checkpoint made durable: %d left", kept)
 	}
 	n.start(t, "", cfIrreversibleCeiling)
-	waitFor(t, a, "Ready after the machine stop", readyWith("prompt_system", "counter-irr"))
-	incomplete := waitGeneration(t, name, "reporting incomplete evidence", func(g *iteronv1.Generation) bool {
-		return g.Status.Receipts != nil && g.Status.Receipts.Truncated
+	incomplete := waitGeneration(t, name, "relaunched, reporting incomplete evidence", func(g *iteronv1.Generation) bool {
+		return g.Status.Phase == iteronv1.PhaseActive && g.Status.Pid > 0 && g.Status.Pid != after.Status.Pid &&
+			g.Status.Receipts != nil && g.Status.Receipts.Truncated
 	})
+	waitFor(t, a, "Ready after the machine stop", readyWith("prompt_system", "counter-irr"))
 	if r := incomplete.Status.Receipts; !strings.Contains(r.IncompleteReason, "stopped without closing the receipts file") || r.Total < 4 {
 		t.Fatalf("after the cut the status says %+v; want the unclean stop named and the durable receipts kept", *r)
 	}
