@@ -122,6 +122,10 @@ func TestARunningGenerationsScopeListsEveryResourceAndItsStream(t *testing.T) {
 	if got, want := resourceIDs(gs.Resources), []string{"process", "route", "crash-watch", "stream watch-1"}; !slices.Equal(got, want) {
 		t.Fatalf("resources with a stream open: %v, want %v", got, want)
 	}
+	// The counter's runs are reversible: counted, no receipt each.
+	if r := gs.Receipts; r.ReversibleRuns != 1 || r.Total != 0 {
+		t.Fatalf("receipts after one reversible run: %+v; want it counted, not recorded", r)
+	}
 	close(streamDone)
 	if !bound.Release("stream watch-1") {
 		t.Fatal("the ended stream was no longer tracked")
@@ -302,4 +306,77 @@ func (h *harness) receipts() *effects.ReceiptStore {
 		h.t.Fatalf("no runtime for %s: %v", h.key.UID, err)
 	}
 	return a.receipts
+}
+
+// lastBlockedReason is the reason of the module's last blocked record.
+func (h *harness) lastBlockedReason(module string) string {
+	h.t.Helper()
+	dir, err := ledger.ActivationDir(h.stateDir, h.key.UID)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	reason := ""
+	if _, err := ledger.Replay(dir, ledger.VerifyOptions{}, func(r *ledger.Record) error {
+		if r.Module == module && r.Outcome == ledger.OutcomeBlocked && r.Reason != nil {
+			reason = *r.Reason
+		}
+		return nil
+	}); err != nil {
+		h.t.Fatal(err)
+	}
+	return reason
+}
+
+func TestARollbackWithIncompleteEvidenceSaysSoAndNeverClaimsIrreversibleEffectsRolledBack(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		incomplete bool
+	}{
+		{"complete evidence: the irreversible effect is named as standing", false},
+		{"incomplete evidence: the rollback is not claimed clean", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h, v1, _ := swapFixture(t)
+			var newGen string
+			bad := failAfterSwitch(t, h, "atomic_switch", func() {
+				// The new generation served after the switch: an
+				// irreversible effect, and (in one case) receipts lost.
+				st, _ := h.c.Status(h.key.UID)
+				newGen = st.Modules["prompt_system"].Active
+				if err := h.receipts().Record(effects.Receipt{ID: "run-sent-mail", Generation: newGen, Component: "prompt_system",
+					Kind: effects.ReceiptRun, Class: effects.Irreversible, StartedAt: time.Now(), FinishedAt: time.Now(), Detail: "completed"}); err != nil {
+					t.Error(err)
+				}
+				if tc.incomplete {
+					h.receipts().MarkIncomplete(newGen, "receipts recorded before the last unclean stop may be lost")
+				}
+			})
+			st := h.settle()
+			if newGen != bad.GenerationName {
+				t.Fatalf("the generation serving after the switch was %q, want %s", newGen, bad.GenerationName)
+			}
+			if ms := st.Modules["prompt_system"]; ms.Active != v1.GenerationName {
+				t.Fatalf("after the rollback the module serves %s", ms.Active)
+			}
+			gs := st.Generations[bad.GenerationName]
+			reason := h.lastBlockedReason("prompt_system")
+			fmt.Printf("%s:\n  ledger blocked reason: %s\n  Generation %s: %s %s: %s\n", tc.name, reason, gs.Name, gs.Phase, gs.Reason, gs.Message)
+			for _, where := range []string{reason, gs.Message} {
+				if !strings.Contains(where, "1 irreversible effect(s) of "+bad.GenerationName+" stand and are not rolled back") {
+					t.Fatalf("%q does not name the irreversible effect as standing", where)
+				}
+				if got := strings.Contains(where, "evidence incomplete (receipts recorded before the last unclean stop may be lost): this rollback is not claimed clean"); got != tc.incomplete {
+					t.Fatalf("%q: says the evidence is incomplete = %v, want %v", where, got, tc.incomplete)
+				}
+			}
+			for _, r := range h.receipts().Receipts(bad.GenerationName) {
+				if r.Compensation == effects.CompensationRolledBack {
+					t.Fatalf("receipt %s reported rolled back", r.ID)
+				}
+			}
+			if err := h.receipts().SetCompensation(bad.GenerationName, "run-sent-mail", effects.CompensationRolledBack); !errors.Is(err, effects.ErrIrreversible) {
+				t.Fatalf("marking the irreversible effect rolled back: %v, want ErrIrreversible", err)
+			}
+		})
+	}
 }
