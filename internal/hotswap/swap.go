@@ -173,19 +173,24 @@ func newProcessFault(proc Provider, phase ledger.Phase) *phaseFailure {
 // recorded. It returns the cleanup_failed note, or "".
 func (a *activationRuntime) drain(old *generationRuntime, successor string) string {
 	a.mu.Lock()
-	proc := old.proc
+	proc, scope := old.proc, old.scope
 	a.mu.Unlock()
 	if proc == nil {
-		return ""
+		// No process (it ended, or the generation is known only from the
+		// ledger): what else it held is still released.
+		cleanup := a.dispose(old, scope, drainDeadline(old))
+		if cleanup != "" {
+			a.mu.Lock()
+			old.phase, old.reason, old.message = iteronv1.PhaseFailed, reasons.CleanupFailed, cleanup
+			a.mu.Unlock()
+		}
+		return cleanup
 	}
 	stopCtx, cancel := context.WithTimeout(context.Background(), old.target.Plan.CancellationDeadline()+time.Second)
 	defer cancel()
 	started := a.c.cfg.Now()
 	tail, dropped := proc.StderrTail()
 	err := proc.Stop(stopCtx, "drained: replaced by "+successor)
-	a.mu.Lock()
-	scope := old.scope
-	a.mu.Unlock()
 	cleanup := a.dispose(old, scope, drainDeadline(old))
 	note := ""
 	if err != nil {
