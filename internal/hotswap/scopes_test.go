@@ -380,3 +380,57 @@ func TestARollbackWithIncompleteEvidenceSaysSoAndNeverClaimsIrreversibleEffectsR
 		})
 	}
 }
+
+func TestRealRunsLeaveTheirReceiptsAQuiesceCancelAndADrainTimeout(t *testing.T) {
+	h := newHarness(t)
+	short := func(f *activation.LaunchPlanFields) { f.CancellationDeadline = 300 * time.Millisecond }
+	// The old provider serves normally but hangs when told to stop.
+	v1 := h.target(providertest.Implement(t, artifacts.Spec{Binary: artifacts.Faulty, ImplementationID: "faulty-stop",
+		Argv: []string{"--fault", "hang", "--at", "stop"}}), short)
+	h.apply(SwapPolicy{}, v1)
+	st := h.settle()
+	oldPid := st.Modules["prompt_system"].Pid
+
+	// A long run is in flight when the swap quiesces: it is cancelled after
+	// the quiesce timeout.
+	d, _ := h.c.Dispatcher(h.key.Namespace, h.key.Name, "prompt_system")
+	started := make(chan struct{})
+	ended := make(chan error, 1)
+	go func() {
+		_, err := d.Invoke(context.Background(), Call{ID: "long-run", Input: []byte(`{"key":"a","add":1,"sleep_ms":20000}`),
+			Deadline: time.Now().Add(30 * time.Second), OnStart: func(Route) { close(started) }})
+		ended <- err
+	}()
+	<-started
+	v2 := h.target(providertest.Implement(t, artifacts.Spec{Binary: artifacts.CounterV2}), short)
+	h.apply(SwapPolicy{QuiesceTimeout: 200 * time.Millisecond}, v2)
+	st = h.settle()
+	if err := <-ended; err == nil {
+		t.Fatal("the run cut by quiesce succeeded")
+	}
+	if ms := st.Modules["prompt_system"]; ms.Active != v2.GenerationName {
+		t.Fatalf("module after the swap: %+v", ms)
+	}
+	if !processGone(oldPid) {
+		t.Fatalf("the old process that hung at stop (pid %d) was not killed", oldPid)
+	}
+	byKind := map[effects.ReceiptKind]effects.Receipt{}
+	for _, r := range h.receipts().Receipts(v1.GenerationName) {
+		byKind[r.Kind] = r
+		fmt.Printf("receipt of %s: id=%s kind=%s class=%s compensation=%s started=%s finished=%s\n  detail: %s\n", r.Generation, r.ID, r.Kind, r.Class, r.Compensation,
+			r.StartedAt.UTC().Format(time.RFC3339Nano), r.FinishedAt.UTC().Format(time.RFC3339Nano), r.Detail)
+	}
+	if r, ok := byKind[effects.ReceiptQuiesceCancel]; !ok || r.ID != "quiesce-cancel-long-run" || r.Class != effects.Cancelable || !strings.Contains(r.Detail, "200ms quiesce timeout") {
+		t.Fatalf("quiesce_cancel receipt %+v (found %v)", r, ok)
+	}
+	if r, ok := byKind[effects.ReceiptDrainTimeout]; !ok || r.ID != "drain-timeout" || !strings.Contains(r.Detail, "did not stop within its cancellation deadline (300ms)") {
+		t.Fatalf("drain_timeout receipt %+v (found %v)", r, ok)
+	}
+	old := st.Generations[v1.GenerationName]
+	if old.Phase != iteronv1.PhaseInactive || old.Reason != reasons.CleanupFailed || old.Receipts.Total != 2 {
+		t.Fatalf("old generation: %s %s receipts %+v", old.Phase, old.Reason, old.Receipts)
+	}
+	if reason := h.drainRecordReason("prompt_system"); !strings.HasPrefix(reason, "cleanup_failed: ") || !strings.Contains(reason, "was killed") {
+		t.Fatalf("drain record reason %q", reason)
+	}
+}
