@@ -31,8 +31,9 @@ const maxReceiptLineBytes = 16 << 10
 // maxDetailBytes bounds a receipt's detail as written.
 const maxDetailBytes = 1024
 
-// compactAfterLines is how many lines a file may grow to before Sync
-// rewrites it from memory: about twice what the bounds retain.
+// compactAfterLines is how many lines a file may grow to before it is
+// rewritten from memory (at the next append or sync): about twice what the
+// bounds retain.
 const compactAfterLines = 2*MaxReceiptGenerations*MaxReceiptsPerGeneration + 1024
 
 // Line types of a receipts file.
@@ -386,6 +387,16 @@ func (s *ReceiptStore) writeLocked(l receiptLine) {
 	if s.file == nil || s.file.f == nil {
 		return
 	}
+	if s.file.lines >= compactAfterLines && s.file.err == nil {
+		// Bounded even when nothing syncs (no checkpoints): rewrite what
+		// is kept, durably. The change l records is already in memory, so
+		// the rewrite holds it — unless it is a count or a mark.
+		if err := s.compactLocked(); err != nil {
+			s.file.err = err
+		} else if l.Type == lineReceipt || l.Type == lineCompensation || l.Type == lineIncomplete || l.Type == lineEvicted {
+			return
+		}
+	}
 	if err := writeLine(s.file.f, l); err != nil {
 		if s.file.err == nil {
 			s.file.err = err
@@ -442,6 +453,9 @@ func (s *ReceiptStore) syncLocked(mark string) error {
 		if err := s.compactLocked(); err != nil {
 			return err
 		}
+	}
+	if s.file.err != nil {
+		return fmt.Errorf("receipts file %s: %w", s.file.path, s.file.err)
 	}
 	for _, g := range s.order {
 		if n := s.gens[g].reversible; n != s.file.synced[g] {

@@ -378,6 +378,12 @@ func (r *txnRun) recorded(phase ledger.Phase, gens ...*generationRuntime) {
 		g.lastSeq, g.lastHash = last.Sequence, last.RecordSHA256
 	}
 	r.a.mu.Unlock()
+	if phase == ledger.PhaseCommitted || phase == ledger.PhaseRolledBack {
+		// A transaction's end makes the receipts recorded so far durable
+		// too (a module without checkpoints — protocol 1, or an interval
+		// of 0 — has no other sync before the manager stops).
+		r.a.syncReceipts()
+	}
 	if hook := r.a.c.cfg.AfterPhase; hook != nil {
 		hook(r.a.key, r.m.name, string(phase))
 	}
