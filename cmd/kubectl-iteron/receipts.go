@@ -155,9 +155,9 @@ func printReceipts(w io.Writer, v receiptsOutput) {
 	if v.ClosedCleanly {
 		fmt.Fprintf(w, "closed cleanly, durable at %s\n", v.LastDurableAt)
 	} else if v.LastDurableAt != "" {
-		fmt.Fprintf(w, "NOT closed cleanly; last durable at %s\n", v.LastDurableAt)
+		fmt.Fprintf(w, "open (a running manager writes it, or the last one stopped without closing it); last durable at %s\n", v.LastDurableAt)
 	} else {
-		fmt.Fprintf(w, "NOT closed cleanly and never made durable\n")
+		fmt.Fprintf(w, "open (a running manager writes it, or the last one stopped without closing it); never made durable\n")
 	}
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
