@@ -155,12 +155,13 @@ type ReceiptSummary struct {
 	// +optional
 	Irreversible int32 `json:"irreversible,omitempty"`
 	// truncated is true when receipts are missing — evicted, or lost with a
-	// manager restart — so the recovery evidence is incomplete and no clean
-	// rollback may be claimed.
+	// manager that did not stop cleanly — so the recovery evidence is
+	// incomplete and no clean rollback may be claimed.
 	// +optional
 	Truncated bool `json:"truncated,omitempty"`
-	// incompleteReason says why the evidence is incomplete (for example the
-	// manager restart that lost the receipts recorded before it).
+	// incompleteReason says why the evidence is incomplete (for example a
+	// manager that stopped without closing the receipts file, whose last
+	// receipts may be lost).
 	// +optional
 	// +kubebuilder:validation:MaxLength=256
 	IncompleteReason string `json:"incompleteReason,omitempty"`

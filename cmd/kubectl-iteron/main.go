@@ -73,6 +73,7 @@ func newRootCmd() *cobra.Command {
 		newConformanceCmd(),
 		newInvokeCmd(),
 		newDoctorCmd(),
+		newReceiptsCmd(),
 		newPushCmd(),
 		newPullCmd(),
 		newRolloutCmd(),

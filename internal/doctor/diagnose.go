@@ -547,11 +547,50 @@ func (d *diagnosis) generationsOf(module, activeName string) (active, target *Ge
 	}
 	if act != nil {
 		active = summarizeGeneration(act)
+		active.Receipts = d.citeReceipts(act)
 	}
 	if newest != nil && (act == nil || generationLess(act, newest)) {
 		target = summarizeGeneration(newest)
+		target.Receipts = d.citeReceipts(newest)
 	}
 	return active, target
+}
+
+// maxCitedReceipts bounds the receipts the doctor quotes per generation.
+const maxCitedReceipts = 5
+
+// citeReceipts cites a Failed generation's receipts: from the receipts file
+// when the doctor read the node's state dir, else the counts in its status.
+// nil for a generation that is not Failed, or has no receipt at all.
+func (d *diagnosis) citeReceipts(g *iteronv1.Generation) *ReceiptsCitation {
+	if g.Status.Phase != iteronv1.PhaseFailed {
+		return nil
+	}
+	c := &ReceiptsCitation{Source: "status",
+		Command: fmt.Sprintf("kubectl iteron receipts %s -n %s --module %s", d.act.Name, d.act.Namespace, g.Spec.Module)}
+	if d.local != nil && d.local.Receipts != nil {
+		c.Source = "file"
+		c.Command += " --state-dir " + d.local.StateDir
+		sum, ok := d.local.Receipts.Summaries[g.Name]
+		if !ok {
+			return nil
+		}
+		c.Total, c.Irreversible, c.ReversibleRuns = sum.Total, sum.Irreversible, sum.ReversibleRuns
+		c.Incomplete, c.IncompleteReason = sum.Truncated, sum.IncompleteReason
+		rs := d.local.Receipts.Receipts[g.Name]
+		for i := max(0, len(rs)-maxCitedReceipts); i < len(rs); i++ {
+			r := rs[i]
+			c.Recent = append(c.Recent, fmt.Sprintf("%s %s %s %s compensation=%s: %s", r.ID, r.Kind, r.Class,
+				r.FinishedAt.UTC().Format(time.RFC3339), r.Compensation, r.Detail))
+		}
+		return c
+	}
+	r := g.Status.Receipts
+	if r == nil || (r.Total == 0 && !r.Truncated) {
+		return nil
+	}
+	c.Total, c.Irreversible, c.Incomplete, c.IncompleteReason = int(r.Total), int(r.Irreversible), r.Truncated, r.IncompleteReason
+	return c
 }
 
 func generationLess(a, b *iteronv1.Generation) bool {

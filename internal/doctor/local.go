@@ -11,6 +11,8 @@ import (
 	"time"
 
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
+	"iteron.dev/operator/internal/effects"
+	"iteron.dev/operator/internal/hotswap"
 	"iteron.dev/operator/internal/ledger"
 	"iteron.dev/operator/internal/procexec"
 	"iteron.dev/operator/pkg/strictjson"
@@ -41,6 +43,11 @@ type Local struct {
 	Processes []LocalProcess
 	// ProcessesErr is set when the record directory could not be read.
 	ProcessesErr string
+	// Receipts is the activation's receipts file; nil when it could not be
+	// read (ReceiptsErr says why).
+	Receipts *effects.LoadedReceipts
+	// ReceiptsErr is set when the receipts file could not be read.
+	ReceiptsErr string
 }
 
 // LocalLedger is the activation's ledger as read from the node.
@@ -101,6 +108,11 @@ func ReadLocal(stateDir string, act *iteronv1.ImplementationActivation) *Local {
 		return loc
 	}
 	loc.Ledger = readLedger(stateDir, act)
+	if path, err := hotswap.ReceiptsPath(stateDir, string(act.UID)); err != nil {
+		loc.ReceiptsErr = err.Error()
+	} else if loc.Receipts, err = effects.ReadReceiptsFile(path); err != nil {
+		loc.ReceiptsErr = err.Error()
+	}
 	loc.Processes, err = readProcessRecords(filepath.Join(stateDir, ProcessRecordsDir))
 	if err != nil {
 		loc.ProcessesErr = err.Error()

@@ -172,6 +172,24 @@ func (p *printer) module(m ModuleDiagnosis) {
 		p.f("    chain:      %s\n", clean(m.ChainText))
 	}
 	for _, g := range []*GenerationSummary{m.Target, m.Active} {
+		if g == nil || g.Receipts == nil {
+			continue
+		}
+		c := g.Receipts
+		evidence := "complete"
+		if c.Incomplete {
+			evidence = "INCOMPLETE"
+			if c.IncompleteReason != "" {
+				evidence += " (" + clean(c.IncompleteReason) + ")"
+			}
+		}
+		p.f("    receipts of %s: %d, %d irreversible (never rolled back); evidence %s [from %s]\n", g.Name, c.Total, c.Irreversible, evidence, c.Source)
+		for _, r := range c.Recent {
+			p.f("      - %s\n", clean(r))
+		}
+		p.f("      all: %s\n", c.Command)
+	}
+	for _, g := range []*GenerationSummary{m.Target, m.Active} {
 		if g == nil || g.StderrTail == "" {
 			continue
 		}

@@ -196,6 +196,30 @@ type GenerationSummary struct {
 	Renewals int32 `json:"renewals,omitempty"`
 	// TransactionID is the generation's last ledger transaction.
 	TransactionID string `json:"transactionID,omitempty"`
+	// Receipts are the generation's effect receipts, cited for a Failed
+	// generation: what it did that its failure and rollback do not undo.
+	Receipts *ReceiptsCitation `json:"receipts,omitempty"`
+}
+
+// ReceiptsCitation is what the doctor says of a Failed generation's receipts.
+type ReceiptsCitation struct {
+	// Total, Irreversible and ReversibleRuns count them (from the receipts
+	// file when it was read, else from status.receipts).
+	Total int `json:"total"`
+	// Irreversible counts the irreversible ones.
+	Irreversible int `json:"irreversible"`
+	// ReversibleRuns counts the runs that needed no receipt (file only).
+	ReversibleRuns int64 `json:"reversibleRuns,omitempty"`
+	// Incomplete is true when receipts are missing; IncompleteReason says why.
+	Incomplete bool `json:"incomplete,omitempty"`
+	// IncompleteReason says why the evidence is incomplete.
+	IncompleteReason string `json:"incompleteReason,omitempty"`
+	// Recent are the newest receipts, one line each (file only).
+	Recent []string `json:"recent,omitempty"`
+	// Source is "file" or "status".
+	Source string `json:"source"`
+	// Command prints them all.
+	Command string `json:"command"`
 }
 
 // LedgerBlock is the last blocked record of a module's transactions.

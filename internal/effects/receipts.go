@@ -89,6 +89,12 @@ type ReceiptSummary struct {
 	// IncompleteReason says why the evidence is incomplete ("" when it is
 	// complete, or when it was only evicted).
 	IncompleteReason string
+	// ReversibleRuns counts the generation's runs whose effects are
+	// reversible: counted, never recorded one by one.
+	ReversibleRuns int64
+	// Component is the generation's module, once a receipt or a count
+	// named it.
+	Component string
 }
 
 type generationReceipts struct {
@@ -96,13 +102,24 @@ type generationReceipts struct {
 	truncated bool
 	// incomplete says why receipts were lost, when they were.
 	incomplete string
+	// reversible counts reversible runs.
+	reversible int64
+	// component is the generation's module.
+	component string
 }
 
 // ReceiptStore keeps receipts for at most MaxReceiptGenerations generations
-// and MaxReceiptsPerGeneration receipts each, evicting the oldest. It lives in
-// memory: a manager restart loses it, and recovery reports the evidence of
-// earlier generations as incomplete. Safe for concurrent use.
+// and MaxReceiptsPerGeneration receipts each, evicting the oldest. A store
+// from NewReceiptStore lives in memory only; one from OpenReceiptStore keeps
+// its receipts in a file across manager restarts (receiptlog.go). Safe for
+// concurrent use.
 type ReceiptStore struct {
+	// file, when set, receives every change as a line.
+	file *receiptFile
+	// clean is false when the file loaded had not been closed cleanly.
+	clean       bool
+	lastDurable time.Time
+
 	mu    sync.Mutex
 	order []string // generations, oldest first
 	gens  map[string]*generationReceipts
@@ -148,7 +165,17 @@ func (s *ReceiptStore) Record(r Receipt) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	g, ok := s.gens[r.Generation]
+	if err := s.recordLocked(r); err != nil {
+		return err
+	}
+	s.writeLocked(receiptToLine(r))
+	return nil
+}
+
+// genLocked returns (creating, evicting the oldest beyond the bound) a
+// generation's receipts.
+func (s *ReceiptStore) genLocked(generation string) *generationReceipts {
+	g, ok := s.gens[generation]
 	if !ok {
 		if len(s.order) == MaxReceiptGenerations {
 			oldest := s.order[0]
@@ -156,9 +183,21 @@ func (s *ReceiptStore) Record(r Receipt) error {
 			delete(s.gens, oldest)
 			s.rememberEvicted(oldest)
 		}
-		g = &generationReceipts{truncated: s.evicted[r.Generation]}
-		s.gens[r.Generation] = g
-		s.order = append(s.order, r.Generation)
+		g = &generationReceipts{truncated: s.evicted[generation]}
+		s.gens[generation] = g
+		s.order = append(s.order, generation)
+	}
+	return g
+}
+
+// recordLocked stores a valid receipt in memory.
+func (s *ReceiptStore) recordLocked(r Receipt) error {
+	if r.Class == Irreversible && r.Compensation == CompensationRolledBack {
+		return fmt.Errorf("receipt %q: %w", r.ID, ErrIrreversible)
+	}
+	g := s.genLocked(r.Generation)
+	if g.component == "" {
+		g.component = r.Component
 	}
 	if slices.ContainsFunc(g.receipts, func(x Receipt) bool { return x.ID == r.ID }) {
 		return fmt.Errorf("receipt %q of %s: %w", r.ID, r.Generation, ErrDuplicateReceipt)
@@ -176,6 +215,14 @@ func (s *ReceiptStore) Record(r Receipt) error {
 func (s *ReceiptStore) SetCompensation(generation, id string, c Compensation) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if err := s.setCompensationLocked(generation, id, c); err != nil {
+		return err
+	}
+	s.writeLocked(receiptLine{Type: lineCompensation, Generation: generation, ID: id, Compensation: string(c)})
+	return nil
+}
+
+func (s *ReceiptStore) setCompensationLocked(generation, id string, c Compensation) error {
 	g, ok := s.gens[generation]
 	if !ok {
 		return fmt.Errorf("receipt %q of %s: %w", id, generation, ErrNoReceipt)
@@ -212,7 +259,7 @@ func (s *ReceiptStore) Summary(generation string) ReceiptSummary {
 	if !ok {
 		return ReceiptSummary{Truncated: s.evicted[generation]}
 	}
-	sum := ReceiptSummary{Total: len(g.receipts), Truncated: g.truncated, IncompleteReason: g.incomplete}
+	sum := ReceiptSummary{Total: len(g.receipts), Truncated: g.truncated, IncompleteReason: g.incomplete, ReversibleRuns: g.reversible, Component: g.component}
 	for _, r := range g.receipts {
 		if r.Class == Irreversible {
 			sum.Irreversible++
@@ -227,17 +274,23 @@ func (s *ReceiptStore) Summary(generation string) ReceiptSummary {
 func (s *ReceiptStore) MarkIncomplete(generation, why string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	g, ok := s.gens[generation]
-	if !ok {
-		if len(s.order) == MaxReceiptGenerations {
-			oldest := s.order[0]
-			s.order = s.order[1:]
-			delete(s.gens, oldest)
-			s.rememberEvicted(oldest)
-		}
-		g = &generationReceipts{}
-		s.gens[generation] = g
-		s.order = append(s.order, generation)
-	}
+	s.markIncompleteLocked(generation, why)
+	s.writeLocked(receiptLine{Type: lineIncomplete, Generation: generation, Reason: why})
+}
+
+func (s *ReceiptStore) markIncompleteLocked(generation, why string) {
+	g := s.genLocked(generation)
 	g.truncated, g.incomplete = true, why
+}
+
+// CountReversible counts one reversible run of a generation of component.
+// It writes nothing: the count reaches the file at the next Sync.
+func (s *ReceiptStore) CountReversible(generation, component string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	g := s.genLocked(generation)
+	g.reversible++
+	if g.component == "" {
+		g.component = component
+	}
 }

@@ -12,7 +12,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
+	"time"
 )
 
 // Class says what disposing an effect can achieve.
@@ -107,9 +109,19 @@ func (s *EffectScope) Name() string { return s.name }
 // ErrScopeClosed (and the dispose error, if any): a resource created while a
 // generation was being torn down never outlives it.
 func (s *EffectScope) Track(ctx context.Context, id string, class Class, dispose DisposeFunc) error {
+	return s.track(ctx, id, class, dispose, nil)
+}
+
+// track is Track; onClosed, when set, replaces the dispose run when the
+// scope is already disposed.
+func (s *EffectScope) track(ctx context.Context, id string, class Class, dispose DisposeFunc, onClosed func()) error {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
+		if onClosed != nil {
+			onClosed()
+			return fmt.Errorf("track %q in %s: %w; cancelled at once", id, s.name, ErrScopeClosed)
+		}
 		err := fmt.Errorf("track %q in %s: %w; disposed at once", id, s.name, ErrScopeClosed)
 		if derr := runDispose(ctx, effect{id, class, dispose}); derr != nil {
 			err = errors.Join(err, derr)
@@ -142,6 +154,114 @@ func (s *EffectScope) Release(id string) bool {
 		}
 	}
 	return true
+}
+
+// Resource is one tracked resource, as Resources lists it.
+type Resource struct {
+	// ID is the resource's ID in its scope ("process", "route",
+	// "crash-watch", "stream gw-…").
+	ID string
+	// Class is the resource's class.
+	Class Class
+}
+
+func (r Resource) String() string { return r.ID + " (" + r.Class.String() + ")" }
+
+// Resources lists the resources tracked and not yet disposed, in tracking
+// order (the reverse of the order Dispose releases them in): what a
+// generation holds, for status and diagnosis.
+func (s *EffectScope) Resources() []Resource {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]Resource, len(s.effects))
+	for i, e := range s.effects {
+		out[i] = Resource{ID: e.id, Class: e.class}
+	}
+	return out
+}
+
+// FormatResources is the resources of a scope on one line, for logs and
+// messages: "process (reversible), route (reversible), …".
+func FormatResources(rs []Resource) string {
+	parts := make([]string, len(rs))
+	for i, r := range rs {
+		parts[i] = r.String()
+	}
+	return strings.Join(parts, ", ")
+}
+
+// ErrDrainTimeout is wrapped by the DisposeError of cancelable work that
+// had not ended when the dispose context's deadline (the drain deadline)
+// passed: it was cancelled. A drain timeout is evidence for a receipt, not
+// a cleanup failure.
+var ErrDrainTimeout = errors.New("still running at the drain deadline: cancelled")
+
+// CancelGrace bounds how long dispose waits for cancelable work to end
+// once it was cancelled.
+const CancelGrace = 5 * time.Second
+
+// TrackWork tracks cancelable work that ends by itself (a stream, a run):
+// dispose waits for done until the dispose context ends (the drain
+// deadline), then calls cancel and waits for done at most CancelGrace. Work
+// that had to be cancelled is reported as a DisposeError wrapping
+// ErrDrainTimeout (ended, or not even after its cancellation), so the
+// caller can record a drain_timeout receipt. Work started after the scope
+// was disposed is cancelled at once, without waiting for it (the caller may
+// be the work itself), and the error wraps ErrScopeClosed.
+func (s *EffectScope) TrackWork(ctx context.Context, id string, cancel func(), done <-chan struct{}) error {
+	return s.track(ctx, id, Cancelable, func(ctx context.Context) error {
+		select {
+		case <-done:
+			return nil
+		default:
+		}
+		select {
+		case <-done:
+			return nil
+		case <-ctx.Done():
+			select {
+			case <-done: // ended right at the deadline
+				return nil
+			default:
+			}
+		}
+		cancel()
+		t := time.NewTimer(CancelGrace)
+		defer t.Stop()
+		select {
+		case <-done:
+			return ErrDrainTimeout
+		case <-t.C:
+			return fmt.Errorf("%w; it did not end within %s of its cancellation", ErrDrainTimeout, CancelGrace)
+		}
+	}, cancel)
+}
+
+// SplitDisposeErrors separates what Dispose returned into the work cut off
+// by the drain deadline (ErrDrainTimeout: receipts) and the cleanups that
+// failed (cleanup_failed).
+func SplitDisposeErrors(err error) (timeouts, failures []*DisposeError) {
+	if err == nil {
+		return nil, nil
+	}
+	var all []error
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		all = j.Unwrap()
+	} else {
+		all = []error{err}
+	}
+	for _, e := range all {
+		var de *DisposeError
+		if !errors.As(e, &de) {
+			de = &DisposeError{ID: "?", Err: e}
+		}
+		if errors.Is(de.Err, ErrDrainTimeout) {
+			timeouts = append(timeouts, de)
+		} else {
+			failures = append(failures, de)
+		}
+	}
+	return timeouts, failures
 }
 
 // Len is the number of resources tracked and not yet disposed.

@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
 // recorder is a dispose log shared by the effects of one test.
@@ -232,5 +234,82 @@ func TestRetentionIsBoundedAndEvictionMarksEvidenceIncomplete(t *testing.T) {
 	}
 	if sum := store.Summary("g-new"); !sum.Truncated || sum.Total != 1 || sum.IncompleteReason == "" {
 		t.Fatalf("a receipt recorded after MarkIncomplete must not make the evidence look complete: %+v", sum)
+	}
+}
+
+func TestResourcesListWhatIsTrackedInRegistrationOrder(t *testing.T) {
+	ctx := context.Background()
+	s := NewScope("gen-1")
+	_ = s.Track(ctx, "process", Reversible, nil)
+	_ = s.Track(ctx, "route", Reversible, nil)
+	_ = s.TrackWork(ctx, "stream run-1", func() {}, make(chan struct{}))
+	got := FormatResources(s.Resources())
+	if want := "process (reversible), route (reversible), stream run-1 (cancelable)"; got != want {
+		t.Fatalf("resources %q, want %q", got, want)
+	}
+	s.Release("route")
+	if got := FormatResources(s.Resources()); got != "process (reversible), stream run-1 (cancelable)" {
+		t.Fatalf("after releasing the route: %q", got)
+	}
+}
+
+func TestDisposeWaitsForWorkThatEndsWithinTheDeadline(t *testing.T) {
+	s := NewScope("gen-1")
+	done := make(chan struct{})
+	cancelled := false
+	_ = s.TrackWork(context.Background(), "stream", func() { cancelled = true }, done)
+	go func() { time.Sleep(20 * time.Millisecond); close(done) }()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := s.Dispose(ctx); err != nil || cancelled {
+		t.Fatalf("dispose: %v (cancelled %v); want the work waited for, not cancelled", err, cancelled)
+	}
+}
+
+func TestWorkPastTheDrainDeadlineIsCancelledAndReportedAsATimeoutNotAFailure(t *testing.T) {
+	var rec recorder
+	s := NewScope("gen-1")
+	_ = s.Track(context.Background(), "process", Reversible, rec.dispose("process", nil))
+	_ = s.Track(context.Background(), "socket", Reversible, rec.dispose("socket", errors.New("EIO")))
+	stuck := make(chan struct{})
+	_ = s.TrackWork(context.Background(), "stream stuck", func() { close(stuck) }, stuck)
+	never := make(chan struct{})
+	_ = s.TrackWork(context.Background(), "stream deaf", func() {}, never)
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	err := s.Dispose(ctx)
+	timeouts, failures := SplitDisposeErrors(err)
+	ids := func(des []*DisposeError) []string {
+		var out []string
+		for _, d := range des {
+			out = append(out, d.ID)
+		}
+		return out
+	}
+	if got := ids(timeouts); !slices.Equal(got, []string{"stream deaf", "stream stuck"}) {
+		t.Fatalf("timeouts %v", got)
+	}
+	if got := ids(failures); !slices.Equal(got, []string{"socket"}) {
+		t.Fatalf("failures %v", got)
+	}
+	if !strings.Contains(timeouts[0].Error(), "did not end within") {
+		t.Fatalf("the work that ignored its cancellation: %v", timeouts[0])
+	}
+	if got := rec.log(); !slices.Equal(got, []string{"socket", "process"}) {
+		t.Fatalf("disposed %v after the timeouts; want the rest still disposed", got)
+	}
+	if d := time.Since(start); d > CancelGrace+5*time.Second {
+		t.Fatalf("dispose took %s", d)
+	}
+}
+
+func TestWorkTrackedAfterDisposeIsCancelledWithoutWaiting(t *testing.T) {
+	s := NewScope("gen-1")
+	_ = s.Dispose(context.Background())
+	cancelled := false
+	err := s.TrackWork(context.Background(), "stream late", func() { cancelled = true }, make(chan struct{}))
+	if !errors.Is(err, ErrScopeClosed) || !cancelled {
+		t.Fatalf("TrackWork on a disposed scope: %v (cancelled %v)", err, cancelled)
 	}
 }

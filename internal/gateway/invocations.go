@@ -47,6 +47,9 @@ type invocation struct {
 	// droppedStale is set when an observation of the run was dropped
 	// because its generation no longer served the module.
 	droppedStale bool
+	// binding is where the call's stream is registered while it runs
+	// (scope.go).
+	binding *streamBinding
 	// streaming is set for a Watch: observations are queued for it.
 	streaming bool
 	events    []event

@@ -634,6 +634,7 @@ func (s *Server) started(inv *invocation, r hotswap.Route) {
 	inv.started, inv.generation, inv.generationName = true, r.Lineage, r.Name
 	cancel := inv.cancelRequested
 	inv.mu.Unlock()
+	s.bindStream(inv, r)
 	if s.cfg.OnDispatch != nil {
 		s.cfg.OnDispatch(Dispatch{Namespace: inv.namespace, Activation: inv.activation, Module: inv.module, InvocationID: inv.id, Route: r, At: time.Now()})
 	}
@@ -695,6 +696,7 @@ func (s *Server) finish(inv *invocation, res hotswap.Result, err error) {
 	inv.mu.Unlock()
 	countCall(inv.namespace, inv.activation, inv.module, outcome)
 	close(inv.done)
+	s.unbindStream(inv)
 	inv.signal()
 	s.table.markEnded(inv)
 }

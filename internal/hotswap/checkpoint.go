@@ -227,6 +227,8 @@ func (a *activationRuntime) takeCheckpoint(m *moduleRuntime, g *generationRuntim
 	g.stateDigest = st.StateSHA256
 	g.checkpoint = &CheckpointInfo{StateSHA256: st.StateSHA256, At: a.c.cfg.Now()}
 	a.mu.Unlock()
+	// The receipts recorded up to the checkpoint are durable with it.
+	a.syncReceipts()
 	a.notify(g.name)
 	return nil
 }

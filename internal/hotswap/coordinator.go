@@ -10,7 +10,6 @@ import (
 	"github.com/go-logr/logr"
 
 	"iteron.dev/operator/internal/activation"
-	"iteron.dev/operator/internal/effects"
 	"iteron.dev/operator/internal/ledger"
 	"iteron.dev/operator/internal/reasons"
 )
@@ -128,7 +127,6 @@ type Desired struct {
 type Coordinator struct {
 	cfg       Config
 	snapshots *SnapshotStore
-	receipts  *effects.ReceiptStore
 
 	// started is when the coordinator (the manager) started.
 	started time.Time
@@ -180,7 +178,7 @@ func New(cfg Config) (*Coordinator, error) {
 		cfg.QueueLimit = DefaultQueueLimit
 	}
 	return &Coordinator{
-		cfg: cfg, snapshots: NewSnapshotStore(cfg.StateDir), receipts: effects.NewReceiptStore(),
+		cfg: cfg, snapshots: NewSnapshotStore(cfg.StateDir),
 		activations: map[string]*activationRuntime{}, started: cfg.Now(), recovering: cfg.RecoverAtStart,
 	}, nil
 }

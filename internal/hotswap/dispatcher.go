@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"iteron.dev/operator/internal/effects"
 	"iteron.dev/operator/internal/reasons"
 	"iteron.dev/operator/internal/survivor"
 )
@@ -62,6 +63,10 @@ type Route struct {
 	Epoch string
 	// Backend runs the calls.
 	Backend Backend
+	// Scope holds the generation's live resources (nil when untracked): a
+	// stream or watcher bound to this route registers in it, so disposing
+	// the generation ends it (TrackWork) and nothing outlives it.
+	Scope *effects.EffectScope
 }
 
 // Call is one invocation of a module.
@@ -484,6 +489,20 @@ func (d *Dispatcher) Switch(route Route) (previous *Route, err error) {
 	}
 	d.route = &route
 	return previous, nil
+}
+
+// WithdrawRoute removes the route if it still sends calls to backend (its
+// generation is being disposed) and reports whether it did: calls then wait
+// for the next switch instead of reaching a process that is going away. A
+// route that already moved on is left alone.
+func (d *Dispatcher) WithdrawRoute(backend Backend) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.route == nil || d.route.Backend != backend {
+		return false
+	}
+	d.route = nil
+	return true
 }
 
 // SetUnavailable makes calls fail at once with code and message, the queued

@@ -121,9 +121,16 @@ func (r *txnRun) switchPhase(route func() Route, durable func()) phase {
 					return err
 				}
 			}
-			prev, err := r.m.dispatcher.Switch(route())
+			next := route()
+			prev, err := r.m.dispatcher.Switch(next)
 			previous = prev
-			return err
+			if err != nil {
+				return err
+			}
+			// The route is a resource of the generation it sends calls to:
+			// disposing that generation withdraws it if it still routes.
+			r.a.trackRoute(next, r.m)
+			return nil
 		},
 		undo: func() {
 			back := Route{}
@@ -168,8 +175,9 @@ func (r *txnRun) launch(g *generationRuntime) error {
 	g.lastPid = proc.Pid()
 	g.procStartedAt = proc.StartedAt()
 	r.a.mu.Unlock()
-	if err := g.scope.Track(r.ctx, "process", effects.Reversible, func(context.Context) error { return proc.Close() }); err != nil {
-		_ = proc.Close()
+	if err := trackProcess(r.ctx, g.scope, proc); err != nil {
+		// Track disposed it at once (the scope was closed): the error says
+		// whether closing it failed too.
 		return fail(ledger.PhaseShadowLoad, err, reasons.ActivationFailed)
 	}
 	if err := proc.Load(r.ctx); err != nil {
@@ -210,18 +218,22 @@ func (r *txnRun) markFailed(pf *phaseFailure, what string) {
 
 // route is the dispatcher route of a generation. Runs of a provider
 // admitted irreversible_external or trust_mutating effects leave a receipt.
+//
+// Runs on the activation's worker, with or without a.mu held: the worker is
+// the only writer of g.scope and g.proc, so it reads them without the lock.
 func (a *activationRuntime) route(g *generationRuntime) Route {
-	return a.routeTo(g, g.proc)
+	return a.routeTo(g, g.proc, g.scope)
 }
 
-// routeTo is g's route served by proc (a renewal routes to its fresh
-// process before it becomes g's).
-func (a *activationRuntime) routeTo(g *generationRuntime, proc Provider) Route {
-	var backend Backend = proc
+// routeTo is g's route served by proc, whose resources scope holds (a
+// renewal routes to its fresh process, in its own scope, before it becomes
+// g's).
+func (a *activationRuntime) routeTo(g *generationRuntime, proc Provider, scope *effects.EffectScope) Route {
+	var backend Backend = &countingBackend{Backend: proc, a: a, g: g}
 	if class, ok := receiptClass(g.target.Plan.AdmittedCapabilities()); ok {
 		backend = &receiptBackend{Backend: proc, a: a, g: g, class: class}
 	}
-	return Route{Lineage: g.lineage, Name: g.name, Epoch: g.target.Epoch, Backend: backend}
+	return Route{Lineage: g.lineage, Name: g.name, Epoch: g.target.Epoch, Backend: backend, Scope: scope}
 }
 
 // receiptClass is the effect class of a provider's runs, by its admitted

@@ -147,9 +147,13 @@ func (a *activationRuntime) adopt(d *Desired, m *moduleRuntime, g *generationRun
 	if g.activatedAt.IsZero() {
 		g.activatedAt = a.c.cfg.Now()
 	}
+	scope := g.scope
 	a.mu.Unlock()
+	if err := trackProcess(context.Background(), scope, proc); err != nil {
+		a.log("re-attach: the generation's scope refused its process", "module", m.name, "error", err.Error())
+	}
 	m.dispatcher.PauseNow()
-	if _, err := m.dispatcher.Switch(a.route(g)); err != nil {
+	if err := a.switchRoute(m, g); err != nil {
 		a.log("re-attach: the module's dispatcher refused the route", "module", m.name, "error", err.Error())
 	}
 	a.mu.Lock()

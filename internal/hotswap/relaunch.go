@@ -1,6 +1,7 @@
 package hotswap
 
 import (
+	"context"
 	"fmt"
 	"time"
 
@@ -24,9 +25,19 @@ const (
 
 // watchProcess marks the generation crashed if its process exits while it
 // is the module's active one and nobody stopped it.
+//
+// The watch is a resource of the generation's scope (crash-watch): disposing
+// the scope stops it. Caller holds a.mu.
 func (a *activationRuntime) watchProcess(m *moduleRuntime, g *generationRuntime, proc Provider) {
+	w := &watcher{stop: make(chan struct{}), done: make(chan struct{}), handling: make(chan struct{})}
 	go func() {
-		<-proc.Exited()
+		defer close(w.done)
+		select {
+		case <-proc.Exited():
+		case <-w.stop:
+			return
+		}
+		close(w.handling)
 		tail, dropped := proc.StderrTail()
 		a.mu.Lock()
 		crashed := m.active == g && g.proc == proc && !a.stopping
@@ -71,6 +82,10 @@ func (a *activationRuntime) watchProcess(m *moduleRuntime, g *generationRuntime,
 			a.notify(g.name)
 		}
 	}()
+	g.scope.Release(resCrashWatch) // a watch of an earlier process of the scope, which ended
+	if err := g.scope.Track(context.Background(), resCrashWatch, effects.Cancelable, w.dispose); err != nil {
+		a.log("crash watch of a disposed generation stopped at once", "generation", g.name, "error", err.Error())
+	}
 }
 
 // ownerLost reports whether proc ended with its owner (a survivor that
@@ -159,7 +174,11 @@ func (a *activationRuntime) relaunchCommitted(d *Desired, m *moduleRuntime, t Mo
 	m.active = g // so a crash of the relaunched process is seen as one
 	m.dur.committed = nil
 	a.mu.Unlock()
-	a.c.receipts.MarkIncomplete(g.name, fmt.Sprintf("the manager restarted at %s: receipts recorded before it were lost with it", a.c.started.UTC().Format(time.RFC3339)))
+	if a.receiptsLoss != "" {
+		// Its receipts survive in the receipts file — unless the last
+		// manager did not close it: then what it recorded last may be lost.
+		a.receipts.MarkIncomplete(g.name, a.receiptsLoss)
+	}
 	if a.c.cfg.Owner != nil {
 		proc, why := a.reattach(m, g, t, c, d)
 		if proc != nil {
@@ -211,8 +230,15 @@ func (a *activationRuntime) runRelaunch(d *Desired, m *moduleRuntime, g *generat
 					}
 					snap, stored, haveSnapshot = s.protocolState(), s, ok
 				}
+				// What is left of the process that ended (its reaping, its
+				// route, its crash watch) is disposed before a new scope
+				// holds the relaunched one.
 				a.mu.Lock()
-				g.scope = effects.NewScope(g.name)
+				ended := g.scope
+				a.mu.Unlock()
+				a.dispose(g, ended, drainDeadline(g))
+				a.mu.Lock()
+				g.scope = effects.NewScope(fmt.Sprintf("%s/r%d", g.name, renewal))
 				a.mu.Unlock()
 				return nil
 			}),

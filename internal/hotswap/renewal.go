@@ -39,10 +39,13 @@ func (a *activationRuntime) renew(d *Desired, m *moduleRuntime) {
 		return
 	}
 	v2 := g.target.Plan.ProtocolVersion() == 2
-	fresh := &generationRuntime{name: g.name, module: m.name, lineage: g.lineage, attempt: g.attempt, target: g.target, scope: effects.NewScope(g.name + "/renewal")}
+	fresh := &generationRuntime{name: g.name, module: m.name, lineage: g.lineage, attempt: g.attempt, target: g.target, scope: effects.NewScope(fmt.Sprintf("%s/r%d", g.name, renewal))}
+	a.mu.Lock()
+	oldScope := g.scope
+	a.mu.Unlock()
 	r.fresh = func() *effects.EffectScope { return fresh.scope }
 	r.serving = func() *Route {
-		route := a.routeTo(g, oldProc)
+		route := a.routeTo(g, oldProc, oldScope)
 		return &route
 	}
 	var st State
@@ -58,9 +61,8 @@ func (a *activationRuntime) renew(d *Desired, m *moduleRuntime) {
 			r.readinessPhase(fresh, &st, ""),
 		)
 	}
-	oldScope := g.scope
 	phases = append(phases,
-		r.switchPhase(func() Route { return a.routeTo(g, fresh.proc) }, func() {
+		r.switchPhase(func() Route { return a.routeTo(g, fresh.proc, fresh.scope) }, func() {
 			a.mu.Lock()
 			g.proc, g.scope = fresh.proc, fresh.scope
 			g.lastPid, g.procStartedAt = fresh.lastPid, fresh.procStartedAt
@@ -77,12 +79,16 @@ func (a *activationRuntime) renew(d *Desired, m *moduleRuntime) {
 				stopCtx, cancel := context.WithTimeout(context.Background(), g.target.Plan.CancellationDeadline()+time.Second)
 				err := oldProc.Stop(stopCtx, "renewed: a fresh process of the same generation serves")
 				cancel()
-				a.dispose(g, oldScope)
+				// The fresh process serves: a resource of the old one that
+				// cannot be released is the ledger's cleanup_failed note and
+				// the generation's cleanup error, not a failure of it.
+				cleanup := a.dispose(g, oldScope, drainDeadline(g))
+				note := ""
 				if err != nil {
-					note := fmt.Sprintf("the renewed process of %s did not stop within its cancellation deadline and was killed: %s", g.name, firstLine(err.Error()))
+					note = fmt.Sprintf("the renewed process of %s did not stop within its cancellation deadline and was killed: %s", g.name, firstLine(err.Error()))
 					a.recordReceipt(g, effects.Receipt{ID: fmt.Sprintf("drain-timeout-r%d", renewal), Kind: effects.ReceiptDrainTimeout, Class: effects.Cancelable, FinishedAt: a.c.cfg.Now(), Detail: note})
-					g.drainNote = note
 				}
+				g.drainNote = joinNotes(note, cleanup)
 				return nil
 			},
 			record: func() error {

@@ -238,10 +238,18 @@ func (r *txnRun) plainRecord(name ledger.Phase) func() error {
 // accepts appends).
 func (r *txnRun) fail(t *transaction, pf *phaseFailure) {
 	r.blocked = string(pf.code)
+	if note := r.a.rollbackEvidence(r.gen); note != "" {
+		// The blocked record and the Generation's status say what the
+		// rollback cannot undo or cannot vouch for.
+		pf.message = truncateMessage(pf.message + "; " + note)
+	}
 	r.captureStderr(r.gen)
 	id := r.txn.Identity().TransactionID
 	if !r.txn.Switched() || t.rollback == nil {
-		r.restoreService()
+		if note := r.restoreService(); note != "" {
+			// The blocked record says what could not be cleaned up too.
+			pf.message = truncateMessage(pf.message + "; " + reasons.CleanupFailed + ": " + note)
+		}
 		if err := r.txn.Block(pf.phase, pf.code, pf.message); err != nil {
 			r.a.closeLater(err, rolledBack(id, pf, false, nil))
 		} else if err := r.txn.RollBack(); err != nil {
@@ -323,16 +331,19 @@ func (r *txnRun) unwritable(t *transaction, p *phase, final bool, err error) {
 }
 
 // restoreService disposes what the transaction started and lets what served
-// before serve again.
-func (r *txnRun) restoreService() {
+// before serve again. It returns the cleanup_failed note of that dispose,
+// or "".
+func (r *txnRun) restoreService() string {
+	note := ""
 	if s := r.fresh(); s != nil {
-		r.a.dispose(r.gen, s)
+		note = r.a.dispose(r.gen, s, drainDeadline(r.gen))
 	}
 	// A switch that did not become durable was undone by its phase: the
 	// route is what served before, which only needs to dispatch again.
 	if route := r.serving(); route != nil {
 		r.m.dispatcher.Resume()
 	}
+	return note
 }
 
 // markStep shows the phase in progress on the generation's status.
@@ -367,6 +378,12 @@ func (r *txnRun) recorded(phase ledger.Phase, gens ...*generationRuntime) {
 		g.lastSeq, g.lastHash = last.Sequence, last.RecordSHA256
 	}
 	r.a.mu.Unlock()
+	if phase == ledger.PhaseCommitted || phase == ledger.PhaseRolledBack {
+		// A transaction's end makes the receipts recorded so far durable
+		// too (a module without checkpoints — protocol 1, or an interval
+		// of 0 — has no other sync before the manager stops).
+		r.a.syncReceipts()
+	}
 	names := []string{r.gen.name}
 	for _, g := range gens {
 		names = append(names, g.name)
@@ -397,17 +414,3 @@ var phaseSteps = map[ledger.Phase]iteronv1.GenerationStep{
 }
 
 func stepOf(p ledger.Phase) iteronv1.GenerationStep { return phaseSteps[p] }
-
-// dispose disposes a scope of g, keeping its errors as the generation's
-// cleanup_failed reason instead of dropping them.
-func (a *activationRuntime) dispose(g *generationRuntime, s *effects.EffectScope) {
-	if s == nil {
-		return
-	}
-	if err := s.Dispose(context.Background()); err != nil {
-		a.mu.Lock()
-		g.cleanupErr = truncateMessage(firstLine(err.Error()))
-		a.mu.Unlock()
-		a.log("cleanup failed", "generation", g.name, "scope", s.Name(), "error", err.Error())
-	}
-}

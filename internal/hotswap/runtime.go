@@ -128,6 +128,11 @@ type activationRuntime struct {
 	rCounts map[string]uint64
 	// stopping is set during shutdown: process exits are then not crashes.
 	stopping bool
+	// receipts are the activation's receipts, kept in its receipts file.
+	receipts *effects.ReceiptStore
+	// receiptsLoss says why receipts of generations before this manager
+	// may be missing ("" when the last manager closed the file cleanly).
+	receiptsLoss string
 
 	wake chan struct{}
 	stop chan struct{}
@@ -139,11 +144,13 @@ type activationRuntime struct {
 
 func newActivationRuntime(c *Coordinator, key ActivationKey) *activationRuntime {
 	log := c.cfg.Log.WithValues("activation", key.Namespace+"/"+key.Name, "uid", key.UID)
-	return &activationRuntime{
+	a := &activationRuntime{
 		c: c, key: key, log: func(msg string, kv ...any) { log.Info(msg, kv...) },
 		modules: map[string]*moduleRuntime{}, failed: map[string]Failure{}, rCounts: map[string]uint64{},
 		wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}), hold: make(chan chan struct{}),
 	}
+	a.openReceipts()
+	return a
 }
 
 func (a *activationRuntime) poke() {
@@ -568,10 +575,25 @@ func (a *activationRuntime) shutdown(ctx context.Context) error {
 		for _, d := range dispatchers {
 			d.Close()
 		}
+		// The survivor owns the processes from here; what else the
+		// generations hold (crash watches, routes, timers) ends with this
+		// manager.
+		for _, l := range procs {
+			a.mu.Lock()
+			scope := l.g.scope
+			a.mu.Unlock()
+			scope.Release(resProcess)
+			if note := a.dispose(l.g, scope, drainDeadline(l.g)); note != "" {
+				errs = append(errs, fmt.Errorf("detach %s: %s: %s", l.g.name, reasons.CleanupFailed, note))
+			}
+		}
 		if led != nil {
 			if err := led.Close(); err != nil {
 				errs = append(errs, err)
 			}
+		}
+		if err := a.closeReceipts(); err != nil {
+			errs = append(errs, err)
 		}
 		a.log("detached from the survivor: its providers keep running", "modules", len(procs))
 		return errors.Join(errs...)
@@ -594,12 +616,20 @@ func (a *activationRuntime) shutdown(ctx context.Context) error {
 		if err := l.p.Stop(ctx, "manager shutting down"); err != nil {
 			errs = append(errs, fmt.Errorf("stop %s: %w", l.g.name, err))
 		}
-		_ = l.p.Close()
+		a.mu.Lock()
+		scope := l.g.scope
+		a.mu.Unlock()
+		if note := a.dispose(l.g, scope, drainDeadline(l.g)); note != "" {
+			errs = append(errs, fmt.Errorf("shut down %s: %s: %s", l.g.name, reasons.CleanupFailed, note))
+		}
 	}
 	if led != nil {
 		if err := led.Close(); err != nil {
 			errs = append(errs, err)
 		}
+	}
+	if err := a.closeReceipts(); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }
@@ -685,10 +715,14 @@ func (a *activationRuntime) generationStatus(g *generationRuntime) GenerationSta
 		gs.ProcessStartedAt = g.proc.StartedAt()
 		gs.StderrTail, gs.StderrDropped = g.proc.StderrTail()
 	}
-	sum := a.c.receipts.Summary(g.name)
-	gs.Receipts = ReceiptCounts{Total: int32(sum.Total), Irreversible: int32(sum.Irreversible), Truncated: sum.Truncated, IncompleteReason: sum.IncompleteReason}
+	if g.scope != nil {
+		gs.Resources = g.scope.Resources()
+	}
+	sum := a.receipts.Summary(g.name)
+	gs.Receipts = ReceiptCounts{Total: int32(sum.Total), Irreversible: int32(sum.Irreversible), Truncated: sum.Truncated,
+		IncompleteReason: sum.IncompleteReason, ReversibleRuns: sum.ReversibleRuns}
 	if g.cleanupErr != "" && gs.Reason == "" {
-		gs.Reason, gs.Message = reasons.CleanupFailed, "disposing the generation's effects failed: "+g.cleanupErr
+		gs.Reason, gs.Message = reasons.CleanupFailed, g.cleanupErr
 	}
 	return gs
 }
@@ -753,7 +787,11 @@ func (a *activationRuntime) holdForOwnerRestart() {
 			}
 		}
 		m, g, p := l.m, l.g, l.p
-		time.AfterFunc(ownerRestartHold, func() {
+		a.mu.Lock()
+		scope := g.scope
+		a.mu.Unlock()
+		hold := time.AfterFunc(ownerRestartHold, func() {
+			scope.Release(resOwnerHold)
 			a.mu.Lock()
 			still := m.active == g && g.proc == p
 			a.mu.Unlock()
@@ -766,5 +804,8 @@ func (a *activationRuntime) holdForOwnerRestart() {
 				}
 			}
 		})
+		if err := trackOwnerHold(scope, hold); err != nil {
+			a.log("the hold of a disposed generation was stopped at once", "generation", g.name, "error", err.Error())
+		}
 	}
 }

@@ -317,5 +317,8 @@ func RemoveActivationState(stateDir, activationUID string, now time.Time) error 
 	if err := removeAttached(stateDir, activationUID); err != nil {
 		return err
 	}
+	if err := removeReceipts(stateDir, activationUID); err != nil {
+		return err
+	}
 	return NewSnapshotStore(stateDir).RemoveActivation(activationUID)
 }

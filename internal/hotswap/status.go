@@ -1,6 +1,7 @@
 package hotswap
 
 import (
+	"iteron.dev/operator/internal/effects"
 	"time"
 
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
@@ -118,6 +119,10 @@ type GenerationStatus struct {
 	StderrTail       string
 	StderrDropped    int64
 	Receipts         ReceiptCounts
+	// Resources are the live resources the generation's EffectScope holds
+	// (process, route, crash-watch, streams …), in the order they were
+	// registered; empty once it is disposed.
+	Resources        []effects.Resource
 	TransactionID    string
 	LastSequence     uint64
 	LastRecordSHA256 string
@@ -138,6 +143,9 @@ type ReceiptCounts struct {
 	// Truncated is true when receipts are missing: evicted, or lost with a
 	// manager restart (IncompleteReason says which).
 	Truncated bool
+	// ReversibleRuns counts the generation's reversible runs (no receipt
+	// each).
+	ReversibleRuns int64
 	// IncompleteReason says why the evidence is incomplete ("" when it is
 	// complete).
 	IncompleteReason string

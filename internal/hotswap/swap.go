@@ -3,6 +3,7 @@ package hotswap
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
@@ -175,17 +176,26 @@ func newProcessFault(proc Provider, phase ledger.Phase) *phaseFailure {
 // recorded. It returns the cleanup_failed note, or "".
 func (a *activationRuntime) drain(old *generationRuntime, successor string) string {
 	a.mu.Lock()
-	proc := old.proc
+	proc, scope := old.proc, old.scope
 	a.mu.Unlock()
 	if proc == nil {
-		return ""
+		// No process (it ended, or the generation is known only from the
+		// ledger): what else it held is still released.
+		cleanup := a.dispose(old, scope, drainDeadline(old))
+		if cleanup != "" {
+			a.mu.Lock()
+			a.setPhase(old, iteronv1.PhaseFailed)
+			old.reason, old.message = reasons.CleanupFailed, cleanup
+			a.mu.Unlock()
+		}
+		return cleanup
 	}
 	stopCtx, cancel := context.WithTimeout(context.Background(), old.target.Plan.CancellationDeadline()+time.Second)
 	defer cancel()
 	started := a.c.cfg.Now()
 	tail, dropped := proc.StderrTail()
 	err := proc.Stop(stopCtx, "drained: replaced by "+successor)
-	a.dispose(old, old.scope)
+	cleanup := a.dispose(old, scope, drainDeadline(old))
 	note := ""
 	if err != nil {
 		note = fmt.Sprintf("%s did not stop within its cancellation deadline (%s) and was killed: %s", old.name, old.target.Plan.CancellationDeadline(), firstLine(err.Error()))
@@ -197,13 +207,20 @@ func (a *activationRuntime) drain(old *generationRuntime, successor string) stri
 	a.mu.Lock()
 	old.proc = nil
 	old.stderrTail, old.stderrDropped = tail, dropped
-	a.setPhase(old, iteronv1.PhaseInactive)
 	old.step, old.drainedAt = iteronv1.StepDrain, a.c.cfg.Now()
-	if note != "" {
-		old.reason, old.message = reasons.CleanupFailed, truncateMessage(note)
+	if cleanup != "" {
+		// A resource of the generation could not be released: it is
+		// Failed, and keeps that error (and its receipts) for the reader.
+		a.setPhase(old, iteronv1.PhaseFailed)
+		old.reason, old.message = reasons.CleanupFailed, joinNotes(note, cleanup)
+	} else {
+		a.setPhase(old, iteronv1.PhaseInactive)
+		if note != "" {
+			old.reason, old.message = reasons.CleanupFailed, truncateMessage(note)
+		}
 	}
 	a.mu.Unlock()
-	return note
+	return joinNotes(note, cleanup)
 }
 
 // rollbackAfterSwitch returns to the old generation after a fault of the
@@ -220,7 +237,10 @@ func (r *txnRun) rollbackAfterSwitch(old *generationRuntime) error {
 	defer r.a.notify(old.name)
 	m := r.m
 	_, _ = m.dispatcher.Pause(ctx, 0)
-	r.a.dispose(r.gen, r.gen.scope)
+	r.a.mu.Lock()
+	failedScope := r.gen.scope
+	r.a.mu.Unlock()
+	r.a.dispose(r.gen, failedScope, drainDeadline(r.gen))
 	err := r.relaunchOld(ctx, old)
 	if err != nil {
 		msg := truncateMessage(fmt.Sprintf("the old generation could not be restored after %s failed: %s", r.gen.name, firstLine(err.Error())))
@@ -252,28 +272,23 @@ func (r *txnRun) relaunchOld(ctx context.Context, old *generationRuntime) error 
 			return err
 		}
 		if err := proc.Load(ctx); err != nil {
-			_ = proc.Close()
-			return err
+			return errors.Join(err, proc.Close())
 		}
 		if old.target.Plan.ProtocolVersion() == 2 && old.stateDigest != "" {
 			snap, err := r.a.c.snapshots.Get(r.a.key.UID, r.m.name, old.stateDigest, SnapshotRollback)
 			if err != nil {
-				_ = proc.Close()
-				return fmt.Errorf("read the rollback snapshot: %w", err)
+				return errors.Join(fmt.Errorf("read the rollback snapshot: %w", err), proc.Close())
 			}
 			st := snap.protocolState()
 			if err := proc.Restore(ctx, st); err != nil {
-				_ = proc.Close()
-				return err
+				return errors.Join(err, proc.Close())
 			}
 			if err := proc.Readiness(ctx, old.lineage, st.StateSHA256); err != nil {
-				_ = proc.Close()
-				return err
+				return errors.Join(err, proc.Close())
 			}
 		}
-		scope := effects.NewScope(old.name)
-		if err := scope.Track(ctx, "process", effects.Reversible, func(context.Context) error { return proc.Close() }); err != nil {
-			_ = proc.Close()
+		scope := effects.NewScope(old.name + "/rollback-" + r.gen.name)
+		if err := trackProcess(ctx, scope, proc); err != nil {
 			return err
 		}
 		r.a.mu.Lock()
@@ -282,7 +297,7 @@ func (r *txnRun) relaunchOld(ctx context.Context, old *generationRuntime) error 
 		old.lastPid, old.procStartedAt = proc.Pid(), proc.StartedAt()
 		r.a.mu.Unlock()
 	}
-	if _, err := r.m.dispatcher.Switch(r.a.route(old)); err != nil {
+	if err := r.a.switchRoute(r.m, old); err != nil {
 		return err
 	}
 	r.a.mu.Lock()
@@ -303,18 +318,4 @@ func (a *activationRuntime) storedSnapshot(g *generationRuntime, st State, kind 
 		Module: g.module, ImplementationID: st.ImplementationID, Lineage: int64(st.Generation), StateSchema: st.StateSchema,
 		StateSHA256: st.StateSHA256, Kind: kind, TakenUnixMs: a.c.cfg.Now().UnixMilli(), State: json.RawMessage(st.State),
 	}
-}
-
-// recordReceipt stores a receipt for a generation.
-func (a *activationRuntime) recordReceipt(g *generationRuntime, rc effects.Receipt) {
-	rc.Owner = a.key.Namespace + "/" + a.key.Name
-	rc.Generation = g.name
-	rc.Component = g.module
-	if err := a.c.receipts.Record(rc); err != nil {
-		a.log("receipt not recorded", "generation", g.name, "error", err.Error())
-		return
-	}
-	// The Generation's receipt counts change now, not at its next
-	// transaction or checkpoint.
-	a.c.cfg.Notify(Notification{Namespace: a.key.Namespace, Name: a.key.Name, Generations: []string{g.name}, GenerationsOnly: true})
 }

@@ -3,6 +3,10 @@ package crash
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -19,6 +23,7 @@ import (
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
 	"iteron.dev/operator/examples/providers/artifacts"
 	"iteron.dev/operator/examples/providers/providertest"
+	"iteron.dev/operator/internal/effects"
 )
 
 // cfIrreversibleCeiling is a node ceiling that admits irreversible_external:
@@ -36,19 +41,20 @@ func cfIrreversibleSource(t *testing.T, id string) iteronv1.ActivationSource {
 		ManifestSHA256: s.ManifestSHA256, ArtifactSHA256: s.ArtifactSHA256}
 }
 
-// TestReceiptsLostWithARestartAreReportedIncompleteNeverAsACleanZero: a
-// generation whose runs left receipts is relaunched by a restarted manager;
-// its Generation status says the evidence is incomplete (truncated, with the
-// restart named) at every write after the restart, never a clean count of
-// zero; a generation that starts after the restart reports complete
-// evidence.
-func TestReceiptsLostWithARestartAreReportedIncompleteNeverAsACleanZero(t *testing.T) {
+// TestReceiptsSurviveARestartAndACutTailIsReportedIncomplete: the receipts
+// of a generation's irreversible runs are in its activation's receipts file;
+// `kubectl iteron receipts` prints the same receipts before and after a
+// clean restart of the manager (SIGTERM), and the Generation's status keeps
+// counting them as complete evidence at every write. Then the manager is
+// killed and the file cut back to its last durable length, as a machine
+// stop would leave it: the next manager reports the evidence incomplete, in
+// the Generation's status and in `kubectl iteron receipts`, never as clean.
+func TestReceiptsSurviveARestartAndACutTailIsReportedIncomplete(t *testing.T) {
 	n := newNode(t)
 	start := time.Now()
 	step := func(what string) { t.Logf("%6.1fs %s", time.Since(start).Seconds(), what) }
-	// Checkpoints every second: a checkpoint is what makes the Generation
-	// controller mirror the receipt counts (recording a receipt does not
-	// requeue it), so with the default 60 s each count would wait a minute.
+	// Checkpoints every second: each makes the receipts recorded so far
+	// durable, and makes the Generation controller mirror the counts.
 	a := newActivation(t, "cf-receipts", func(s *iteronv1.ImplementationActivationSpec) {
 		s.Checkpoint.IntervalSeconds = ptr.To[int32](1)
 	}, cfIrreversibleSource(t, "counter-irr"))
@@ -71,68 +77,105 @@ func TestReceiptsLostWithARestartAreReportedIncompleteNeverAsACleanZero(t *testi
 	if r := before.Status.Receipts; r.Truncated || r.IncompleteReason != "" {
 		t.Fatalf("before any restart the evidence is complete; status says %+v", *r)
 	}
-	oldPid := before.Status.Pid
-	step("receipts counted")
+	waitCheckpointed(t, a, 3) // the receipts of the 3 calls are durable with it
+	printedBefore := n.cfReceipts(t, a)
+	step("receipts counted and durable")
+	t.Logf("kubectl iteron receipts %s, before the restart:\n%s", a.Name, printedBefore)
 
-	// Every write of the Generation's status from here on is watched: each
-	// must show the 3 receipts or say the evidence is incomplete.
+	// A clean restart: every status write from here on must count the 3
+	// receipts as complete evidence.
 	seen := cfWatchReceipts(t, name)
 	if err := first.stop(t); err != nil {
 		t.Fatal(err)
 	}
-	restartedAt := time.Now()
-	step("manager stopped")
-	n.start(t, "", cfIrreversibleCeiling)
-	after := waitGeneration(t, name, "relaunched with incomplete evidence", func(g *iteronv1.Generation) bool {
-		return g.Status.Phase == iteronv1.PhaseActive && g.Status.Pid > 0 && g.Status.Pid != oldPid && g.Status.Receipts != nil && g.Status.Receipts.Truncated
+	step("manager stopped (SIGTERM)")
+	second := n.start(t, "", cfIrreversibleCeiling)
+	// The new manager relaunched the generation (a new pid) and counts the
+	// receipts the old one recorded.
+	after := waitGeneration(t, name, "relaunched, counting its 3 receipts", func(g *iteronv1.Generation) bool {
+		return g.Status.Phase == iteronv1.PhaseActive && g.Status.Pid > 0 && g.Status.Pid != before.Status.Pid &&
+			g.Status.Receipts != nil && g.Status.Receipts.Total == 3
 	})
-	if r := after.Status.Receipts; !strings.Contains(r.IncompleteReason, "the manager restarted at") {
-		t.Fatalf("incompleteReason %q does not name the restart", r.IncompleteReason)
-	}
 	got = waitFor(t, a, "Ready after the restart", readyWith("prompt_system", "counter-irr"))
-	step("relaunched, Ready")
-	if r := n.cfCall(t, got, "a", 1, 10*time.Second); !r.ok {
-		t.Fatalf("call after the restart: %v", r)
+	if r := after.Status.Receipts; r.Truncated || r.IncompleteReason != "" || r.Irreversible != 3 {
+		t.Fatalf("after a clean restart the receipts survive as complete evidence; status says %+v", *r)
 	}
-	relaunched := waitGeneration(t, name, "counting the receipt of the call after the restart", func(g *iteronv1.Generation) bool {
-		return g.Status.Receipts != nil && g.Status.Receipts.Total == 1
-	})
-	if r := relaunched.Status.Receipts; !r.Truncated || r.Irreversible != 1 || r.IncompleteReason != after.Status.Receipts.IncompleteReason {
-		t.Fatalf("after a receipt recorded since the restart the evidence must still say it is incomplete: %+v", *r)
+	printedAfter := n.cfReceipts(t, a)
+	step("restarted, Ready")
+	t.Logf("kubectl iteron receipts %s, after the restart:\n%s", a.Name, printedAfter)
+	if cfReceiptRows(printedAfter) != cfReceiptRows(printedBefore) || strings.Count(printedAfter, " irreversible ") != 3 {
+		t.Fatalf("the receipts printed after the restart differ from those before:\n%s\nbefore:\n%s", printedAfter, printedBefore)
 	}
-
-	// A generation that starts after the restart has complete evidence.
-	cur := get(t, a)
-	cur.Spec.Sources[0] = cfIrreversibleSource(t, "counter-irr-b")
-	if err := env.Client.Update(t.Context(), cur); err != nil {
-		t.Fatal(err)
-	}
-	got = waitFor(t, a, "Ready with counter-irr-b", readyWith("prompt_system", "counter-irr-b"))
-	step("swapped")
-	if r := n.cfCall(t, got, "a", 1, 10*time.Second); !r.ok {
-		t.Fatalf("call on the new generation: %v", r)
-	}
-	fresh := waitGeneration(t, got.Status.Modules[0].GenerationName, "counting its receipt", func(g *iteronv1.Generation) bool {
-		return g.Status.Receipts != nil && g.Status.Receipts.Total == 1
-	})
-	if r := fresh.Status.Receipts; r.Truncated || r.IncompleteReason != "" || r.Irreversible != 1 {
-		t.Fatalf("a generation started after the restart reports %+v; want complete evidence", *r)
-	}
-
-	writes := seen()
-	step("fresh generation counted")
-	for _, w := range writes {
-		if w.Receipts == nil || (!w.Receipts.Truncated && w.Receipts.Total < 3) {
-			t.Fatalf("a status write of %s after the restart reports receipts %s as complete: %s", name, w, cfWritesText(writes))
+	for _, w := range seen() {
+		if w.Receipts == nil || w.Receipts.Truncated || w.Receipts.Total < 3 {
+			t.Fatalf("a status write of %s after the clean restart reports receipts %s", name, w)
 		}
 	}
-	excerpt := func(g *iteronv1.Generation) string {
-		b, _ := json.Marshal(map[string]any{"name": g.Name, "pid": g.Status.Pid, "receipts": g.Status.Receipts})
-		return string(b)
+
+	// One more call, durable with a checkpoint; a last one, then the
+	// manager is killed and the file cut back to its last durable length.
+	if r := n.cfCall(t, got, "a", 1, 10*time.Second); !r.ok {
+		t.Fatalf("call 4: %v", r)
 	}
-	t.Logf("restarted at %s; before: %s; after the restart: %s; after one more call: %s; new generation: %s; %d watched writes: %s",
-		restartedAt.UTC().Format(time.RFC3339), excerpt(before), excerpt(after), excerpt(relaunched), excerpt(fresh), len(writes), cfWritesText(writes))
-	deleteActivation(t, got)
+	waitCheckpointed(t, a, 4)
+	if r := n.cfCall(t, got, "a", 1, 10*time.Second); !r.ok {
+		t.Fatalf("call 5: %v", r)
+	}
+	second.kill(t)
+	path := filepath.Join(n.stateDir, "receipts", string(got.UID)+".jsonl")
+	loaded, err := effects.ReadReceiptsFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	full, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(path, loaded.DurableBytes); err != nil {
+		t.Fatal(err)
+	}
+	cut, err := effects.ReadReceiptsFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	step(fmt.Sprintf("manager killed; receipts file cut from %d to its durable %d bytes (durable at %s): %d receipts before the cut, %d after",
+		full.Size(), loaded.DurableBytes, loaded.LastDurableAt.Format(time.RFC3339Nano), loaded.Summaries[name].Total, cut.Summaries[name].Total))
+	if kept := cut.Summaries[name].Total; kept < 4 {
+		t.Fatalf("the cut lost a receipt that a checkpoint made durable: %d left", kept)
+	}
+	n.start(t, "", cfIrreversibleCeiling)
+	incomplete := waitGeneration(t, name, "relaunched, reporting incomplete evidence", func(g *iteronv1.Generation) bool {
+		return g.Status.Phase == iteronv1.PhaseActive && g.Status.Pid > 0 && g.Status.Pid != after.Status.Pid &&
+			g.Status.Receipts != nil && g.Status.Receipts.Truncated
+	})
+	waitFor(t, a, "Ready after the machine stop", readyWith("prompt_system", "counter-irr"))
+	if r := incomplete.Status.Receipts; !strings.Contains(r.IncompleteReason, "stopped without closing the receipts file") || r.Total < 4 {
+		t.Fatalf("after the cut the status says %+v; want the unclean stop named and the durable receipts kept", *r)
+	}
+	printedCut := n.cfReceipts(t, a)
+	step("restarted after the cut")
+	t.Logf("kubectl iteron receipts %s, after the file was cut to its last durable length:\n%s", a.Name, printedCut)
+	if !strings.Contains(printedCut, "INCOMPLETE") || !strings.Contains(printedCut, "evidence incomplete: ") {
+		t.Fatalf("kubectl iteron receipts does not say the evidence is incomplete:\n%s", printedCut)
+	}
+	t.Logf("generation %s: before %+v; after the clean restart %+v; after the cut %+v", name, *before.Status.Receipts, *after.Status.Receipts, *incomplete.Status.Receipts)
+	deleteActivation(t, get(t, a))
+}
+
+// cfReceipts runs `kubectl iteron receipts` on a against n's state dir.
+func (n *nodeState) cfReceipts(t *testing.T, a *iteronv1.ImplementationActivation) string {
+	t.Helper()
+	out, err := exec.Command(pluginBin, "receipts", a.Name, "--kubeconfig", kubeconfig, "-n", a.Namespace, "--state-dir", n.stateDir).CombinedOutput()
+	if err != nil {
+		t.Fatalf("kubectl iteron receipts: %v\n%s", err, out)
+	}
+	return string(out)
+}
+
+// cfReceiptRows are the receipt rows of `kubectl iteron receipts` output.
+func cfReceiptRows(out string) string {
+	_, rows, _ := strings.Cut(out, "\nRECEIPT ")
+	return rows
 }
 
 // cfReceiptsWrite is one watched state of a Generation's status.

@@ -463,3 +463,20 @@ func waitGeneration(t *testing.T, name, what string, cond func(*iteronv1.Generat
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// kill sends SIGKILL and waits for the exit: the manager stops without
+// closing anything, as a machine stop would leave it.
+func (m *manager) kill(t *testing.T) {
+	t.Helper()
+	select {
+	case err := <-m.done:
+		m.done <- err
+		return
+	default:
+	}
+	if err := m.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	err := <-m.done
+	m.done <- err
+}
