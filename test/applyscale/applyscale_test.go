@@ -1,0 +1,242 @@
+package applyscale
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	iteronv1 "iteron.dev/operator/api/v1alpha1"
+	"iteron.dev/operator/examples/providers/artifacts"
+	"iteron.dev/operator/examples/providers/providertest"
+	"iteron.dev/operator/internal/catalog"
+	"iteron.dev/operator/test/kubeapi"
+	"iteron.dev/operator/test/operatortest"
+)
+
+// The setup of the issue: activations of the 28 modules of the family
+// graph, one counter provider per module, on one manager.
+const (
+	activationsBefore = 10 // 280 providers
+	modules           = catalog.BuiltinModuleCount
+)
+
+var (
+	env          *kubeapi.Environment
+	base         string
+	providersDir string
+)
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	if f := flag.Lookup("test.bench"); f == nil || f.Value.String() == "" {
+		// Nothing to measure: start nothing (make test runs this).
+		os.Exit(m.Run())
+	}
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) int {
+	var err error
+	if base, err = os.MkdirTemp("", "iteron-applyscale-"); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(base)
+	providersDir = filepath.Join(base, "providers")
+	if err := os.MkdirAll(providersDir, 0o755); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	// providertest lays providers out under TMPDIR: the manager's allowed root.
+	os.Setenv("TMPDIR", providersDir)
+	if env, err = kubeapi.Start(); err != nil {
+		fmt.Fprintln(os.Stderr, "start the local control plane:", err)
+		return 1
+	}
+	defer env.Stop()
+	fmt.Printf("applyscale runs against kube-apiserver %s\n", env.ServerVersion)
+	return m.Run()
+}
+
+// requests counts the manager's API requests: all of them, and those that
+// change something (every verb but GET).
+type requests struct {
+	all, writes atomic.Int64
+	last        atomic.Int64 // unix nanoseconds of the last request
+}
+
+func (r *requests) wrap(rt http.RoundTripper) http.RoundTripper {
+	return roundTripper(func(req *http.Request) (*http.Response, error) {
+		if req.Method == http.MethodGet && req.URL.Query().Get("watch") == "true" {
+			// A watch is one long request opened at start, not work.
+			return rt.RoundTrip(req)
+		}
+		r.all.Add(1)
+		if req.Method != http.MethodGet {
+			r.writes.Add(1)
+		}
+		r.last.Store(time.Now().UnixNano())
+		return rt.RoundTrip(req)
+	})
+}
+
+type roundTripper func(*http.Request) (*http.Response, error)
+
+func (f roundTripper) RoundTrip(req *http.Request) (*http.Response, error) { return f(req) }
+
+// quiet waits until the manager sent no request for 500 ms (at most 10 s):
+// what one activation costs includes the status writes after Ready.
+func (r *requests) quiet() {
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) && time.Since(time.Unix(0, r.last.Load())) < 500*time.Millisecond {
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// familySources lays out one counter provider per module of the family
+// graph, shared by every activation of a run (sources are read-only paths).
+func familySources(b *testing.B) []iteronv1.ActivationSource {
+	var sources []iteronv1.ActivationSource
+	for _, module := range catalog.BuiltinSeamGraph().Modules() {
+		sources = append(sources, operatortest.Source(b, artifacts.CounterV1, module, "counter-"+strings.ReplaceAll(module, "_", "-")))
+	}
+	if len(sources) != modules {
+		b.Fatalf("%d sources laid out, want %d", len(sources), modules)
+	}
+	return sources
+}
+
+// applyAndWait creates an activation of every module and returns how long
+// it took until its status was Ready.
+func applyAndWait(b *testing.B, node, name string, srcs []iteronv1.ActivationSource) time.Duration {
+	b.Helper()
+	act := &iteronv1.ImplementationActivation{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
+		Spec: iteronv1.ImplementationActivationSpec{
+			NodeName: node, CandidateSHA256: providertest.CandidateSHA256, Sources: srcs,
+			Swap: iteronv1.SwapPolicy{DeadlineSeconds: 60},
+		},
+	}
+	ctx := context.Background()
+	start := time.Now()
+	if err := env.Client.Create(ctx, act); err != nil {
+		b.Fatal(err)
+	}
+	deadline := start.Add(2 * time.Minute)
+	var got iteronv1.ImplementationActivation
+	for {
+		if err := env.Client.Get(ctx, client.ObjectKeyFromObject(act), &got); err != nil {
+			b.Fatal(err)
+		}
+		if operatortest.Ready(&got) {
+			return time.Since(start)
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("%s not Ready after 2 minutes: %+v", name, got.Status.Conditions)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// rssMiB is this process's resident set: the manager runs in it.
+func rssMiB(b *testing.B) float64 {
+	b.Helper()
+	data, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmRSS:" {
+			kb, err := strconv.ParseFloat(f[1], 64)
+			if err != nil {
+				b.Fatal(err)
+			}
+			return kb / 1024
+		}
+	}
+	b.Fatal("no VmRSS in /proc/self/status")
+	return 0
+}
+
+func loadAverage() string {
+	data, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	return strings.Join(strings.Fields(string(data))[:3], " ")
+}
+
+var nodeSeq atomic.Int64
+
+// BenchmarkApplyScale runs, per iteration, a fresh manager on an empty
+// node (in-process, built by cmd/manager/app with its default flags, as
+// the manager's service account): one activation of the 28 family modules
+// (apply → Ready on an empty node, and the manager's API requests per
+// module until it is quiet), nine more (280 providers: the manager's RSS),
+// then an eleventh (apply → Ready with 280 providers running, and its
+// ratio to the first).
+func BenchmarkApplyScale(b *testing.B) {
+	srcs := familySources(b)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		b.StopTimer()
+		node := fmt.Sprintf("applyscale-%d", nodeSeq.Add(1))
+		stateDir := filepath.Join(base, node)
+		if err := os.MkdirAll(stateDir, 0o700); err != nil {
+			b.Fatal(err)
+		}
+		reqs := &requests{}
+		ctx, cancel := context.WithCancel(context.Background())
+		mgr, err := operatortest.StartManager(ctx, env, operatortest.Options{Node: node, StateDir: stateDir, AllowedRoots: []string{providersDir}, WrapTransport: reqs.wrap})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if !mgr.App.Manager.GetCache().WaitForCacheSync(ctx) {
+			b.Fatal("the manager's cache never synced")
+		}
+		for mgr.Coordinator.Recovering() {
+			time.Sleep(10 * time.Millisecond)
+		}
+		reqs.quiet()
+		b.StartTimer()
+
+		all0, writes0 := reqs.all.Load(), reqs.writes.Load()
+		first := applyAndWait(b, node, node+"-01", srcs)
+		reqs.quiet()
+		all, writes := reqs.all.Load()-all0, reqs.writes.Load()-writes0
+		load1 := loadAverage()
+		for n := 2; n <= activationsBefore; n++ {
+			applyAndWait(b, node, fmt.Sprintf("%s-%02d", node, n), srcs)
+		}
+		reqs.quiet()
+		rss := rssMiB(b)
+		eleventh := applyAndWait(b, node, fmt.Sprintf("%s-%02d", node, activationsBefore+1), srcs)
+		load11 := loadAverage()
+		b.StopTimer()
+
+		b.ReportMetric(float64(first.Microseconds())/1000, "first-ms")
+		b.ReportMetric(float64(eleventh.Microseconds())/1000, "eleventh-ms")
+		b.ReportMetric(float64(eleventh)/float64(first), "eleventh/first")
+		b.ReportMetric(float64(all)/modules, "requests/module")
+		b.ReportMetric(float64(writes)/modules, "writes/module")
+		b.ReportMetric(rss, "rss-MiB@280")
+		b.Logf("node %s: first %v (load %s), eleventh %v (load %s), %d requests (%d writes) for %d modules, RSS %.1f MiB with %d providers",
+			node, first.Round(time.Millisecond), load1, eleventh.Round(time.Millisecond), load11, all, writes, modules, rss, activationsBefore*modules)
+
+		cancel()
+		mgr.Stop()
+		os.RemoveAll(stateDir)
+		b.StartTimer()
+	}
+}
