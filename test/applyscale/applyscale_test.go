@@ -4,9 +4,11 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -15,6 +17,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
 	"iteron.dev/operator/examples/providers/artifacts"
@@ -118,8 +121,9 @@ func familySources(b *testing.B) []iteronv1.ActivationSource {
 }
 
 // applyAndWait creates an activation of every module and returns how long
-// it took until its status was Ready.
-func applyAndWait(b *testing.B, node, name string, srcs []iteronv1.ActivationSource) time.Duration {
+// it took until its status was Ready, and until the coordinator had every
+// module Active (the rest is the controllers writing status).
+func applyAndWait(b *testing.B, mgr *operatortest.Manager, node, name string, srcs []iteronv1.ActivationSource) (ready, active time.Duration) {
 	b.Helper()
 	act := &iteronv1.ImplementationActivation{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
@@ -135,17 +139,93 @@ func applyAndWait(b *testing.B, node, name string, srcs []iteronv1.ActivationSou
 	}
 	deadline := start.Add(2 * time.Minute)
 	var got iteronv1.ImplementationActivation
+	var known time.Duration
 	for {
+		if active == 0 {
+			if st, ok := mgr.Coordinator.Status(string(act.UID)); ok {
+				if known == 0 && len(st.Modules) > 0 {
+					known = time.Since(start)
+				}
+				n := 0
+				for _, ms := range st.Modules {
+					if ms.Phase == iteronv1.PhaseActive {
+						n++
+					}
+				}
+				if n == len(srcs) {
+					active = time.Since(start)
+				}
+			}
+		}
 		if err := env.Client.Get(ctx, client.ObjectKeyFromObject(act), &got); err != nil {
 			b.Fatal(err)
 		}
 		if operatortest.Ready(&got) {
-			return time.Since(start)
+			if active == 0 {
+				active = time.Since(start)
+			}
+			b.Logf("%s: applied to the coordinator after %v, every module Active after %v, Ready after %v", name, known.Round(time.Millisecond), active.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
+			return time.Since(start), active
 		}
 		if time.Now().After(deadline) {
 			b.Fatalf("%s not Ready after 2 minutes: %+v", name, got.Status.Conditions)
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// reconciles reads the in-process manager's metrics: how many reconciles
+// each controller ran and the seconds they took, and the same for each
+// transaction phase and ledger fdatasync of the coordinator.
+func reconciles(b *testing.B) map[string][2]float64 {
+	b.Helper()
+	families, err := ctrlmetrics.Registry.Gather()
+	if err != nil {
+		b.Fatal(err)
+	}
+	out := map[string][2]float64{}
+	for _, f := range families {
+		for _, m := range f.GetMetric() {
+			name := ""
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "controller" {
+					name = l.GetValue()
+				}
+			}
+			switch f.GetName() {
+			case "controller_runtime_reconcile_total":
+				v := out["controller "+name]
+				v[0] += m.GetCounter().GetValue()
+				out["controller "+name] = v
+			case "controller_runtime_reconcile_time_seconds":
+				v := out["controller "+name]
+				v[1] += m.GetHistogram().GetSampleSum()
+				out["controller "+name] = v
+			case "iteron_phase_duration_seconds", "iteron_ledger_fdatasync_seconds":
+				key := f.GetName()
+				for _, l := range m.GetLabel() {
+					if l.GetName() == "phase" {
+						key += " " + l.GetValue()
+					}
+				}
+				v := out[key]
+				v[0] += float64(m.GetHistogram().GetSampleCount())
+				v[1] += m.GetHistogram().GetSampleSum()
+				out[key] = v
+			}
+		}
+	}
+	return out
+}
+
+// logWork logs what the manager did since before (count, seconds).
+func logWork(b *testing.B, what string, before map[string][2]float64) {
+	after := reconciles(b)
+	keys := slices.Sorted(maps.Keys(after))
+	for _, k := range keys {
+		if d := after[k][0] - before[k][0]; d > 0 && !strings.HasSuffix(k, "controller ") {
+			b.Logf("%s: %s ×%.0f, %.3fs", what, k, d, after[k][1]-before[k][1])
+		}
 	}
 }
 
@@ -212,27 +292,33 @@ func BenchmarkApplyScale(b *testing.B) {
 		b.StartTimer()
 
 		all0, writes0 := reqs.all.Load(), reqs.writes.Load()
-		first := applyAndWait(b, node, node+"-01", srcs)
+		rec0 := reconciles(b)
+		first, firstActive := applyAndWait(b, mgr, node, node+"-01", srcs)
 		reqs.quiet()
 		all, writes := reqs.all.Load()-all0, reqs.writes.Load()-writes0
+		logWork(b, "first activation", rec0)
 		load1 := loadAverage()
 		for n := 2; n <= activationsBefore; n++ {
-			applyAndWait(b, node, fmt.Sprintf("%s-%02d", node, n), srcs)
+			applyAndWait(b, mgr, node, fmt.Sprintf("%s-%02d", node, n), srcs)
 		}
 		reqs.quiet()
 		rss := rssMiB(b)
-		eleventh := applyAndWait(b, node, fmt.Sprintf("%s-%02d", node, activationsBefore+1), srcs)
+		rec10 := reconciles(b)
+		eleventh, eleventhActive := applyAndWait(b, mgr, node, fmt.Sprintf("%s-%02d", node, activationsBefore+1), srcs)
 		load11 := loadAverage()
+		logWork(b, "eleventh activation", rec10)
 		b.StopTimer()
 
 		b.ReportMetric(float64(first.Microseconds())/1000, "first-ms")
 		b.ReportMetric(float64(eleventh.Microseconds())/1000, "eleventh-ms")
 		b.ReportMetric(float64(eleventh)/float64(first), "eleventh/first")
+		b.ReportMetric(float64(firstActive.Microseconds())/1000, "first-active-ms")
+		b.ReportMetric(float64(eleventhActive.Microseconds())/1000, "eleventh-active-ms")
 		b.ReportMetric(float64(all)/modules, "requests/module")
 		b.ReportMetric(float64(writes)/modules, "writes/module")
 		b.ReportMetric(rss, "rss-MiB@280")
-		b.Logf("node %s: first %v (load %s), eleventh %v (load %s), %d requests (%d writes) for %d modules, RSS %.1f MiB with %d providers",
-			node, first.Round(time.Millisecond), load1, eleventh.Round(time.Millisecond), load11, all, writes, modules, rss, activationsBefore*modules)
+		b.Logf("node %s: first Ready %v, all Active in the coordinator %v (load %s); eleventh Ready %v, Active %v (load %s); %d requests (%d writes) for %d modules, RSS %.1f MiB with %d providers",
+			node, first.Round(time.Millisecond), firstActive.Round(time.Millisecond), load1, eleventh.Round(time.Millisecond), eleventhActive.Round(time.Millisecond), load11, all, writes, modules, rss, activationsBefore*modules)
 
 		cancel()
 		mgr.Stop()
