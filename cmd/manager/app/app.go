@@ -188,9 +188,13 @@ func New(cfg *rest.Config, o Options) (*Manager, error) {
 		hcfg.Owner = sv.owner
 		result.Attachment, result.client = sv.att, sv.client
 	} else {
+		// The sealed copies of executables are kept (as the survivor keeps
+		// them): without the cache every launch copied and hashed its
+		// executable again, the largest cost of activating many modules.
 		exec, err := procexec.NewExecutor(procexec.Config{
 			ProviderUID: o.ProviderUID, ProviderGID: o.ProviderGID,
 			Interpreters: o.Interpreters, RecordDir: filepath.Join(o.StateDir, "procs"),
+			ExecutableCacheBytes: procexec.DefaultExecutableCacheBytes,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("process executor: %w", err)
