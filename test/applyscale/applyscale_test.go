@@ -257,16 +257,23 @@ func loadAverage() string {
 	return strings.Join(strings.Fields(string(data))[:3], " ")
 }
 
-var nodeSeq atomic.Int64
+var (
+	nodeSeq atomic.Int64
+	started atomic.Bool
+)
 
-// BenchmarkApplyScale runs, per iteration, a fresh manager on an empty
-// node (in-process, built by cmd/manager/app with its default flags, as
+// BenchmarkApplyScale runs a fresh manager on an empty node (in-process, built by cmd/manager/app with its default flags, as
 // the manager's service account): one activation of the 28 family modules
 // (apply → Ready on an empty node, and the manager's API requests per
 // module until it is quiet), nine more (280 providers: the manager's RSS),
 // then an eleventh (apply → Ready with 280 providers running, and its
-// ratio to the first).
+// ratio to the first). Run it with -benchtime 1x, once per test binary
+// (controller-runtime refuses a second manager's controllers of the same
+// name in one process): make bench-apply runs it BENCH_APPLY_COUNT times.
 func BenchmarkApplyScale(b *testing.B) {
+	if b.N != 1 || started.Swap(true) {
+		b.Skip("one run per test binary: -benchtime 1x -count 1 (make bench-apply)")
+	}
 	srcs := familySources(b)
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
