@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -174,6 +175,7 @@ func (r *ActivationReconciler) reconcileGenerations(ctx context.Context, s *acti
 			decisions = append(decisions, decision{rm, target, create})
 		}
 	}
+	var creates []decision
 	for _, d := range decisions {
 		if len(s.stalled) > 0 && !d.target.Keep && d.target.GenerationName != r.activeOf(s, d.rm.Module).name {
 			// A plan is not atomic across modules: after a failure the rest
@@ -188,19 +190,42 @@ func (r *ActivationReconciler) reconcileGenerations(ctx context.Context, s *acti
 			d.create.Spec.Implementation = implementationOf(d.target.Plan, d.rm.CatalogPath)
 		}
 		if d.create != nil {
-			if err := r.Client.Create(ctx, d.create); err != nil && !apierrors.IsAlreadyExists(err) {
-				return apiRefusal("create Generation "+d.create.Name, err)
-			}
-			gens = append(gens, *d.create)
-			r.Recorder.Eventf(s.act, d.create, corev1.EventTypeNormal, "GenerationCreated", "Plan", "module %s: generation %d attempt %d (%s)", d.rm.Module, d.target.Lineage, d.target.Attempt, d.rm.Plan.ImplementationID())
+			creates = append(creates, d)
 		}
 		s.targets[d.rm.Module] = *d.target
+	}
+	// The Generations are created together (a first activation of 28
+	// modules waited for 28 round trips one after the other), at most
+	// createParallel at a time; their events follow in plan order.
+	errs := make([]error, len(creates))
+	sem := make(chan struct{}, createParallel)
+	var wg sync.WaitGroup
+	for i, d := range creates {
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			if err := r.Client.Create(ctx, d.create); err != nil && !apierrors.IsAlreadyExists(err) {
+				errs[i] = apiRefusal("create Generation "+d.create.Name, err)
+			}
+		}()
+	}
+	wg.Wait()
+	for i, d := range creates {
+		if errs[i] != nil {
+			return errs[i]
+		}
+		r.Recorder.Eventf(s.act, d.create, corev1.EventTypeNormal, "GenerationCreated", "Plan", "module %s: generation %d attempt %d (%s)", d.rm.Module, d.target.Lineage, d.target.Attempt, d.rm.Plan.ImplementationID())
 	}
 	if retry != "" {
 		s.retryHandled = retry
 	}
 	return nil
 }
+
+// createParallel bounds the Generation creations of one reconcile in flight.
+const createParallel = 8
 
 // desiredGeneration picks the target generation of one module: the active
 // one when its epoch and authority are unchanged; else the next lineage,

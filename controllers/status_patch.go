@@ -18,7 +18,15 @@ const conflictRequeue = time.Second
 // one module as both reloaded and unchanged). It reports conflict when the
 // object changed since base was read: the caller requeues and reads again
 // instead of writing a status derived from an old object.
+//
+// A status that changes nothing is not written: every reconcile mirrors the
+// coordinator again (the watch event of the controller's own write brings
+// one), and an empty patch would still cost a request and a new
+// resourceVersion for nothing.
 func patchStatusFrom(ctx context.Context, c client.Client, obj, base client.Object) (conflict bool, err error) {
+	if data, err := client.MergeFrom(base).Data(obj); err == nil && string(data) == "{}" {
+		return false, nil
+	}
 	err = c.Status().Patch(ctx, obj, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{}))
 	switch {
 	case apierrors.IsConflict(err):

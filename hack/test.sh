@@ -42,6 +42,7 @@ table=(
   "test/doctor       3m       serial"   # 11.5-16.7s
   "test/e2e          3m       serial"   # 16.7-32.1s
   "test/fleet        5m       serial"   # 47-97s, load 4-13 (9 runs; 69-82s with all nine tests) (six managers, two fleet controllers, a control plane; builds the manager and the plugin)
+  "test/applyscale   3m       serial"   # 0.02s: only a benchmark (make bench-apply); without -test.bench it starts nothing
   "test/fleetscale   3m       serial"   # 13.3s (a control plane; 100 Node objects, the controller in process)
   "test/gitops       3m       serial"   # 8.1-8.5s
   "test/kubeapi      3m       serial"   # 3.0-3.5s (a control plane started in a child test binary that panics: nothing of it may outlive the child)

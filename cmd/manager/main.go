@@ -86,6 +86,8 @@ func run(args []string, stderr io.Writer) int {
 		AfterPhase: faultInjection(os.Getenv(faultKillAfterEnv)),
 		Survivor:   sv,
 		Log:        ctrl.Log,
+		KubeAPIQPS: float32(opts.kubeAPIQPS), KubeAPIBurst: opts.kubeAPIBurst,
+		MaxParallelActivations: opts.maxParallel,
 	})
 	if err != nil {
 		fmt.Fprintln(stderr, "manager:", err)

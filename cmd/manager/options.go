@@ -5,8 +5,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -37,6 +39,9 @@ type options struct {
 	graph                  *catalog.SeamGraph
 	artifacts              app.ArtifactOptions
 	survivorSocket         string
+	maxParallel            int
+	kubeAPIQPS             float64
+	kubeAPIBurst           int
 }
 
 // maxSocketPath is the longest unix socket path Linux accepts (sun_path is
@@ -85,6 +90,9 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&a.PullTimeout, "artifact-pull-timeout", artifacts.DefaultPullTimeout, "bound of one pull")
 	fs.DurationVar(&a.GCInterval, "artifact-gc-interval", app.DefaultArtifactGCInterval, "how often unreferenced artifacts are collected; 0 never")
 	fs.StringVar(&o.survivorSocket, "survivor-socket", "", "control socket of the node's survivor (iteron-survivor, normally <state-dir>/survivor.sock), which owns the providers so that they outlive this manager and holds the gateway socket; empty: this manager owns its providers")
+	fs.IntVar(&o.maxParallel, "max-parallel-activations", runtime.NumCPU(), "how many provider processes of one activation are spawned and loaded (or stopped) together; their ledger transactions still run one at a time in plan order; 1 starts each inside its transaction")
+	fs.Float64Var(&o.kubeAPIQPS, "kube-api-qps", app.DefaultKubeAPIQPS, "sustained requests per second the manager's API client may send (client-side rate limit)")
+	fs.IntVar(&o.kubeAPIBurst, "kube-api-burst", app.DefaultKubeAPIBurst, "requests the manager's API client may send at once above --kube-api-qps")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -168,6 +176,15 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	}
 	if o.capabilityCeiling, err = parseCapabilities(ceiling); err != nil {
 		return nil, err
+	}
+	if o.maxParallel < 1 {
+		return nil, &flagError{"max-parallel-activations", strconv.Itoa(o.maxParallel), "must be at least 1"}
+	}
+	if !(o.kubeAPIQPS > 0) || math.IsInf(o.kubeAPIQPS, 0) {
+		return nil, &flagError{"kube-api-qps", strconv.FormatFloat(o.kubeAPIQPS, 'g', -1, 64), "must be a positive number"}
+	}
+	if o.kubeAPIBurst < 1 {
+		return nil, &flagError{"kube-api-burst", strconv.Itoa(o.kubeAPIBurst), "must be at least 1"}
 	}
 	if o.survivorSocket != "" {
 		if err := checkAbsoluteClean("survivor-socket", o.survivorSocket); err != nil {

@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"io"
+	"runtime"
 	"strings"
 	"testing"
 )
@@ -30,6 +31,10 @@ func TestParseOptionsRefusesBadValuesNamingTheFlag(t *testing.T) {
 		{"a relative graph file", []string{"--graph=graph.json"}, "--graph"},
 		{"a graph file that does not exist", []string{"--graph=/nonexistent/graph.json"}, "no such file"},
 		{"a stray argument", []string{"extra"}, "unexpected arguments"},
+		{"no parallel activation at all", []string{"--max-parallel-activations=0"}, "--max-parallel-activations=\"0\": must be at least 1"},
+		{"a negative API rate", []string{"--kube-api-qps=-5"}, "--kube-api-qps"},
+		{"an API rate that is not a number", []string{"--kube-api-qps=NaN"}, "--kube-api-qps=\"NaN\": must be a positive number"},
+		{"an API burst of zero", []string{"--kube-api-burst=0"}, "--kube-api-burst"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -48,7 +53,8 @@ func TestParseOptionsDefaults(t *testing.T) {
 	}
 	if o.stateDir != "/var/lib/iteron/state" || strings.Join(o.allowedRoots, ",") != "/var/lib/iteron/providers" ||
 		strings.Join(o.interpreters, ",") != "/bin/sh" || o.providerUID != 65534 || o.providerGID != 65534 ||
-		strings.Join(o.capabilityCeiling, ",") != "read_only,reversible_local" || o.nodeName == "" {
+		strings.Join(o.capabilityCeiling, ",") != "read_only,reversible_local" || o.nodeName == "" ||
+		o.maxParallel != runtime.NumCPU() || o.kubeAPIQPS != 100 || o.kubeAPIBurst != 200 {
 		t.Fatalf("defaults: %+v", o)
 	}
 }

@@ -57,12 +57,15 @@ type Verifier struct {
 	ceiling   []string
 	graph     *catalog.SeamGraph
 	artifacts ArtifactResolver
+	// digests remembers the digests of unchanged executables across
+	// verifications (digestcache.go).
+	digests *digestCache
 }
 
 // NewVerifier checks cfg: every allowed root an absolute canonical path,
 // every ceiling entry a capability.
 func NewVerifier(cfg Config) (*Verifier, error) {
-	v := &Verifier{graph: cfg.Graph, artifacts: cfg.Artifacts}
+	v := &Verifier{graph: cfg.Graph, artifacts: cfg.Artifacts, digests: newDigestCache()}
 	if v.graph == nil {
 		v.graph = catalog.BuiltinSeamGraph()
 	}
@@ -342,7 +345,7 @@ func (v *Verifier) verifySource(doc *Document, i int, ceiling []string, token st
 	}
 
 	// The executable: a canonical regular file under the root, hashed.
-	executable, artifactDigest, err := hashExecutable(s.ArtifactRoot, m.Executable)
+	executable, artifactDigest, err := hashExecutableWith(s.ArtifactRoot, m.Executable, v.digests)
 	if err != nil {
 		return nil, err.at(pathField(keyArtifactRoot))
 	}
@@ -449,6 +452,12 @@ func readCatalog(p string) (*catalog.Catalog, *fileError) {
 // executable through the fixed 64 KiB buffer. It returns the executable's
 // absolute path and digest.
 func hashExecutable(root, rel string) (string, string, *fileError) {
+	return hashExecutableWith(root, rel, nil)
+}
+
+// hashExecutableWith is hashExecutable taking the digest of an unchanged
+// file from cache (nil: always hashed).
+func hashExecutableWith(root, rel string, cache *digestCache) (string, string, *fileError) {
 	info, pe := walkComponents(root, "/")
 	if pe != nil {
 		return "", "", pathFailure(pe)
@@ -477,7 +486,12 @@ func hashExecutable(root, rel string) (string, string, *fileError) {
 		return "", "", openFailure(executable, err)
 	}
 	defer f.Close()
-	digest, _, err := hashRegular(f, executable)
+	var digest string
+	if cache != nil {
+		digest, err = cache.digest(f, executable)
+	} else {
+		digest, _, err = hashRegular(f, executable)
+	}
 	if err != nil {
 		var hf *hashFailure
 		if errors.As(err, &hf) {

@@ -47,6 +47,13 @@ type Config struct {
 	// module it does not know yet is told to retry (recovering), never that
 	// it does not exist.
 	RecoverAtStart bool
+	// MaxParallelActivations bounds how many provider processes of one
+	// activation are spawned and loaded (or stopped at shutdown) together:
+	// modules that are ready at the same time have their processes started
+	// at once, while their transactions are still recorded one after the
+	// other in activate order (prelaunch.go). 0 is the CPU count; 1 starts
+	// every process inside its own transaction.
+	MaxParallelActivations int
 }
 
 // OldStopped is the AfterPhase point between stopping a swap's old process

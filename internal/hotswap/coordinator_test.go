@@ -79,11 +79,12 @@ func newHarness(t *testing.T) *harness {
 
 // newHarnessAt is a coordinator over an existing state dir: a restarted
 // manager.
-func newHarnessAt(t *testing.T, stateDir string, key ActivationKey) *harness {
+// configure, when given, edits the Config before the coordinator is made.
+func newHarnessAt(t *testing.T, stateDir string, key ActivationKey, configure ...func(*Config)) *harness {
 	t.Helper()
 	h := &harness{t: t, stateDir: stateDir, key: key, lineages: map[string]int64{}, attempts: map[string]int32{}}
 	failOnIllegalPhaseEdges(t)
-	c, err := New(Config{
+	cfg := Config{
 		StateDir: h.stateDir, Launch: NewExecutorLauncher(sharedExecutor(t)), Log: testr.New(t),
 		AfterPhase: func(_ ActivationKey, module, phase string) {
 			h.mu.Lock()
@@ -94,7 +95,11 @@ func newHarnessAt(t *testing.T, stateDir string, key ActivationKey) *harness {
 				hook(module, phase)
 			}
 		},
-	})
+	}
+	for _, f := range configure {
+		f(&cfg)
+	}
+	c, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

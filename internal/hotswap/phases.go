@@ -164,11 +164,24 @@ func (r *txnRun) committedPhase(done func()) phase {
 }
 
 // launch starts and loads a generation's process, tracked in its scope.
+// A process launched ahead for g (prelaunch.go) is taken instead of
+// starting one: its launch or load error is this phase's.
 func (r *txnRun) launch(g *generationRuntime) error {
-	tag := survivor.Tag{ActivationUID: r.a.key.UID, Module: r.m.name, Generation: g.name, Transaction: r.txn.Identity().TransactionID}
-	proc, err := r.a.c.cfg.Launch(withLaunchTag(r.ctx, tag), g.target.Plan)
-	if err != nil {
-		return fail(ledger.PhaseShadowLoad, err, reasons.ActivationFailed)
+	var proc Provider
+	var aheadErr error
+	loaded := false
+	if ahead := r.a.takeAhead(g); ahead != nil {
+		if ahead.proc == nil {
+			return fail(ledger.PhaseShadowLoad, ahead.err, reasons.ActivationFailed)
+		}
+		proc, aheadErr, loaded = ahead.proc, ahead.err, true
+	} else {
+		tag := survivor.Tag{ActivationUID: r.a.key.UID, Module: r.m.name, Generation: g.name, Transaction: r.txn.Identity().TransactionID}
+		p, err := r.a.c.cfg.Launch(withLaunchTag(r.ctx, tag), g.target.Plan)
+		if err != nil {
+			return fail(ledger.PhaseShadowLoad, err, reasons.ActivationFailed)
+		}
+		proc = p
 	}
 	r.a.mu.Lock()
 	g.proc = proc
@@ -179,6 +192,12 @@ func (r *txnRun) launch(g *generationRuntime) error {
 		// Track disposed it at once (the scope was closed): the error says
 		// whether closing it failed too.
 		return fail(ledger.PhaseShadowLoad, err, reasons.ActivationFailed)
+	}
+	if loaded {
+		if aheadErr != nil {
+			return fail(ledger.PhaseShadowLoad, aheadErr, reasons.ActivationFailed)
+		}
+		return nil
 	}
 	if err := proc.Load(r.ctx); err != nil {
 		return fail(ledger.PhaseShadowLoad, err, reasons.ActivationFailed)

@@ -133,6 +133,9 @@ type activationRuntime struct {
 	// receiptsLoss says why receipts of generations before this manager
 	// may be missing ("" when the last manager closed the file cleanly).
 	receiptsLoss string
+	// ahead holds the processes launched ahead of their first activation,
+	// by generation name (prelaunch.go).
+	ahead map[string]*aheadLaunch
 
 	wake chan struct{}
 	stop chan struct{}
@@ -146,7 +149,7 @@ func newActivationRuntime(c *Coordinator, key ActivationKey) *activationRuntime 
 	log := c.cfg.Log.WithValues("activation", key.Namespace+"/"+key.Name, "uid", key.UID)
 	a := &activationRuntime{
 		c: c, key: key, log: func(msg string, kv ...any) { log.Info(msg, kv...) },
-		modules: map[string]*moduleRuntime{}, failed: map[string]Failure{}, rCounts: map[string]uint64{},
+		modules: map[string]*moduleRuntime{}, failed: map[string]Failure{}, rCounts: map[string]uint64{}, ahead: map[string]*aheadLaunch{},
 		wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}), hold: make(chan chan struct{}),
 	}
 	a.openReceipts()
@@ -312,7 +315,9 @@ func (a *activationRuntime) step() (bool, time.Time) {
 		return false, a.c.cfg.Now().Add(250 * time.Millisecond)
 	}
 	if ok, probeAt := a.ledgerWritable(); !ok {
-		// Transactions need the ledger: they wait for it to be writable.
+		// Transactions need the ledger: they wait for it to be writable
+		// (what was launched ahead for them is launched again then).
+		a.dropAhead(nil)
 		if a.c.cfg.Now().Before(probeAt) {
 			return false, probeAt
 		}
@@ -329,8 +334,12 @@ func (a *activationRuntime) step() (bool, time.Time) {
 	a.mu.Unlock()
 
 	if removing {
+		a.dropAhead(nil)
 		return a.retireNext(nil), time.Time{}
 	}
+	// What was launched ahead for a target that is no longer desired is
+	// never taken.
+	a.dropAheadNotDesired(desired)
 	// Serving comes first: a crashed generation due for its relaunch.
 	did, relaunchNext := a.durabilityWork(desired, true)
 	if did {
@@ -373,7 +382,9 @@ func (a *activationRuntime) step() (bool, time.Time) {
 		}
 		if failed {
 			// The rest of the plan waits: a failed target is not retried
-			// until the controller hands a new attempt.
+			// until the controller hands a new attempt (and nothing
+			// launched ahead for the rest is kept running meanwhile).
+			a.dropAhead(nil)
 			a.log("plan halted at a failed target", "module", module, "generation", t.GenerationName, "reason", failure.Code)
 			return false, relaunchNext
 		}
@@ -398,6 +409,7 @@ func (a *activationRuntime) step() (bool, time.Time) {
 		case active == nil && committed != nil:
 			a.relaunchCommitted(desired, m, t, *committed)
 		case active == nil:
+			a.launchWave(desired, targets, i)
 			a.firstActivation(desired, t)
 		case desired.Swap.Cold || desired.Swap.Discard || active.target.Plan.ProtocolVersion() == 1 && t.Plan.ProtocolVersion() == 1:
 			a.swap(desired, t, active, ledger.KindColdReplace)
@@ -550,6 +562,7 @@ func (a *activationRuntime) shutdown(ctx context.Context) error {
 		close(a.stop)
 	}
 	<-a.done
+	a.dropAhead(nil)
 	a.mu.Lock()
 	type live struct {
 		m *moduleRuntime
@@ -612,16 +625,25 @@ func (a *activationRuntime) shutdown(ctx context.Context) error {
 	for _, d := range dispatchers {
 		d.Close()
 	}
-	for _, l := range procs {
+	// The providers stop together, at most MaxParallelActivations at a
+	// time: nothing is recorded, and each waits only for its own process.
+	if err := eachParallel(procs, a.c.maxParallel(), func(l live) error {
+		// The scope's process resource closes the process; so does
+		// Close here if the scope could not (idempotent).
+		defer l.p.Close()
+		stopErr := error(nil)
 		if err := l.p.Stop(ctx, "manager shutting down"); err != nil {
-			errs = append(errs, fmt.Errorf("stop %s: %w", l.g.name, err))
+			stopErr = fmt.Errorf("stop %s: %w", l.g.name, err)
 		}
 		a.mu.Lock()
 		scope := l.g.scope
 		a.mu.Unlock()
 		if note := a.dispose(l.g, scope, drainDeadline(l.g)); note != "" {
-			errs = append(errs, fmt.Errorf("shut down %s: %s: %s", l.g.name, reasons.CleanupFailed, note))
+			return errors.Join(stopErr, fmt.Errorf("shut down %s: %s: %s", l.g.name, reasons.CleanupFailed, note))
 		}
+		return stopErr
+	}); err != nil {
+		errs = append(errs, err)
 	}
 	if led != nil {
 		if err := led.Close(); err != nil {

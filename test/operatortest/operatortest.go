@@ -9,6 +9,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -57,6 +58,14 @@ type Options struct {
 	// AfterPhase, when set, is the coordinator's test hook: it runs after
 	// each phase record of a transaction, the transaction waiting for it.
 	AfterPhase func(key hotswap.ActivationKey, module, phase string)
+	// WrapTransport, when set, wraps the manager's API transport (to count
+	// its requests).
+	WrapTransport func(http.RoundTripper) http.RoundTripper
+	// MaxParallelActivations, KubeAPIQPS and KubeAPIBurst are the flags of
+	// the same names (0: the manager's defaults).
+	MaxParallelActivations int
+	KubeAPIQPS             float32
+	KubeAPIBurst           int
 }
 
 // Manager is the controllers running in-process.
@@ -86,12 +95,16 @@ func StartManager(ctx context.Context, env *kubeapi.Environment, o Options) (*Ma
 	}
 	cfg := rest.CopyConfig(env.Config)
 	cfg.Impersonate = rest.ImpersonationConfig{UserName: ManagerUser, Groups: []string{"system:serviceaccounts", "system:serviceaccounts:iteron-system", "system:authenticated"}}
+	if o.WrapTransport != nil {
+		cfg.Wrap(o.WrapTransport)
+	}
 	defaults := procexec.DefaultConfig(filepath.Join(o.StateDir, "procs"))
 	m, err := app.New(cfg, app.Options{
 		NodeName: o.Node, StateDir: o.StateDir, AllowedRoots: o.AllowedRoots, Interpreters: defaults.Interpreters,
 		ProviderUID: defaults.ProviderUID, ProviderGID: defaults.ProviderGID, CapabilityCeiling: []string{"read_only", "reversible_local"},
 		MetricsBindAddress: "0", HealthProbeBindAddress: "0", Gateway: o.Gateway, Artifacts: o.Artifacts, Log: log,
 		Graph: o.Graph, AfterPhase: o.AfterPhase,
+		MaxParallelActivations: o.MaxParallelActivations, KubeAPIQPS: o.KubeAPIQPS, KubeAPIBurst: o.KubeAPIBurst,
 	})
 	if err != nil {
 		return nil, err

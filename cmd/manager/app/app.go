@@ -75,7 +75,29 @@ type Options struct {
 	Survivor *SurvivorOptions
 	// Log is the manager's logger.
 	Log logr.Logger
+	// KubeAPIQPS and KubeAPIBurst bound the manager's API client
+	// (DefaultKubeAPIQPS and DefaultKubeAPIBurst when 0).
+	KubeAPIQPS   float32
+	KubeAPIBurst int
+	// MaxParallelActivations bounds how many provider processes of one
+	// activation start (or stop) together (hotswap.Config; 0: the CPU
+	// count).
+	MaxParallelActivations int
 }
+
+// The manager's API client limits. client-go's defaults (5 QPS, burst 10;
+// controller-runtime raises them to 20 and 30) throttled a node's manager:
+// one 28-module activation costs about a hundred requests (a Generation
+// created and its status written per module, the activation's own status),
+// so at 20 per second it took seconds that were spent waiting in the
+// client, with the CPU idle. These let a whole activation through at once
+// and keep a busy node (hundreds of providers) well under what one
+// kube-apiserver serves; the API server's priority and fairness still
+// protects it.
+const (
+	DefaultKubeAPIQPS   = 100
+	DefaultKubeAPIBurst = 200
+)
 
 // GatewayOptions configure the gateway.
 type GatewayOptions struct {
@@ -147,9 +169,18 @@ const ShutdownTimeout = 45 * time.Second
 // dir left behind are killed first.
 func New(cfg *rest.Config, o Options) (*Manager, error) {
 	log := o.Log
+	cfg = rest.CopyConfig(cfg)
+	cfg.QPS, cfg.Burst = DefaultKubeAPIQPS, DefaultKubeAPIBurst
+	if o.KubeAPIQPS > 0 {
+		cfg.QPS = o.KubeAPIQPS
+	}
+	if o.KubeAPIBurst > 0 {
+		cfg.Burst = o.KubeAPIBurst
+	}
 	var (
-		sweep  procexec.SweepReport
-		hcfg   = hotswap.Config{StateDir: o.StateDir, Log: log.WithName("coordinator"), AfterPhase: o.AfterPhase, RecoverAtStart: true}
+		sweep procexec.SweepReport
+		hcfg  = hotswap.Config{StateDir: o.StateDir, Log: log.WithName("coordinator"), AfterPhase: o.AfterPhase, RecoverAtStart: true,
+			MaxParallelActivations: o.MaxParallelActivations}
 		sv     *attached
 		result = &Manager{log: log}
 	)
@@ -161,9 +192,13 @@ func New(cfg *rest.Config, o Options) (*Manager, error) {
 		hcfg.Owner = sv.owner
 		result.Attachment, result.client = sv.att, sv.client
 	} else {
+		// The sealed copies of executables are kept (as the survivor keeps
+		// them): without the cache every launch copied and hashed its
+		// executable again, the largest cost of activating many modules.
 		exec, err := procexec.NewExecutor(procexec.Config{
 			ProviderUID: o.ProviderUID, ProviderGID: o.ProviderGID,
 			Interpreters: o.Interpreters, RecordDir: filepath.Join(o.StateDir, "procs"),
+			ExecutableCacheBytes: procexec.DefaultExecutableCacheBytes,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("process executor: %w", err)
