@@ -78,7 +78,6 @@ func median(s []time.Duration) time.Duration {
 // iterations. It reports the medians and their ratio.
 func BenchmarkStartToTerminal(b *testing.B) {
 	echo := buildInto(b, "iteron.dev/operator/bench/echo", "echo")
-	pluginExe := buildInto(b, "iteron.dev/operator/bench/goplugin/plugin", "goplugin-echo")
 
 	ex, err := procexec.NewExecutor(procexec.DefaultConfig(b.TempDir()))
 	if err != nil {
@@ -102,28 +101,9 @@ func BenchmarkStartToTerminal(b *testing.B) {
 	launch()
 	defer func() { p.Close() }()
 
-	client := plugin.NewClient(&plugin.ClientConfig{
-		HandshakeConfig:  goplugin.Handshake,
-		Plugins:          map[string]plugin.Plugin{goplugin.PluginName: &goplugin.Plugin{}},
-		Cmd:              exec.Command(pluginExe),
-		AllowedProtocols: []plugin.Protocol{plugin.ProtocolGRPC},
-		Logger:           hclog.New(&hclog.LoggerOptions{Output: io.Discard, Level: hclog.Off}),
-	})
-	defer client.Kill()
-	rpc, err := client.Client()
-	if err != nil {
-		b.Fatal(err)
-	}
-	raw, err := rpc.Dispense(goplugin.PluginName)
-	if err != nil {
-		b.Fatal(err)
-	}
-	gp := raw.(*goplugin.Client)
+	gp := startGoPlugin(b)
 
-	for _, size := range []struct {
-		name string
-		n    int
-	}{{"200B", 200}, {"64KiB", 64 << 10}, {"500KiB", 500 << 10}} {
+	for _, size := range payloadSizes {
 		in := payload(size.n)
 		b.Run(size.name, func(b *testing.B) {
 			var ours, theirs []time.Duration
@@ -156,4 +136,33 @@ func BenchmarkStartToTerminal(b *testing.B) {
 			b.ReportMetric(float64(mo)/float64(mt), "ratio")
 		})
 	}
+}
+
+// payloadSizes are the input sizes of the start → terminal benchmarks.
+var payloadSizes = []struct {
+	name string
+	n    int
+}{{"200B", 200}, {"64KiB", 64 << 10}, {"500KiB", 500 << 10}}
+
+// startGoPlugin starts the go-plugin echo plugin (the baseline) and returns
+// its client; the plugin is killed when b's benchmark ends.
+func startGoPlugin(b *testing.B) *goplugin.Client {
+	pluginExe := buildInto(b, "iteron.dev/operator/bench/goplugin/plugin", "goplugin-echo")
+	client := plugin.NewClient(&plugin.ClientConfig{
+		HandshakeConfig:  goplugin.Handshake,
+		Plugins:          map[string]plugin.Plugin{goplugin.PluginName: &goplugin.Plugin{}},
+		Cmd:              exec.Command(pluginExe),
+		AllowedProtocols: []plugin.Protocol{plugin.ProtocolGRPC},
+		Logger:           hclog.New(&hclog.LoggerOptions{Output: io.Discard, Level: hclog.Off}),
+	})
+	b.Cleanup(client.Kill)
+	rpc, err := client.Client()
+	if err != nil {
+		b.Fatal(err)
+	}
+	raw, err := rpc.Dispense(goplugin.PluginName)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return raw.(*goplugin.Client)
 }

@@ -9,6 +9,7 @@ import (
 
 	"iteron.dev/operator/internal/reasons"
 	"iteron.dev/operator/internal/survivor"
+	"iteron.dev/operator/pkg/protocol"
 )
 
 // invocationKey carries a call's Invocation to its backend's Run.
@@ -41,7 +42,7 @@ type Backend interface {
 	// passing every observation (the terminal one included) to observe in
 	// order when observe is not nil. ctx ends the wait only; cancelling a run
 	// is Cancel's job.
-	Run(ctx context.Context, runID string, input []byte, deadline time.Duration, observe func(Observation)) (Observation, error)
+	Run(ctx context.Context, runID string, input protocol.Payload, deadline time.Duration, observe func(Observation)) (Observation, error)
 	// Cancel asks the provider to cancel a run and waits (bounded by the
 	// cancellation deadline) for it to end.
 	Cancel(ctx context.Context, runID, reason string) error
@@ -68,8 +69,9 @@ type Route struct {
 type Call struct {
 	// ID identifies the invocation (and becomes the run ID).
 	ID string
-	// Input is the run's input object (raw JSON).
-	Input []byte
+	// Input is the run's input, checked once (by the gateway) and written
+	// to the provider as it is.
+	Input protocol.Payload
 	// Deadline bounds the whole call, waiting included; it becomes the
 	// run's deadline_ms when the run starts.
 	Deadline time.Time
@@ -195,7 +197,8 @@ func (d *Dispatcher) QueueLength() int {
 	return len(d.queue)
 }
 
-// Invoke queues a call and waits for its result. It fails at once with
+// Invoke queues a call and waits for its result; when the run slot is free
+// and no call waits, it runs the call on the caller's goroutine. It fails at once with
 // queue_full when the queue is at its bound, with stale_generation when the
 // call pins a lineage that is no longer routed, and with deadline_exceeded
 // when its deadline passes while it waits.
@@ -221,9 +224,20 @@ func (d *Dispatcher) Invoke(ctx context.Context, call Call) (Result, error) {
 		d.mu.Unlock()
 		return Result{}, &CallError{Code: reasons.QueueFull, Message: fmt.Sprintf("module %s has %d calls waiting", d.module, d.queueLimit)}
 	}
-	d.queue = append(d.queue, p)
-	d.mu.Unlock()
-	d.poke()
+	if route, remaining, ok := d.takeIdle(p); ok {
+		// The slot is free and nobody waits: run on the caller's goroutine
+		// (no hand-off to the loop and on to a run goroutine and back).
+		d.run(p, route, remaining)
+	} else {
+		d.queue = append(d.queue, p)
+		d.mu.Unlock()
+		d.poke()
+	}
+	select {
+	case <-p.done:
+		return p.result, p.err
+	default: // queued (or put back at the head of the queue by run)
+	}
 
 	timer := time.NewTimer(time.Until(call.Deadline))
 	defer timer.Stop()
@@ -243,6 +257,25 @@ func (d *Dispatcher) Invoke(ctx context.Context, call Call) (Result, error) {
 	}
 	<-p.done
 	return p.result, p.err
+}
+
+// takeIdle, with d.mu held, takes the run slot for p when the dispatcher
+// could dispatch it at once: running, routed, the slot free, no call ahead
+// of it and the process able to take it. On success it releases d.mu and
+// returns what run needs; otherwise d.mu stays held.
+func (d *Dispatcher) takeIdle(p *pendingCall) (Route, time.Duration, bool) {
+	if d.paused || d.route == nil || d.inFlight != nil || len(d.queue) > 0 {
+		return Route{}, 0, false
+	}
+	route := *d.route
+	remaining := time.Until(p.call.Deadline)
+	if remaining <= 0 || !route.Backend.Fits(remaining, len(p.call.ID)+p.call.Input.Len()) {
+		return Route{}, 0, false // the loop reports it or asks for the renewal
+	}
+	d.inFlight = &InFlight{CallID: p.call.ID, Route: route, StartedAt: time.Now()}
+	d.idle = make(chan struct{})
+	d.mu.Unlock()
+	return route, remaining, true
 }
 
 func (d *Dispatcher) withdraw(p *pendingCall) bool {
@@ -303,7 +336,7 @@ func (d *Dispatcher) dispatchOne() bool {
 		close(p.done)
 		return true
 	}
-	if !route.Backend.Fits(remaining, len(p.call.ID)+len(p.call.Input)) {
+	if !route.Backend.Fits(remaining, len(p.call.ID)+p.call.Input.Len()) {
 		// The process is about to be renewed: ask for the renewal now and
 		// wait for the switch (Switch and Resume poke the loop).
 		onNoFit := d.onNoFit

@@ -6,16 +6,29 @@ import (
 	"io"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/go-json-experiment/json/jsontext"
+
+	"iteron.dev/operator/pkg/strictjson"
 )
 
-// Decoding is strict and single-pass where it can be: one jsontext.Decoder
-// walks the frame token by token, rejecting duplicate names at any depth,
-// invalid UTF-8, unknown and missing members, values of the wrong type and
-// trailing data. Raw values (input, observation, state) are validated by the
-// same walk and returned as sub-slices of the input, never copied or
-// re-encoded: the caller must not reuse the input buffer while it holds them.
+// Decoding is strict and single-pass: the frame is walked once, rejecting
+// duplicate names at any depth, invalid UTF-8, unknown and missing members,
+// values of the wrong type and trailing data. Raw values (input,
+// observation, state) are checked by the same walk and returned as
+// sub-slices of the input, never copied or re-encoded: the caller must not
+// reuse the input buffer while it holds them.
+//
+// The walk has two modes sharing every message's code below. The fast mode
+// scans the bytes itself with strictjson's scanning steps (the rules of
+// strictjson.Check) and gives up at anything unusual: any error, a name
+// with an escape, a payload whose tag is not its first member. The full
+// mode is jsontext's strict decoder; it runs only when the fast mode gave
+// up, and then decides (an accepted frame, or the error that says where and
+// why). So the fast mode only has to accept nothing the full mode refuses,
+// and decode to the same values: FuzzFastDecoder checks both on every
+// input.
 
 // DecodeRequest decodes one host → provider frame (the provider side). It
 // checks shape only; Validate checks values.
@@ -23,7 +36,15 @@ func DecodeRequest(frame []byte) (*Request, error) {
 	if len(frame) > MaxFrameBytes {
 		return nil, errorf(ErrTooLarge, "", "frame of %d bytes exceeds %d", len(frame), MaxFrameBytes)
 	}
-	d := newDecoder(frame)
+	if r, err := decodeRequest(&decoder{fast: true, src: frame}); err == nil {
+		return r, nil
+	}
+	d := pooledDecoder(frame)
+	defer d.release()
+	return decodeRequest(d)
+}
+
+func decodeRequest(d *decoder) (*Request, error) {
 	if err := d.open(""); err != nil {
 		return nil, err
 	}
@@ -68,7 +89,15 @@ func DecodeFrame(frame []byte) (Frame, error) {
 	if len(frame) > MaxFrameBytes {
 		return Frame{}, errorf(ErrTooLarge, "", "frame of %d bytes exceeds %d", len(frame), MaxFrameBytes)
 	}
-	d := newDecoder(frame)
+	if f, err := decodeFrame(&decoder{fast: true, src: frame}); err == nil {
+		return f, nil
+	}
+	d := pooledDecoder(frame)
+	defer d.release()
+	return decodeFrame(d)
+}
+
+func decodeFrame(d *decoder) (Frame, error) {
 	if err := d.open(""); err != nil {
 		return Frame{}, err
 	}
@@ -266,7 +295,7 @@ func readRequestPayload(d *decoder, ptr, tag string, seen uint64) (RequestPayloa
 				r.InputSchema, err = d.contract(p)
 			case 5:
 				r.Input, err = d.raw(p)
-				r.decoded = r.Input
+				r.checked = r.Input
 			case 6:
 				r.DeadlineMs, err = d.uint(p)
 			}
@@ -533,6 +562,29 @@ func readResponsePayload(d *decoder, ptr, tag string, seen uint64) (ResponsePayl
 // its first member (what every encoder here writes); otherwise it skips
 // the object and decodes its bytes again with the tag found first.
 func (d *decoder) payload(ptr, tagName string, inline func(d *decoder, tag string) error, slow func(raw jsontext.Value) error) error {
+	if d.fast {
+		if err := d.open(ptr); err != nil {
+			return err
+		}
+		if d.next() != '"' {
+			return errFast
+		}
+		name, end, ok := strictjson.StringAt(d.src, d.i)
+		if !ok || string(name) != tagName {
+			return errFast // the tag elsewhere: the full mode finds it
+		}
+		d.i = end
+		if d.next() != ':' {
+			return errFast
+		}
+		d.i++
+		tag, err := d.fastString()
+		if err != nil {
+			return err
+		}
+		d.more = true
+		return inline(d, tag)
+	}
 	if k := d.d.PeekKind(); k != '{' {
 		return d.wrongKind(ptr, "a payload object", k)
 	}
@@ -604,6 +656,54 @@ func findTag(raw jsontext.Value, ptr, tagName string) (tag string, fast bool, er
 type decoder struct {
 	d   *jsontext.Decoder
 	src []byte
+	buf bytes.Buffer
+
+	// The fast mode: i is the offset in src; more is true once a member
+	// has been read in the innermost open object (a ',' must come next).
+	fast bool
+	i    int
+	more bool
+}
+
+// errFast is the fast mode giving up; the full mode then decides.
+var errFast = errors.New("protocol: not on the fast path")
+
+// rawDepth is the nesting the fast mode assumes around a raw value: the
+// deepest place one sits (frame → payload → state → value). Assuming it
+// everywhere is at least as strict as the full mode about MaxDepth.
+const rawDepth = 3
+
+// ws skips whitespace (fast mode).
+func (d *decoder) ws() {
+	for d.i < len(d.src) {
+		switch d.src[d.i] {
+		case ' ', '\t', '\n', '\r':
+			d.i++
+		default:
+			return
+		}
+	}
+}
+
+// next skips whitespace and returns the next byte, or 0 at the end (fast
+// mode).
+func (d *decoder) next() byte {
+	d.ws()
+	if d.i >= len(d.src) {
+		return 0
+	}
+	return d.src[d.i]
+}
+
+// fastString reads a string value (fast mode).
+func (d *decoder) fastString() (string, error) {
+	d.ws()
+	content, end, ok := strictjson.StringAt(d.src, d.i)
+	if !ok {
+		return "", errFast
+	}
+	d.i = end
+	return string(content), nil
 }
 
 var decodeOptions = []jsontext.Options{jsontext.AllowDuplicateNames(false), jsontext.AllowInvalidUTF8(false)}
@@ -612,9 +712,36 @@ func newDecoder(b []byte) *decoder {
 	return &decoder{d: jsontext.NewDecoder(bytes.NewBuffer(b), decodeOptions...), src: b}
 }
 
+// decoders keeps the frame decoders of DecodeFrame and DecodeRequest (a
+// jsontext.Decoder and its name sets are a few KiB: every frame of every
+// call would allocate them).
+var decoders = sync.Pool{New: func() any {
+	return &decoder{d: jsontext.NewDecoder(bytes.NewBuffer(nil), decodeOptions...)}
+}}
+
+// pooledDecoder returns a decoder of b from the pool; put it back with
+// release once nothing reads it. What it returns (strings, sub-slices of b)
+// does not refer to it.
+func pooledDecoder(b []byte) *decoder {
+	d := decoders.Get().(*decoder)
+	d.src = b
+	d.buf = *bytes.NewBuffer(b)
+	d.d.Reset(&d.buf, decodeOptions...)
+	return d
+}
+
+func (d *decoder) release() {
+	d.src = nil
+	d.buf = bytes.Buffer{}
+	decoders.Put(d)
+}
+
 func (d *decoder) wrap(err error) error {
 	if err == nil {
 		return nil
+	}
+	if d.fast {
+		return errFast
 	}
 	var pe *Error
 	if errors.As(err, &pe) {
@@ -638,6 +765,14 @@ func (d *decoder) wrap(err error) error {
 }
 
 func (d *decoder) open(ptr string) error {
+	if d.fast {
+		if d.next() != '{' {
+			return errFast
+		}
+		d.i++
+		d.more = false
+		return nil
+	}
 	if d.d.PeekKind() != '{' {
 		if d.d.PeekKind() == 0 {
 			_, err := d.d.ReadToken()
@@ -653,6 +788,13 @@ func (d *decoder) open(ptr string) error {
 
 // end checks that nothing but whitespace follows the value.
 func (d *decoder) end() error {
+	if d.fast {
+		d.ws()
+		if d.i != len(d.src) {
+			return errFast
+		}
+		return nil
+	}
 	if _, err := d.d.ReadToken(); err != io.EOF {
 		if err == nil {
 			return errorf(ErrMalformed, "", "trailing data after the frame")
@@ -667,6 +809,9 @@ func (d *decoder) end() error {
 // names (duplicates are rejected by the decoder itself) and returns the set
 // of indexes seen, starting from seen.
 func (d *decoder) members(ptr string, names []string, seen uint64, read func(i int, ptr string) error) (uint64, error) {
+	if d.fast {
+		return d.fastMembers(ptr, names, seen, read)
+	}
 	for {
 		switch d.d.PeekKind() {
 		case '}':
@@ -702,6 +847,45 @@ func (d *decoder) members(ptr string, names []string, seen uint64, read func(i i
 		if err := read(i, p); err != nil {
 			return seen, d.wrap(err)
 		}
+	}
+}
+
+// fastMembers is members in the fast mode: a repeated name is one whose
+// index was seen already (every name is known, or the walk gives up).
+func (d *decoder) fastMembers(ptr string, names []string, seen uint64, read func(i int, ptr string) error) (uint64, error) {
+	for {
+		c := d.next()
+		if c == '}' {
+			d.i++
+			d.more = true // the object is a value of its parent
+			return seen, nil
+		}
+		if d.more {
+			if c != ',' {
+				return seen, errFast
+			}
+			d.i++
+			c = d.next()
+		}
+		if c != '"' {
+			return seen, errFast
+		}
+		name, end, ok := strictjson.StringAt(d.src, d.i)
+		if !ok || end-d.i != len(name)+2 { // an escaped name: leave it to the full mode
+			return seen, errFast
+		}
+		d.i = end
+		i := indexOfQuoted(names, d.src[end-len(name)-2:end])
+		if i < 0 || seen&(1<<i) != 0 || d.next() != ':' {
+			return seen, errFast
+		}
+		d.i++
+		seen |= 1 << i
+		d.more = false
+		if err := read(i, ptr); err != nil { // pointers only matter in errors: the full mode's
+			return seen, errFast
+		}
+		d.more = true
 	}
 }
 
@@ -754,6 +938,9 @@ func escapePointer(name string) string {
 }
 
 func (d *decoder) string(p string) (string, error) {
+	if d.fast {
+		return d.fastString()
+	}
 	if k := d.d.PeekKind(); k != '"' {
 		return "", d.wrongKind(p, "a string", k)
 	}
@@ -765,6 +952,18 @@ func (d *decoder) string(p string) (string, error) {
 }
 
 func (d *decoder) bool(p string) (bool, error) {
+	if d.fast {
+		d.ws()
+		switch rest := d.src[d.i:]; {
+		case bytes.HasPrefix(rest, []byte("true")):
+			d.i += 4
+			return true, nil
+		case bytes.HasPrefix(rest, []byte("false")):
+			d.i += 5
+			return false, nil
+		}
+		return false, errFast
+	}
 	if k := d.d.PeekKind(); k != 't' && k != 'f' {
 		return false, d.wrongKind(p, "a boolean", k)
 	}
@@ -778,6 +977,23 @@ func (d *decoder) bool(p string) (bool, error) {
 // uint reads a non-negative integer that fits in 64 bits, written without
 // fraction or exponent.
 func (d *decoder) uint(p string) (uint64, error) {
+	if d.fast {
+		d.ws()
+		end, ok := strictjson.NumberAt(d.src, d.i)
+		if !ok {
+			return 0, errFast
+		}
+		lit := d.src[d.i:end]
+		if bytes.ContainsAny(lit, "-.eE") {
+			return 0, errFast
+		}
+		n, err := strconv.ParseUint(string(lit), 10, 64)
+		if err != nil {
+			return 0, errFast
+		}
+		d.i = end
+		return n, nil
+	}
 	if k := d.d.PeekKind(); k != '0' {
 		return 0, d.wrongKind(p, "an unsigned integer", k)
 	}
@@ -798,10 +1014,13 @@ func (d *decoder) uint(p string) (uint64, error) {
 
 func (d *decoder) contract(p string) (ContractRef, error) {
 	var c ContractRef
-	if k := d.d.PeekKind(); k != '{' {
+	if d.fast {
+		if err := d.open(p); err != nil {
+			return c, err
+		}
+	} else if k := d.d.PeekKind(); k != '{' {
 		return c, d.wrongKind(p, "a contract object", k)
-	}
-	if err := d.open(p); err != nil {
+	} else if err := d.open(p); err != nil {
 		return c, err
 	}
 	seen, err := d.members(p, contractNames, 0, func(i int, mp string) (err error) {
@@ -825,6 +1044,36 @@ func (d *decoder) contract(p string) (ContractRef, error) {
 }
 
 func (d *decoder) strings(p string) ([]string, error) {
+	if d.fast {
+		if d.next() != '[' {
+			return nil, errFast
+		}
+		d.i++
+		out := []string{}
+		if d.next() == ']' {
+			d.i++
+			return out, nil
+		}
+		for {
+			if len(out) >= MaxAdmittedCapabilities*4 {
+				return nil, errFast
+			}
+			s, err := d.fastString()
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, s)
+			switch d.next() {
+			case ',':
+				d.i++
+			case ']':
+				d.i++
+				return out, nil
+			default:
+				return nil, errFast
+			}
+		}
+	}
 	if k := d.d.PeekKind(); k != '[' {
 		return nil, d.wrongKind(p, "an array of strings", k)
 	}
@@ -857,6 +1106,16 @@ func (d *decoder) strings(p string) ([]string, error) {
 
 // raw reads any JSON value and returns it as a sub-slice of the input.
 func (d *decoder) raw(p string) (jsontext.Value, error) {
+	if d.fast {
+		d.ws()
+		start := d.i
+		end, ok := strictjson.ValueAt(d.src, start, rawDepth)
+		if !ok {
+			return nil, errFast
+		}
+		d.i = end
+		return jsontext.Value(d.src[start:end:end]), nil
+	}
 	v, err := d.d.ReadValue()
 	if err != nil {
 		return nil, d.wrap(err)
@@ -867,10 +1126,13 @@ func (d *decoder) raw(p string) (jsontext.Value, error) {
 
 func (d *decoder) state(p string) (State, error) {
 	var s State
-	if k := d.d.PeekKind(); k != '{' {
+	if d.fast {
+		if err := d.open(p); err != nil {
+			return s, err
+		}
+	} else if k := d.d.PeekKind(); k != '{' {
 		return s, d.wrongKind(p, "a state object", k)
-	}
-	if err := d.open(p); err != nil {
+	} else if err := d.open(p); err != nil {
 		return s, err
 	}
 	seen, err := d.members(p, stateNames, 0, func(i int, mp string) (err error) {

@@ -64,7 +64,11 @@ func AppendRequest(dst []byte, r *Request) ([]byte, error) {
 		e.str(p.CandidateSHA256)
 		e.contractField("input_schema", p.InputSchema)
 		e.field("input")
-		e.raw(p.Input, "/payload/input")
+		if sameBytes(p.Input, p.checked) {
+			e.b = append(e.b, p.Input...) // a checked payload is one line
+		} else {
+			e.raw(p.Input, "/payload/input")
+		}
 		e.field("deadline_ms")
 		e.uint(p.DeadlineMs)
 	case *CancelRequest:
