@@ -183,33 +183,7 @@ var (
 	frameNames    = []string{"protocol", "request_id", "implementation_id", "module", "payload",
 		"run_id", "sequence", "schema", "terminal", "observation"}
 	contractNames = []string{"id", "version"}
-	stateNames    = []string{"module", "implementation_id", "run_id", "generation", "state_schema", "state_sha256", "state"}
 )
-
-// Request payload member names; index 0 is always the tag.
-var requestNames = map[Operation][]string{
-	OpLoad:      {"operation", "lifecycle_contract", "definition_contract", "provider_contract", "consumer_contract", "observation_schema", "artifact_sha256", "admitted_capabilities"},
-	OpStart:     {"operation", "lifecycle_contract", "run_id", "candidate_sha256", "input_schema", "input", "deadline_ms"},
-	OpCancel:    {"operation", "lifecycle_contract", "run_id", "reason"},
-	OpStop:      {"operation", "lifecycle_contract", "reason"},
-	OpSnapshot:  {"operation", "lifecycle_contract", "run_id", "generation", "state_schema", "deadline_ms"},
-	OpMigrate:   {"operation", "lifecycle_contract", "source", "target_generation", "deadline_ms"},
-	OpRestore:   {"operation", "lifecycle_contract", "state", "deadline_ms"},
-	OpReadiness: {"operation", "lifecycle_contract", "run_id", "generation", "state_schema", "state_sha256", "deadline_ms"},
-}
-
-// Response payload member names; index 0 is always the tag.
-var responseNames = map[Result][]string{
-	ResultLoaded:      {"result", "provider_contract", "observation_schema"},
-	ResultStarted:     {"result", "run_id"},
-	ResultCancelled:   {"result", "run_id"},
-	ResultStopped:     {"result"},
-	ResultSnapshotted: {"result", "state"},
-	ResultMigrated:    {"result", "state"},
-	ResultRestored:    {"result", "run_id", "generation", "state_schema", "state_sha256"},
-	ResultReady:       {"result", "run_id", "generation", "state_schema", "state_sha256"},
-	ResultFailed:      {"result", "code", "message"},
-}
 
 // decodeRequestPayload decodes a payload whose tag is not its first member
 // (findTag, then a second pass).
@@ -239,183 +213,15 @@ func decodeRequestPayload(raw jsontext.Value) (RequestPayload, error) {
 // from a decoder inside its object (seen has bit 0 set if the tag member
 // was read already).
 func readRequestPayload(d *decoder, ptr, tag string, seen uint64) (RequestPayload, error) {
-	op := Operation(tag)
-	names, ok := requestNames[op]
+	c, ok := requestCodecs[Operation(tag)]
 	if !ok {
 		return nil, errorf(ErrMalformed, ptr+"/operation", "unknown operation %q", tag)
 	}
-	var read func(i int, p string) error
-	var payload RequestPayload
-	tagMember := func(p string) error {
-		s, err := d.string(p)
-		if err == nil && s != tag {
-			err = errorf(ErrMalformed, p, "second tag %q", s)
-		}
-		return err
-	}
-	switch op {
-	case OpLoad:
-		r := &LoadRequest{}
-		payload = r
-		read = func(i int, p string) (err error) {
-			switch i {
-			case 0:
-				return tagMember(p)
-			case 1:
-				r.LifecycleContract, err = d.contract(p)
-			case 2:
-				r.DefinitionContract, err = d.contract(p)
-			case 3:
-				r.ProviderContract, err = d.contract(p)
-			case 4:
-				r.ConsumerContract, err = d.contract(p)
-			case 5:
-				r.ObservationSchema, err = d.contract(p)
-			case 6:
-				r.ArtifactSHA256, err = d.string(p)
-			case 7:
-				r.AdmittedCapabilities, err = d.strings(p)
-			}
-			return err
-		}
-	case OpStart:
-		r := &StartRequest{}
-		payload = r
-		read = func(i int, p string) (err error) {
-			switch i {
-			case 0:
-				return tagMember(p)
-			case 1:
-				r.LifecycleContract, err = d.contract(p)
-			case 2:
-				r.RunID, err = d.string(p)
-			case 3:
-				r.CandidateSHA256, err = d.string(p)
-			case 4:
-				r.InputSchema, err = d.contract(p)
-			case 5:
-				r.Input, err = d.raw(p)
-				r.checked = r.Input
-			case 6:
-				r.DeadlineMs, err = d.uint(p)
-			}
-			return err
-		}
-	case OpCancel:
-		r := &CancelRequest{}
-		payload = r
-		read = func(i int, p string) (err error) {
-			switch i {
-			case 0:
-				return tagMember(p)
-			case 1:
-				r.LifecycleContract, err = d.contract(p)
-			case 2:
-				r.RunID, err = d.string(p)
-			case 3:
-				r.Reason, err = d.string(p)
-			}
-			return err
-		}
-	case OpStop:
-		r := &StopRequest{}
-		payload = r
-		read = func(i int, p string) (err error) {
-			switch i {
-			case 0:
-				return tagMember(p)
-			case 1:
-				r.LifecycleContract, err = d.contract(p)
-			case 2:
-				r.Reason, err = d.string(p)
-			}
-			return err
-		}
-	case OpSnapshot:
-		r := &SnapshotRequest{}
-		payload = r
-		read = func(i int, p string) (err error) {
-			switch i {
-			case 0:
-				return tagMember(p)
-			case 1:
-				r.LifecycleContract, err = d.contract(p)
-			case 2:
-				r.RunID, err = d.string(p)
-			case 3:
-				r.Generation, err = d.uint(p)
-			case 4:
-				r.StateSchema, err = d.contract(p)
-			case 5:
-				r.DeadlineMs, err = d.uint(p)
-			}
-			return err
-		}
-	case OpMigrate:
-		r := &MigrateRequest{}
-		payload = r
-		read = func(i int, p string) (err error) {
-			switch i {
-			case 0:
-				return tagMember(p)
-			case 1:
-				r.LifecycleContract, err = d.contract(p)
-			case 2:
-				r.Source, err = d.state(p)
-			case 3:
-				r.TargetGeneration, err = d.uint(p)
-			case 4:
-				r.DeadlineMs, err = d.uint(p)
-			}
-			return err
-		}
-	case OpRestore:
-		r := &RestoreRequest{}
-		payload = r
-		read = func(i int, p string) (err error) {
-			switch i {
-			case 0:
-				return tagMember(p)
-			case 1:
-				r.LifecycleContract, err = d.contract(p)
-			case 2:
-				r.State, err = d.state(p)
-			case 3:
-				r.DeadlineMs, err = d.uint(p)
-			}
-			return err
-		}
-	case OpReadiness:
-		r := &ReadinessRequest{}
-		payload = r
-		read = func(i int, p string) (err error) {
-			switch i {
-			case 0:
-				return tagMember(p)
-			case 1:
-				r.LifecycleContract, err = d.contract(p)
-			case 2:
-				r.RunID, err = d.string(p)
-			case 3:
-				r.Generation, err = d.uint(p)
-			case 4:
-				r.StateSchema, err = d.contract(p)
-			case 5:
-				r.StateSHA256, err = d.string(p)
-			case 6:
-				r.DeadlineMs, err = d.uint(p)
-			}
-			return err
-		}
-	}
-	seen, err := d.members(ptr, names, seen, read)
+	v, err := c.read(d, ptr, tag, seen)
 	if err != nil {
 		return nil, err
 	}
-	if err := requireAll(ptr, names, seen, 1<<len(names)-1); err != nil {
-		return nil, err
-	}
-	return payload, nil
+	return v.(RequestPayload), nil
 }
 
 // decodeResponsePayload decodes a payload whose tag is not its first
@@ -443,119 +249,15 @@ func decodeResponsePayload(raw jsontext.Value) (ResponsePayload, error) {
 
 // readResponsePayload is readRequestPayload for responses.
 func readResponsePayload(d *decoder, ptr, tag string, seen uint64) (ResponsePayload, error) {
-	res := Result(tag)
-	names, ok := responseNames[res]
+	c, ok := responseCodecs[Result(tag)]
 	if !ok {
 		return nil, errorf(ErrMalformed, ptr+"/result", "unknown result %q", tag)
 	}
-	tagMember := func(p string) error {
-		s, err := d.string(p)
-		if err == nil && s != tag {
-			err = errorf(ErrMalformed, p, "second tag %q", s)
-		}
-		return err
-	}
-	var read func(i int, p string) error
-	var payload ResponsePayload
-	switch res {
-	case ResultLoaded:
-		r := &Loaded{}
-		payload = r
-		read = func(i int, p string) (err error) {
-			switch i {
-			case 0:
-				return tagMember(p)
-			case 1:
-				r.ProviderContract, err = d.contract(p)
-			case 2:
-				r.ObservationSchema, err = d.contract(p)
-			}
-			return err
-		}
-	case ResultStarted, ResultCancelled:
-		var runID *string
-		if res == ResultStarted {
-			r := &Started{}
-			payload, runID = r, &r.RunID
-		} else {
-			r := &Cancelled{}
-			payload, runID = r, &r.RunID
-		}
-		read = func(i int, p string) (err error) {
-			if i == 0 {
-				return tagMember(p)
-			}
-			*runID, err = d.string(p)
-			return err
-		}
-	case ResultStopped:
-		payload = &Stopped{}
-		read = func(i int, p string) error { return tagMember(p) }
-	case ResultSnapshotted, ResultMigrated:
-		var st *State
-		if res == ResultSnapshotted {
-			r := &Snapshotted{}
-			payload, st = r, &r.State
-		} else {
-			r := &Migrated{}
-			payload, st = r, &r.State
-		}
-		read = func(i int, p string) (err error) {
-			if i == 0 {
-				return tagMember(p)
-			}
-			*st, err = d.state(p)
-			return err
-		}
-	case ResultRestored, ResultReady:
-		var runID, digest *string
-		var gen *uint64
-		var schema *ContractRef
-		if res == ResultRestored {
-			r := &Restored{}
-			payload, runID, gen, schema, digest = r, &r.RunID, &r.Generation, &r.StateSchema, &r.StateSHA256
-		} else {
-			r := &Ready{}
-			payload, runID, gen, schema, digest = r, &r.RunID, &r.Generation, &r.StateSchema, &r.StateSHA256
-		}
-		read = func(i int, p string) (err error) {
-			switch i {
-			case 0:
-				return tagMember(p)
-			case 1:
-				*runID, err = d.string(p)
-			case 2:
-				*gen, err = d.uint(p)
-			case 3:
-				*schema, err = d.contract(p)
-			case 4:
-				*digest, err = d.string(p)
-			}
-			return err
-		}
-	case ResultFailed:
-		r := &Failed{}
-		payload = r
-		read = func(i int, p string) (err error) {
-			switch i {
-			case 0:
-				return tagMember(p)
-			case 1:
-				r.Code, err = d.string(p)
-			case 2:
-				r.Message, err = d.string(p)
-			}
-			return err
-		}
-	}
-	seen, err := d.members(ptr, names, seen, read)
+	v, err := c.read(d, ptr, tag, seen)
 	if err != nil {
 		return nil, err
 	}
-	if err := requireAll(ptr, names, seen, 1<<len(names)-1); err != nil {
-		return nil, err
-	}
-	return payload, nil
+	return v.(ResponsePayload), nil
 }
 
 // payload reads a payload object in the frame's own pass when its tag is
@@ -1125,39 +827,20 @@ func (d *decoder) raw(p string) (jsontext.Value, error) {
 }
 
 func (d *decoder) state(p string) (State, error) {
-	var s State
 	if d.fast {
 		if err := d.open(p); err != nil {
-			return s, err
+			return State{}, err
 		}
 	} else if k := d.d.PeekKind(); k != '{' {
-		return s, d.wrongKind(p, "a state object", k)
+		return State{}, d.wrongKind(p, "a state object", k)
 	} else if err := d.open(p); err != nil {
-		return s, err
+		return State{}, err
 	}
-	seen, err := d.members(p, stateNames, 0, func(i int, mp string) (err error) {
-		switch i {
-		case 0:
-			s.Module, err = d.string(mp)
-		case 1:
-			s.ImplementationID, err = d.string(mp)
-		case 2:
-			s.RunID, err = d.string(mp)
-		case 3:
-			s.Generation, err = d.uint(mp)
-		case 4:
-			s.StateSchema, err = d.contract(mp)
-		case 5:
-			s.StateSHA256, err = d.string(mp)
-		case 6:
-			s.State, err = d.raw(mp)
-		}
-		return err
-	})
+	v, err := stateCodec.read(d, p, "", 0)
 	if err != nil {
-		return s, err
+		return State{}, err
 	}
-	return s, requireAll(p, stateNames, seen, 1<<len(stateNames)-1)
+	return *v.(*State), nil
 }
 
 func (d *decoder) wrongKind(p, want string, got jsontext.Kind) error {
