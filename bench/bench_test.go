@@ -103,34 +103,48 @@ func BenchmarkStartToTerminal(b *testing.B) {
 
 	gp := startGoPlugin(b)
 
+	interleaved(b, gp, func(n int) bool { return p.Budget().StdinBytes < int64(n)+4096 }, launch, func(i int, in jsontext.Value) ([]byte, error) {
+		run, err := p.Start(ctx, "run-"+strconv.Itoa(i), in, 10*time.Second)
+		if err != nil {
+			return nil, err
+		}
+		o, err := run.Result()
+		return o.Observation, err
+	})
+}
+
+// interleaved runs, for each payload size, our echo call (ours) and the
+// go-plugin echo call one after the other in every iteration, so that both
+// see the same machine load, and reports each one's median and their
+// ratio. When full says an n-byte input no longer fits our process, renew
+// replaces it outside the timed region, as the coordinator does before the
+// bound.
+func interleaved(b *testing.B, gp *goplugin.Client, full func(n int) bool, renew func(), ours func(i int, in jsontext.Value) ([]byte, error)) {
+	ctx := context.Background()
 	for _, size := range payloadSizes {
 		in := payload(size.n)
 		b.Run(size.name, func(b *testing.B) {
-			var ours, theirs []time.Duration
+			var mine, theirs []time.Duration
 			for i := 0; i < b.N; i++ {
-				if budget := p.Budget(); budget.StdinBytes < int64(size.n)+4096 {
+				if full(len(in)) {
 					b.StopTimer()
-					launch() // renew, as the coordinator does before the bound
+					renew()
 					b.StartTimer()
 				}
 				t0 := time.Now()
-				run, err := p.Start(ctx, "run-"+strconv.Itoa(i), in, 10*time.Second)
-				if err != nil {
-					b.Fatal(err)
-				}
-				o, err := run.Result()
-				ours = append(ours, time.Since(t0))
-				if err != nil || !bytes.Equal(o.Observation, in) {
-					b.Fatalf("echo: %d bytes, %v", len(o.Observation), err)
+				out, err := ours(i, in)
+				mine = append(mine, time.Since(t0))
+				if err != nil || !bytes.Equal(out, in) {
+					b.Fatalf("echo: %d bytes, %v", len(out), err)
 				}
 				t0 = time.Now()
-				out, err := gp.Start(ctx, in)
+				out, err = gp.Start(ctx, in)
 				theirs = append(theirs, time.Since(t0))
 				if err != nil || !bytes.Equal(out, in) {
 					b.Fatalf("go-plugin echo: %d bytes, %v", len(out), err)
 				}
 			}
-			mo, mt := median(ours), median(theirs)
+			mo, mt := median(mine), median(theirs)
 			b.ReportMetric(float64(mo)/1e3, "ours-p50-µs")
 			b.ReportMetric(float64(mt)/1e3, "goplugin-p50-µs")
 			b.ReportMetric(float64(mo)/float64(mt), "ratio")

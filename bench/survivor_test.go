@@ -1,7 +1,6 @@
 package bench
 
 import (
-	"bytes"
 	"context"
 	"os"
 	"path/filepath"
@@ -9,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-json-experiment/json/jsontext"
 	"github.com/go-logr/logr"
 	"golang.org/x/sys/unix"
 
@@ -92,35 +92,10 @@ func BenchmarkStartToTerminalSurvivor(b *testing.B) {
 	launch()
 	defer func() { rp.Close() }()
 
-	for _, size := range payloadSizes {
-		in := payload(size.n)
-		b.Run(size.name, func(b *testing.B) {
-			var ours, theirs []time.Duration
-			for i := 0; i < b.N; i++ {
-				if budget := rp.Budget(); budget.StdinBytes < int64(size.n)+4096 {
-					b.StopTimer()
-					launch()
-					b.StartTimer()
-				}
-				id := "run-" + strconv.Itoa(i)
-				call := &survivor.Invocation{Namespace: "default", InvocationID: id, Fingerprint: "f", Activation: "a", Module: plan.Module(), Generation: 1, GenerationName: "g"}
-				t0 := time.Now()
-				_, out, err := rp.Run(ctx, id, in, 10*time.Second, call, nil)
-				ours = append(ours, time.Since(t0))
-				if err != nil || !bytes.Equal(out, in) {
-					b.Fatalf("echo through the survivor: %d bytes, %v", len(out), err)
-				}
-				t0 = time.Now()
-				got, err := gp.Start(ctx, in)
-				theirs = append(theirs, time.Since(t0))
-				if err != nil || !bytes.Equal(got, in) {
-					b.Fatalf("go-plugin echo: %d bytes, %v", len(got), err)
-				}
-			}
-			mo, mt := median(ours), median(theirs)
-			b.ReportMetric(float64(mo)/1e3, "ours-p50-µs")
-			b.ReportMetric(float64(mt)/1e3, "goplugin-p50-µs")
-			b.ReportMetric(float64(mo)/float64(mt), "ratio")
-		})
-	}
+	interleaved(b, gp, func(n int) bool { return rp.Budget().StdinBytes < int64(n)+4096 }, launch, func(i int, in jsontext.Value) ([]byte, error) {
+		id := "run-" + strconv.Itoa(i)
+		call := &survivor.Invocation{Namespace: "default", InvocationID: id, Fingerprint: "f", Activation: "a", Module: plan.Module(), Generation: 1, GenerationName: "g"}
+		_, out, err := rp.Run(ctx, id, in, 10*time.Second, call, nil)
+		return out, err
+	})
 }
