@@ -197,8 +197,7 @@ func (d *Dispatcher) QueueLength() int {
 	return len(d.queue)
 }
 
-// Invoke queues a call and waits for its result; when the run slot is free
-// and no call waits, it runs the call on the caller's goroutine. It fails at once with
+// Invoke queues a call and waits for its result. It fails at once with
 // queue_full when the queue is at its bound, with stale_generation when the
 // call pins a lineage that is no longer routed, and with deadline_exceeded
 // when its deadline passes while it waits.
@@ -224,20 +223,9 @@ func (d *Dispatcher) Invoke(ctx context.Context, call Call) (Result, error) {
 		d.mu.Unlock()
 		return Result{}, &CallError{Code: reasons.QueueFull, Message: fmt.Sprintf("module %s has %d calls waiting", d.module, d.queueLimit)}
 	}
-	if route, remaining, ok := d.takeIdle(p); ok {
-		// The slot is free and nobody waits: run on the caller's goroutine
-		// (no hand-off to the loop and on to a run goroutine and back).
-		d.run(p, route, remaining)
-	} else {
-		d.queue = append(d.queue, p)
-		d.mu.Unlock()
-		d.poke()
-	}
-	select {
-	case <-p.done:
-		return p.result, p.err
-	default: // queued (or put back at the head of the queue by run)
-	}
+	d.queue = append(d.queue, p)
+	d.mu.Unlock()
+	d.poke()
 
 	timer := time.NewTimer(time.Until(call.Deadline))
 	defer timer.Stop()
@@ -257,25 +245,6 @@ func (d *Dispatcher) Invoke(ctx context.Context, call Call) (Result, error) {
 	}
 	<-p.done
 	return p.result, p.err
-}
-
-// takeIdle, with d.mu held, takes the run slot for p when the dispatcher
-// could dispatch it at once: running, routed, the slot free, no call ahead
-// of it and the process able to take it. On success it releases d.mu and
-// returns what run needs; otherwise d.mu stays held.
-func (d *Dispatcher) takeIdle(p *pendingCall) (Route, time.Duration, bool) {
-	if d.paused || d.route == nil || d.inFlight != nil || len(d.queue) > 0 {
-		return Route{}, 0, false
-	}
-	route := *d.route
-	remaining := time.Until(p.call.Deadline)
-	if remaining <= 0 || !route.Backend.Fits(remaining, len(p.call.ID)+p.call.Input.Len()) {
-		return Route{}, 0, false // the loop reports it or asks for the renewal
-	}
-	d.inFlight = &InFlight{CallID: p.call.ID, Route: route, StartedAt: time.Now()}
-	d.idle = make(chan struct{})
-	d.mu.Unlock()
-	return route, remaining, true
 }
 
 func (d *Dispatcher) withdraw(p *pendingCall) bool {
