@@ -25,7 +25,6 @@ import (
 	"iteron.dev/operator/internal/reasons"
 	"iteron.dev/operator/internal/survivor"
 	"iteron.dev/operator/pkg/protocol"
-	"iteron.dev/operator/pkg/strictjson"
 )
 
 // ProtocolVersion is the gateway protocol this server speaks.
@@ -455,10 +454,10 @@ func (s *Server) begin(ctx context.Context, req callRequest, streaming bool) (*i
 	if len(input) == 0 {
 		input = []byte("{}")
 	}
-	if err := strictjson.Valid(input, protocol.MaxPayloadBytes); err != nil {
-		return nil, false, fail(reasons.SchemaMismatch, "input_json: "+err.Error())
-	}
-	canonical, err := strictjson.CanonicalValue(input)
+	// One strict pass: the input checked (written to the provider as it is,
+	// never checked again in this process) and its canonical form for the
+	// fingerprint.
+	payload, canonical, err := protocol.NewCanonicalPayload(input)
 	if err != nil {
 		return nil, false, fail(reasons.SchemaMismatch, "input_json: "+err.Error())
 	}
@@ -535,7 +534,7 @@ func (s *Server) begin(ctx context.Context, req callRequest, streaming bool) (*i
 		pinned = *req.pinned
 	}
 	call := hotswap.Call{
-		ID: inv.runID, Input: input, Deadline: deadline, PinnedLineage: pinned,
+		ID: inv.runID, Input: payload, Deadline: deadline, PinnedLineage: pinned,
 		OnStart: func(r hotswap.Route) { s.started(inv, r) },
 		Invocation: &survivor.Invocation{Namespace: inv.namespace, InvocationID: inv.id, Fingerprint: hex.EncodeToString(fp[:]),
 			Activation: inv.activation, Module: inv.module},
@@ -624,7 +623,7 @@ func fingerprint(activation, module string, pinned *int64, canonicalInput []byte
 	h.Write(pin[:])
 	h.Write(canonicalInput)
 	var out [32]byte
-	copy(out[:], h.Sum(nil))
+	h.Sum(out[:0])
 	return out
 }
 

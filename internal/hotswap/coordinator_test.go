@@ -21,6 +21,7 @@ import (
 	"iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/ledger"
 	"iteron.dev/operator/internal/procexec"
+	"iteron.dev/operator/pkg/protocol"
 )
 
 func TestMain(m *testing.M) { providertest.Main(m) }
@@ -173,7 +174,7 @@ func (h *harness) invoke(module, input string) (Result, error) {
 		h.t.Fatalf("no dispatcher for %s", module)
 	}
 	id := fmt.Sprintf("call-%d", time.Now().UnixNano())
-	return d.Invoke(context.Background(), Call{ID: id, Input: []byte(input), Deadline: time.Now().Add(10 * time.Second)})
+	return d.Invoke(context.Background(), Call{ID: id, Input: protocol.MustPayload(input), Deadline: time.Now().Add(10 * time.Second)})
 }
 
 // count invokes the counter and returns its terminal observation.

@@ -10,6 +10,7 @@ import (
 	"iteron.dev/operator/internal/effects"
 	"iteron.dev/operator/internal/reasons"
 	"iteron.dev/operator/internal/survivor"
+	"iteron.dev/operator/pkg/protocol"
 )
 
 // invocationKey carries a call's Invocation to its backend's Run.
@@ -42,7 +43,7 @@ type Backend interface {
 	// passing every observation (the terminal one included) to observe in
 	// order when observe is not nil. ctx ends the wait only; cancelling a run
 	// is Cancel's job.
-	Run(ctx context.Context, runID string, input []byte, deadline time.Duration, observe func(Observation)) (Observation, error)
+	Run(ctx context.Context, runID string, input protocol.Payload, deadline time.Duration, observe func(Observation)) (Observation, error)
 	// Cancel asks the provider to cancel a run and waits (bounded by the
 	// cancellation deadline) for it to end.
 	Cancel(ctx context.Context, runID, reason string) error
@@ -73,8 +74,9 @@ type Route struct {
 type Call struct {
 	// ID identifies the invocation (and becomes the run ID).
 	ID string
-	// Input is the run's input object (raw JSON).
-	Input []byte
+	// Input is the run's input, checked once (by the gateway) and written
+	// to the provider as it is.
+	Input protocol.Payload
 	// Deadline bounds the whole call, waiting included; it becomes the
 	// run's deadline_ms when the run starts.
 	Deadline time.Time
@@ -308,7 +310,7 @@ func (d *Dispatcher) dispatchOne() bool {
 		close(p.done)
 		return true
 	}
-	if !route.Backend.Fits(remaining, len(p.call.ID)+len(p.call.Input)) {
+	if !route.Backend.Fits(remaining, len(p.call.ID)+p.call.Input.Len()) {
 		// The process is about to be renewed: ask for the renewal now and
 		// wait for the switch (Switch and Resume poke the loop).
 		onNoFit := d.onNoFit

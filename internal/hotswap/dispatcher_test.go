@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"iteron.dev/operator/internal/reasons"
+	"iteron.dev/operator/pkg/protocol"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -33,7 +34,7 @@ func newScripted(name string) *scriptedBackend {
 	return b
 }
 
-func (b *scriptedBackend) Run(ctx context.Context, runID string, input []byte, deadline time.Duration, observe func(Observation)) (Observation, error) {
+func (b *scriptedBackend) Run(ctx context.Context, runID string, input protocol.Payload, deadline time.Duration, observe func(Observation)) (Observation, error) {
 	n := b.active.Add(1)
 	defer b.active.Add(-1)
 	for {
@@ -57,7 +58,7 @@ func (b *scriptedBackend) Run(ctx context.Context, runID string, input []byte, d
 			return Observation{}, ctx.Err()
 		}
 	}
-	obs := Observation{Sequence: 1, Terminal: true, Body: []byte(fmt.Sprintf(`{"served_by":%q,"input":%s}`, b.name, input))}
+	obs := Observation{Sequence: 1, Terminal: true, Body: []byte(fmt.Sprintf(`{"served_by":%q,"input":%s}`, b.name, input.Raw()))}
 	if observe != nil {
 		observe(obs)
 	}
@@ -90,7 +91,7 @@ func startedDispatcher(t *testing.T, b Backend, lineage int64) *Dispatcher {
 }
 
 func call(id string, timeout time.Duration) Call {
-	return Call{ID: id, Input: []byte(`{}`), Deadline: time.Now().Add(timeout)}
+	return Call{ID: id, Input: protocol.MustPayload(`{}`), Deadline: time.Now().Add(timeout)}
 }
 
 func TestCallsRunOneAtATime(t *testing.T) {

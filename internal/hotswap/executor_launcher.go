@@ -5,8 +5,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/go-json-experiment/json/jsontext"
-
 	"iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/procexec"
 	"iteron.dev/operator/pkg/protocol"
@@ -88,10 +86,10 @@ func fits(b procexec.Budget, runtime, margin time.Duration, runs int64, deadline
 	return runs == 0 && b.Lifetime > margin
 }
 
-func (pp *processProvider) Run(ctx context.Context, runID string, input []byte, deadline time.Duration, observe func(Observation)) (Observation, error) {
+func (pp *processProvider) Run(ctx context.Context, runID string, input protocol.Payload, deadline time.Duration, observe func(Observation)) (Observation, error) {
 	pp.runs.Add(1)
 	deadline = max(min(deadline, pp.p.Plan().RuntimeDeadline(), pp.p.Budget().Lifetime-time.Duration(pp.margin.Load())), time.Millisecond)
-	run, err := pp.p.Start(ctx, runID, jsontext.Value(input), deadline)
+	run, err := pp.p.StartPayload(ctx, runID, input, deadline)
 	if err != nil {
 		return Observation{}, err
 	}

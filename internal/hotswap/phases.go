@@ -11,6 +11,7 @@ import (
 	"iteron.dev/operator/internal/ledger"
 	"iteron.dev/operator/internal/reasons"
 	"iteron.dev/operator/internal/survivor"
+	"iteron.dev/operator/pkg/protocol"
 )
 
 // The phases the transaction kinds share. Each returns a phase for the
@@ -277,7 +278,7 @@ type receiptBackend struct {
 	class effects.Class
 }
 
-func (b *receiptBackend) Run(ctx context.Context, runID string, input []byte, deadline time.Duration, observe func(Observation)) (Observation, error) {
+func (b *receiptBackend) Run(ctx context.Context, runID string, input protocol.Payload, deadline time.Duration, observe func(Observation)) (Observation, error) {
 	started := b.a.c.cfg.Now()
 	obs, err := b.Backend.Run(ctx, runID, input, deadline, observe)
 	detail := "completed"

@@ -18,6 +18,7 @@ import (
 	"iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/procexec"
 	"iteron.dev/operator/internal/survivor"
+	"iteron.dev/operator/pkg/protocol"
 	"iteron.dev/operator/pkg/strictjson"
 )
 
@@ -291,7 +292,7 @@ func (p *remoteProvider) Fits(deadline time.Duration, requestBytes int) bool {
 	return fits(p.rp.Budget(), p.rp.Plan().RuntimeDeadline(), time.Duration(p.margin.Load()), p.runs.Load(), deadline, requestBytes)
 }
 
-func (p *remoteProvider) Run(ctx context.Context, runID string, input []byte, deadline time.Duration, observe func(Observation)) (Observation, error) {
+func (p *remoteProvider) Run(ctx context.Context, runID string, input protocol.Payload, deadline time.Duration, observe func(Observation)) (Observation, error) {
 	p.runs.Add(1)
 	deadline = max(min(deadline, p.rp.Plan().RuntimeDeadline(), p.rp.Budget().Lifetime-time.Duration(p.margin.Load())), time.Millisecond)
 	var ob func(uint64, bool, []byte)
@@ -300,7 +301,7 @@ func (p *remoteProvider) Run(ctx context.Context, runID string, input []byte, de
 			observe(Observation{Sequence: seq, Terminal: terminal, Body: body})
 		}
 	}
-	seq, body, err := p.rp.Run(ctx, runID, input, deadline, invocationOf(ctx), ob)
+	seq, body, err := p.rp.Run(ctx, runID, input.Raw(), deadline, invocationOf(ctx), ob)
 	if err != nil {
 		return Observation{}, err
 	}

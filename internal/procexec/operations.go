@@ -52,6 +52,19 @@ func (p *Process) Load(ctx context.Context) (*protocol.Loaded, error) {
 // runtime_deadline_ms (KindInvalidRequest) nor the remaining lifetime
 // (KindBudgetExhausted, which kills: renew before).
 func (p *Process) Start(ctx context.Context, runID string, input jsontext.Value, deadline time.Duration) (*Run, error) {
+	payload, err := protocol.NewPayload(input)
+	if err != nil {
+		if pe, ok := err.(*protocol.Error); ok && pe.Pointer == "" {
+			pe.Pointer = "/payload/input"
+		}
+		return nil, &Fault{Kind: KindInvalidRequest, Op: string(protocol.OpStart), Reason: invalidReason(err), Detail: "request refused before writing: " + err.Error(), Err: err}
+	}
+	return p.StartPayload(ctx, runID, payload, deadline)
+}
+
+// StartPayload is Start for an input checked already (by the gateway, once
+// per call): it is written as it is, not checked again.
+func (p *Process) StartPayload(ctx context.Context, runID string, input protocol.Payload, deadline time.Duration) (*Run, error) {
 	op := string(protocol.OpStart)
 	ms := deadline.Milliseconds()
 	if ms <= 0 || deadline > p.plan.RuntimeDeadline() {
@@ -62,8 +75,9 @@ func (p *Process) Start(ctx context.Context, runID string, input jsontext.Value,
 	}
 	req := &protocol.StartRequest{
 		LifecycleContract: p.contracts.Start, RunID: runID, CandidateSHA256: p.plan.CandidateSHA256(),
-		InputSchema: p.contracts.Consumer, Input: input, DeadlineMs: uint64(ms),
+		InputSchema: p.contracts.Consumer, DeadlineMs: uint64(ms),
 	}
+	req.SetInput(input)
 	run := newRun(runID, p.limits.Observations)
 	if _, err := p.exchange(ctx, req, deadline, run); err != nil {
 		return nil, err

@@ -405,8 +405,17 @@ type conn struct {
 }
 
 func newConn(uc *net.UnixConn) *conn {
-	return &conn{uc: uc, tmp: make([]byte, 64<<10), oob: make([]byte, syscall.CmsgSpace(4*maxFramesFDs))}
+	// Socket buffers that hold a whole run's frame (a 512 KiB input or
+	// observation and its header) let it cross in one write and a few
+	// reads instead of a wake-up of the other side per 200 KiB (the
+	// kernel's default); the kernel caps them at net.core.{w,r}mem_max.
+	_ = uc.SetWriteBuffer(socketBufferBytes)
+	_ = uc.SetReadBuffer(socketBufferBytes)
+	return &conn{uc: uc, tmp: make([]byte, 256<<10), oob: make([]byte, syscall.CmsgSpace(4*maxFramesFDs))}
 }
+
+// socketBufferBytes is the control socket's buffer size asked for.
+const socketBufferBytes = 1 << 20
 
 // write sends one frame; files ride on it.
 func (c *conn) write(h *header, payload []byte, files ...*os.File) error {

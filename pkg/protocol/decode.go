@@ -6,16 +6,29 @@ import (
 	"io"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/go-json-experiment/json/jsontext"
+
+	"iteron.dev/operator/pkg/strictjson"
 )
 
-// Decoding is strict and single-pass where it can be: one jsontext.Decoder
-// walks the frame token by token, rejecting duplicate names at any depth,
-// invalid UTF-8, unknown and missing members, values of the wrong type and
-// trailing data. Raw values (input, observation, state) are validated by the
-// same walk and returned as sub-slices of the input, never copied or
-// re-encoded: the caller must not reuse the input buffer while it holds them.
+// Decoding is strict and single-pass: the frame is walked once, rejecting
+// duplicate names at any depth, invalid UTF-8, unknown and missing members,
+// values of the wrong type and trailing data. Raw values (input,
+// observation, state) are checked by the same walk and returned as
+// sub-slices of the input, never copied or re-encoded: the caller must not
+// reuse the input buffer while it holds them.
+//
+// The walk has two modes sharing every message's code below. The fast mode
+// scans the bytes itself with strictjson's scanning steps (the rules of
+// strictjson.Check) and gives up at anything unusual: any error, a name
+// with an escape, a payload whose tag is not its first member. The full
+// mode is jsontext's strict decoder; it runs only when the fast mode gave
+// up, and then decides (an accepted frame, or the error that says where and
+// why). So the fast mode only has to accept nothing the full mode refuses,
+// and decode to the same values: FuzzFastDecoder checks both on every
+// input.
 
 // DecodeRequest decodes one host → provider frame (the provider side). It
 // checks shape only; Validate checks values.
@@ -23,7 +36,15 @@ func DecodeRequest(frame []byte) (*Request, error) {
 	if len(frame) > MaxFrameBytes {
 		return nil, errorf(ErrTooLarge, "", "frame of %d bytes exceeds %d", len(frame), MaxFrameBytes)
 	}
-	d := newDecoder(frame)
+	if r, err := decodeRequest(&decoder{fast: true, src: frame}); err == nil {
+		return r, nil
+	}
+	d := pooledDecoder(frame)
+	defer d.release()
+	return decodeRequest(d)
+}
+
+func decodeRequest(d *decoder) (*Request, error) {
 	if err := d.open(""); err != nil {
 		return nil, err
 	}
@@ -68,7 +89,15 @@ func DecodeFrame(frame []byte) (Frame, error) {
 	if len(frame) > MaxFrameBytes {
 		return Frame{}, errorf(ErrTooLarge, "", "frame of %d bytes exceeds %d", len(frame), MaxFrameBytes)
 	}
-	d := newDecoder(frame)
+	if f, err := decodeFrame(&decoder{fast: true, src: frame}); err == nil {
+		return f, nil
+	}
+	d := pooledDecoder(frame)
+	defer d.release()
+	return decodeFrame(d)
+}
+
+func decodeFrame(d *decoder) (Frame, error) {
 	if err := d.open(""); err != nil {
 		return Frame{}, err
 	}
@@ -154,33 +183,7 @@ var (
 	frameNames    = []string{"protocol", "request_id", "implementation_id", "module", "payload",
 		"run_id", "sequence", "schema", "terminal", "observation"}
 	contractNames = []string{"id", "version"}
-	stateNames    = []string{"module", "implementation_id", "run_id", "generation", "state_schema", "state_sha256", "state"}
 )
-
-// Request payload member names; index 0 is always the tag.
-var requestNames = map[Operation][]string{
-	OpLoad:      {"operation", "lifecycle_contract", "definition_contract", "provider_contract", "consumer_contract", "observation_schema", "artifact_sha256", "admitted_capabilities"},
-	OpStart:     {"operation", "lifecycle_contract", "run_id", "candidate_sha256", "input_schema", "input", "deadline_ms"},
-	OpCancel:    {"operation", "lifecycle_contract", "run_id", "reason"},
-	OpStop:      {"operation", "lifecycle_contract", "reason"},
-	OpSnapshot:  {"operation", "lifecycle_contract", "run_id", "generation", "state_schema", "deadline_ms"},
-	OpMigrate:   {"operation", "lifecycle_contract", "source", "target_generation", "deadline_ms"},
-	OpRestore:   {"operation", "lifecycle_contract", "state", "deadline_ms"},
-	OpReadiness: {"operation", "lifecycle_contract", "run_id", "generation", "state_schema", "state_sha256", "deadline_ms"},
-}
-
-// Response payload member names; index 0 is always the tag.
-var responseNames = map[Result][]string{
-	ResultLoaded:      {"result", "provider_contract", "observation_schema"},
-	ResultStarted:     {"result", "run_id"},
-	ResultCancelled:   {"result", "run_id"},
-	ResultStopped:     {"result"},
-	ResultSnapshotted: {"result", "state"},
-	ResultMigrated:    {"result", "state"},
-	ResultRestored:    {"result", "run_id", "generation", "state_schema", "state_sha256"},
-	ResultReady:       {"result", "run_id", "generation", "state_schema", "state_sha256"},
-	ResultFailed:      {"result", "code", "message"},
-}
 
 // decodeRequestPayload decodes a payload whose tag is not its first member
 // (findTag, then a second pass).
@@ -210,183 +213,15 @@ func decodeRequestPayload(raw jsontext.Value) (RequestPayload, error) {
 // from a decoder inside its object (seen has bit 0 set if the tag member
 // was read already).
 func readRequestPayload(d *decoder, ptr, tag string, seen uint64) (RequestPayload, error) {
-	op := Operation(tag)
-	names, ok := requestNames[op]
+	c, ok := requestCodecs[Operation(tag)]
 	if !ok {
 		return nil, errorf(ErrMalformed, ptr+"/operation", "unknown operation %q", tag)
 	}
-	var read func(i int, p string) error
-	var payload RequestPayload
-	tagMember := func(p string) error {
-		s, err := d.string(p)
-		if err == nil && s != tag {
-			err = errorf(ErrMalformed, p, "second tag %q", s)
-		}
-		return err
-	}
-	switch op {
-	case OpLoad:
-		r := &LoadRequest{}
-		payload = r
-		read = func(i int, p string) (err error) {
-			switch i {
-			case 0:
-				return tagMember(p)
-			case 1:
-				r.LifecycleContract, err = d.contract(p)
-			case 2:
-				r.DefinitionContract, err = d.contract(p)
-			case 3:
-				r.ProviderContract, err = d.contract(p)
-			case 4:
-				r.ConsumerContract, err = d.contract(p)
-			case 5:
-				r.ObservationSchema, err = d.contract(p)
-			case 6:
-				r.ArtifactSHA256, err = d.string(p)
-			case 7:
-				r.AdmittedCapabilities, err = d.strings(p)
-			}
-			return err
-		}
-	case OpStart:
-		r := &StartRequest{}
-		payload = r
-		read = func(i int, p string) (err error) {
-			switch i {
-			case 0:
-				return tagMember(p)
-			case 1:
-				r.LifecycleContract, err = d.contract(p)
-			case 2:
-				r.RunID, err = d.string(p)
-			case 3:
-				r.CandidateSHA256, err = d.string(p)
-			case 4:
-				r.InputSchema, err = d.contract(p)
-			case 5:
-				r.Input, err = d.raw(p)
-				r.decoded = r.Input
-			case 6:
-				r.DeadlineMs, err = d.uint(p)
-			}
-			return err
-		}
-	case OpCancel:
-		r := &CancelRequest{}
-		payload = r
-		read = func(i int, p string) (err error) {
-			switch i {
-			case 0:
-				return tagMember(p)
-			case 1:
-				r.LifecycleContract, err = d.contract(p)
-			case 2:
-				r.RunID, err = d.string(p)
-			case 3:
-				r.Reason, err = d.string(p)
-			}
-			return err
-		}
-	case OpStop:
-		r := &StopRequest{}
-		payload = r
-		read = func(i int, p string) (err error) {
-			switch i {
-			case 0:
-				return tagMember(p)
-			case 1:
-				r.LifecycleContract, err = d.contract(p)
-			case 2:
-				r.Reason, err = d.string(p)
-			}
-			return err
-		}
-	case OpSnapshot:
-		r := &SnapshotRequest{}
-		payload = r
-		read = func(i int, p string) (err error) {
-			switch i {
-			case 0:
-				return tagMember(p)
-			case 1:
-				r.LifecycleContract, err = d.contract(p)
-			case 2:
-				r.RunID, err = d.string(p)
-			case 3:
-				r.Generation, err = d.uint(p)
-			case 4:
-				r.StateSchema, err = d.contract(p)
-			case 5:
-				r.DeadlineMs, err = d.uint(p)
-			}
-			return err
-		}
-	case OpMigrate:
-		r := &MigrateRequest{}
-		payload = r
-		read = func(i int, p string) (err error) {
-			switch i {
-			case 0:
-				return tagMember(p)
-			case 1:
-				r.LifecycleContract, err = d.contract(p)
-			case 2:
-				r.Source, err = d.state(p)
-			case 3:
-				r.TargetGeneration, err = d.uint(p)
-			case 4:
-				r.DeadlineMs, err = d.uint(p)
-			}
-			return err
-		}
-	case OpRestore:
-		r := &RestoreRequest{}
-		payload = r
-		read = func(i int, p string) (err error) {
-			switch i {
-			case 0:
-				return tagMember(p)
-			case 1:
-				r.LifecycleContract, err = d.contract(p)
-			case 2:
-				r.State, err = d.state(p)
-			case 3:
-				r.DeadlineMs, err = d.uint(p)
-			}
-			return err
-		}
-	case OpReadiness:
-		r := &ReadinessRequest{}
-		payload = r
-		read = func(i int, p string) (err error) {
-			switch i {
-			case 0:
-				return tagMember(p)
-			case 1:
-				r.LifecycleContract, err = d.contract(p)
-			case 2:
-				r.RunID, err = d.string(p)
-			case 3:
-				r.Generation, err = d.uint(p)
-			case 4:
-				r.StateSchema, err = d.contract(p)
-			case 5:
-				r.StateSHA256, err = d.string(p)
-			case 6:
-				r.DeadlineMs, err = d.uint(p)
-			}
-			return err
-		}
-	}
-	seen, err := d.members(ptr, names, seen, read)
+	v, err := c.read(d, ptr, tag, seen)
 	if err != nil {
 		return nil, err
 	}
-	if err := requireAll(ptr, names, seen, 1<<len(names)-1); err != nil {
-		return nil, err
-	}
-	return payload, nil
+	return v.(RequestPayload), nil
 }
 
 // decodeResponsePayload decodes a payload whose tag is not its first
@@ -414,125 +249,44 @@ func decodeResponsePayload(raw jsontext.Value) (ResponsePayload, error) {
 
 // readResponsePayload is readRequestPayload for responses.
 func readResponsePayload(d *decoder, ptr, tag string, seen uint64) (ResponsePayload, error) {
-	res := Result(tag)
-	names, ok := responseNames[res]
+	c, ok := responseCodecs[Result(tag)]
 	if !ok {
 		return nil, errorf(ErrMalformed, ptr+"/result", "unknown result %q", tag)
 	}
-	tagMember := func(p string) error {
-		s, err := d.string(p)
-		if err == nil && s != tag {
-			err = errorf(ErrMalformed, p, "second tag %q", s)
-		}
-		return err
-	}
-	var read func(i int, p string) error
-	var payload ResponsePayload
-	switch res {
-	case ResultLoaded:
-		r := &Loaded{}
-		payload = r
-		read = func(i int, p string) (err error) {
-			switch i {
-			case 0:
-				return tagMember(p)
-			case 1:
-				r.ProviderContract, err = d.contract(p)
-			case 2:
-				r.ObservationSchema, err = d.contract(p)
-			}
-			return err
-		}
-	case ResultStarted, ResultCancelled:
-		var runID *string
-		if res == ResultStarted {
-			r := &Started{}
-			payload, runID = r, &r.RunID
-		} else {
-			r := &Cancelled{}
-			payload, runID = r, &r.RunID
-		}
-		read = func(i int, p string) (err error) {
-			if i == 0 {
-				return tagMember(p)
-			}
-			*runID, err = d.string(p)
-			return err
-		}
-	case ResultStopped:
-		payload = &Stopped{}
-		read = func(i int, p string) error { return tagMember(p) }
-	case ResultSnapshotted, ResultMigrated:
-		var st *State
-		if res == ResultSnapshotted {
-			r := &Snapshotted{}
-			payload, st = r, &r.State
-		} else {
-			r := &Migrated{}
-			payload, st = r, &r.State
-		}
-		read = func(i int, p string) (err error) {
-			if i == 0 {
-				return tagMember(p)
-			}
-			*st, err = d.state(p)
-			return err
-		}
-	case ResultRestored, ResultReady:
-		var runID, digest *string
-		var gen *uint64
-		var schema *ContractRef
-		if res == ResultRestored {
-			r := &Restored{}
-			payload, runID, gen, schema, digest = r, &r.RunID, &r.Generation, &r.StateSchema, &r.StateSHA256
-		} else {
-			r := &Ready{}
-			payload, runID, gen, schema, digest = r, &r.RunID, &r.Generation, &r.StateSchema, &r.StateSHA256
-		}
-		read = func(i int, p string) (err error) {
-			switch i {
-			case 0:
-				return tagMember(p)
-			case 1:
-				*runID, err = d.string(p)
-			case 2:
-				*gen, err = d.uint(p)
-			case 3:
-				*schema, err = d.contract(p)
-			case 4:
-				*digest, err = d.string(p)
-			}
-			return err
-		}
-	case ResultFailed:
-		r := &Failed{}
-		payload = r
-		read = func(i int, p string) (err error) {
-			switch i {
-			case 0:
-				return tagMember(p)
-			case 1:
-				r.Code, err = d.string(p)
-			case 2:
-				r.Message, err = d.string(p)
-			}
-			return err
-		}
-	}
-	seen, err := d.members(ptr, names, seen, read)
+	v, err := c.read(d, ptr, tag, seen)
 	if err != nil {
 		return nil, err
 	}
-	if err := requireAll(ptr, names, seen, 1<<len(names)-1); err != nil {
-		return nil, err
-	}
-	return payload, nil
+	return v.(ResponsePayload), nil
 }
 
 // payload reads a payload object in the frame's own pass when its tag is
 // its first member (what every encoder here writes); otherwise it skips
 // the object and decodes its bytes again with the tag found first.
 func (d *decoder) payload(ptr, tagName string, inline func(d *decoder, tag string) error, slow func(raw jsontext.Value) error) error {
+	if d.fast {
+		if err := d.open(ptr); err != nil {
+			return err
+		}
+		if d.next() != '"' {
+			return errFast
+		}
+		name, end, ok := strictjson.StringAt(d.src, d.i)
+		if !ok || string(name) != tagName {
+			return errFast // the tag elsewhere: the full mode finds it
+		}
+		d.i = end
+		if d.next() != ':' {
+			return errFast
+		}
+		d.i++
+		tag, err := d.fastString()
+		if err != nil {
+			return err
+		}
+		d.more = true
+		return inline(d, tag)
+	}
 	if k := d.d.PeekKind(); k != '{' {
 		return d.wrongKind(ptr, "a payload object", k)
 	}
@@ -604,6 +358,54 @@ func findTag(raw jsontext.Value, ptr, tagName string) (tag string, fast bool, er
 type decoder struct {
 	d   *jsontext.Decoder
 	src []byte
+	buf bytes.Buffer
+
+	// The fast mode: i is the offset in src; more is true once a member
+	// has been read in the innermost open object (a ',' must come next).
+	fast bool
+	i    int
+	more bool
+}
+
+// errFast is the fast mode giving up; the full mode then decides.
+var errFast = errors.New("protocol: not on the fast path")
+
+// rawDepth is the nesting the fast mode assumes around a raw value: the
+// deepest place one sits (frame → payload → state → value). Assuming it
+// everywhere is at least as strict as the full mode about MaxDepth.
+const rawDepth = 3
+
+// ws skips whitespace (fast mode).
+func (d *decoder) ws() {
+	for d.i < len(d.src) {
+		switch d.src[d.i] {
+		case ' ', '\t', '\n', '\r':
+			d.i++
+		default:
+			return
+		}
+	}
+}
+
+// next skips whitespace and returns the next byte, or 0 at the end (fast
+// mode).
+func (d *decoder) next() byte {
+	d.ws()
+	if d.i >= len(d.src) {
+		return 0
+	}
+	return d.src[d.i]
+}
+
+// fastString reads a string value (fast mode).
+func (d *decoder) fastString() (string, error) {
+	d.ws()
+	content, end, ok := strictjson.StringAt(d.src, d.i)
+	if !ok {
+		return "", errFast
+	}
+	d.i = end
+	return string(content), nil
 }
 
 var decodeOptions = []jsontext.Options{jsontext.AllowDuplicateNames(false), jsontext.AllowInvalidUTF8(false)}
@@ -612,9 +414,36 @@ func newDecoder(b []byte) *decoder {
 	return &decoder{d: jsontext.NewDecoder(bytes.NewBuffer(b), decodeOptions...), src: b}
 }
 
+// decoders keeps the frame decoders of DecodeFrame and DecodeRequest (a
+// jsontext.Decoder and its name sets are a few KiB: every frame of every
+// call would allocate them).
+var decoders = sync.Pool{New: func() any {
+	return &decoder{d: jsontext.NewDecoder(bytes.NewBuffer(nil), decodeOptions...)}
+}}
+
+// pooledDecoder returns a decoder of b from the pool; put it back with
+// release once nothing reads it. What it returns (strings, sub-slices of b)
+// does not refer to it.
+func pooledDecoder(b []byte) *decoder {
+	d := decoders.Get().(*decoder)
+	d.src = b
+	d.buf = *bytes.NewBuffer(b)
+	d.d.Reset(&d.buf, decodeOptions...)
+	return d
+}
+
+func (d *decoder) release() {
+	d.src = nil
+	d.buf = bytes.Buffer{}
+	decoders.Put(d)
+}
+
 func (d *decoder) wrap(err error) error {
 	if err == nil {
 		return nil
+	}
+	if d.fast {
+		return errFast
 	}
 	var pe *Error
 	if errors.As(err, &pe) {
@@ -638,6 +467,14 @@ func (d *decoder) wrap(err error) error {
 }
 
 func (d *decoder) open(ptr string) error {
+	if d.fast {
+		if d.next() != '{' {
+			return errFast
+		}
+		d.i++
+		d.more = false
+		return nil
+	}
 	if d.d.PeekKind() != '{' {
 		if d.d.PeekKind() == 0 {
 			_, err := d.d.ReadToken()
@@ -653,6 +490,13 @@ func (d *decoder) open(ptr string) error {
 
 // end checks that nothing but whitespace follows the value.
 func (d *decoder) end() error {
+	if d.fast {
+		d.ws()
+		if d.i != len(d.src) {
+			return errFast
+		}
+		return nil
+	}
 	if _, err := d.d.ReadToken(); err != io.EOF {
 		if err == nil {
 			return errorf(ErrMalformed, "", "trailing data after the frame")
@@ -667,6 +511,9 @@ func (d *decoder) end() error {
 // names (duplicates are rejected by the decoder itself) and returns the set
 // of indexes seen, starting from seen.
 func (d *decoder) members(ptr string, names []string, seen uint64, read func(i int, ptr string) error) (uint64, error) {
+	if d.fast {
+		return d.fastMembers(ptr, names, seen, read)
+	}
 	for {
 		switch d.d.PeekKind() {
 		case '}':
@@ -702,6 +549,45 @@ func (d *decoder) members(ptr string, names []string, seen uint64, read func(i i
 		if err := read(i, p); err != nil {
 			return seen, d.wrap(err)
 		}
+	}
+}
+
+// fastMembers is members in the fast mode: a repeated name is one whose
+// index was seen already (every name is known, or the walk gives up).
+func (d *decoder) fastMembers(ptr string, names []string, seen uint64, read func(i int, ptr string) error) (uint64, error) {
+	for {
+		c := d.next()
+		if c == '}' {
+			d.i++
+			d.more = true // the object is a value of its parent
+			return seen, nil
+		}
+		if d.more {
+			if c != ',' {
+				return seen, errFast
+			}
+			d.i++
+			c = d.next()
+		}
+		if c != '"' {
+			return seen, errFast
+		}
+		name, end, ok := strictjson.StringAt(d.src, d.i)
+		if !ok || end-d.i != len(name)+2 { // an escaped name: leave it to the full mode
+			return seen, errFast
+		}
+		d.i = end
+		i := indexOfQuoted(names, d.src[end-len(name)-2:end])
+		if i < 0 || seen&(1<<i) != 0 || d.next() != ':' {
+			return seen, errFast
+		}
+		d.i++
+		seen |= 1 << i
+		d.more = false
+		if err := read(i, ptr); err != nil { // pointers only matter in errors: the full mode's
+			return seen, errFast
+		}
+		d.more = true
 	}
 }
 
@@ -754,6 +640,9 @@ func escapePointer(name string) string {
 }
 
 func (d *decoder) string(p string) (string, error) {
+	if d.fast {
+		return d.fastString()
+	}
 	if k := d.d.PeekKind(); k != '"' {
 		return "", d.wrongKind(p, "a string", k)
 	}
@@ -765,6 +654,18 @@ func (d *decoder) string(p string) (string, error) {
 }
 
 func (d *decoder) bool(p string) (bool, error) {
+	if d.fast {
+		d.ws()
+		switch rest := d.src[d.i:]; {
+		case bytes.HasPrefix(rest, []byte("true")):
+			d.i += 4
+			return true, nil
+		case bytes.HasPrefix(rest, []byte("false")):
+			d.i += 5
+			return false, nil
+		}
+		return false, errFast
+	}
 	if k := d.d.PeekKind(); k != 't' && k != 'f' {
 		return false, d.wrongKind(p, "a boolean", k)
 	}
@@ -778,6 +679,23 @@ func (d *decoder) bool(p string) (bool, error) {
 // uint reads a non-negative integer that fits in 64 bits, written without
 // fraction or exponent.
 func (d *decoder) uint(p string) (uint64, error) {
+	if d.fast {
+		d.ws()
+		end, ok := strictjson.NumberAt(d.src, d.i)
+		if !ok {
+			return 0, errFast
+		}
+		lit := d.src[d.i:end]
+		if bytes.ContainsAny(lit, "-.eE") {
+			return 0, errFast
+		}
+		n, err := strconv.ParseUint(string(lit), 10, 64)
+		if err != nil {
+			return 0, errFast
+		}
+		d.i = end
+		return n, nil
+	}
 	if k := d.d.PeekKind(); k != '0' {
 		return 0, d.wrongKind(p, "an unsigned integer", k)
 	}
@@ -798,10 +716,13 @@ func (d *decoder) uint(p string) (uint64, error) {
 
 func (d *decoder) contract(p string) (ContractRef, error) {
 	var c ContractRef
-	if k := d.d.PeekKind(); k != '{' {
+	if d.fast {
+		if err := d.open(p); err != nil {
+			return c, err
+		}
+	} else if k := d.d.PeekKind(); k != '{' {
 		return c, d.wrongKind(p, "a contract object", k)
-	}
-	if err := d.open(p); err != nil {
+	} else if err := d.open(p); err != nil {
 		return c, err
 	}
 	seen, err := d.members(p, contractNames, 0, func(i int, mp string) (err error) {
@@ -825,6 +746,36 @@ func (d *decoder) contract(p string) (ContractRef, error) {
 }
 
 func (d *decoder) strings(p string) ([]string, error) {
+	if d.fast {
+		if d.next() != '[' {
+			return nil, errFast
+		}
+		d.i++
+		out := []string{}
+		if d.next() == ']' {
+			d.i++
+			return out, nil
+		}
+		for {
+			if len(out) >= MaxAdmittedCapabilities*4 {
+				return nil, errFast
+			}
+			s, err := d.fastString()
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, s)
+			switch d.next() {
+			case ',':
+				d.i++
+			case ']':
+				d.i++
+				return out, nil
+			default:
+				return nil, errFast
+			}
+		}
+	}
 	if k := d.d.PeekKind(); k != '[' {
 		return nil, d.wrongKind(p, "an array of strings", k)
 	}
@@ -857,6 +808,16 @@ func (d *decoder) strings(p string) ([]string, error) {
 
 // raw reads any JSON value and returns it as a sub-slice of the input.
 func (d *decoder) raw(p string) (jsontext.Value, error) {
+	if d.fast {
+		d.ws()
+		start := d.i
+		end, ok := strictjson.ValueAt(d.src, start, rawDepth)
+		if !ok {
+			return nil, errFast
+		}
+		d.i = end
+		return jsontext.Value(d.src[start:end:end]), nil
+	}
 	v, err := d.d.ReadValue()
 	if err != nil {
 		return nil, d.wrap(err)
@@ -866,36 +827,20 @@ func (d *decoder) raw(p string) (jsontext.Value, error) {
 }
 
 func (d *decoder) state(p string) (State, error) {
-	var s State
-	if k := d.d.PeekKind(); k != '{' {
-		return s, d.wrongKind(p, "a state object", k)
-	}
-	if err := d.open(p); err != nil {
-		return s, err
-	}
-	seen, err := d.members(p, stateNames, 0, func(i int, mp string) (err error) {
-		switch i {
-		case 0:
-			s.Module, err = d.string(mp)
-		case 1:
-			s.ImplementationID, err = d.string(mp)
-		case 2:
-			s.RunID, err = d.string(mp)
-		case 3:
-			s.Generation, err = d.uint(mp)
-		case 4:
-			s.StateSchema, err = d.contract(mp)
-		case 5:
-			s.StateSHA256, err = d.string(mp)
-		case 6:
-			s.State, err = d.raw(mp)
+	if d.fast {
+		if err := d.open(p); err != nil {
+			return State{}, err
 		}
-		return err
-	})
-	if err != nil {
-		return s, err
+	} else if k := d.d.PeekKind(); k != '{' {
+		return State{}, d.wrongKind(p, "a state object", k)
+	} else if err := d.open(p); err != nil {
+		return State{}, err
 	}
-	return s, requireAll(p, stateNames, seen, 1<<len(stateNames)-1)
+	v, err := stateCodec.read(d, p, "", 0)
+	if err != nil {
+		return State{}, err
+	}
+	return *v.(*State), nil
 }
 
 func (d *decoder) wrongKind(p, want string, got jsontext.Kind) error {

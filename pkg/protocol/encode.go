@@ -43,76 +43,16 @@ func AppendRequest(dst []byte, r *Request) ([]byte, error) {
 		return nil, errorf(ErrMalformed, "/payload", "no payload")
 	}
 	e.first = true
-	e.field("operation")
-	e.str(string(r.Payload.Operation()))
-	switch p := r.Payload.(type) {
-	case *LoadRequest:
-		e.contractField("lifecycle_contract", p.LifecycleContract)
-		e.contractField("definition_contract", p.DefinitionContract)
-		e.contractField("provider_contract", p.ProviderContract)
-		e.contractField("consumer_contract", p.ConsumerContract)
-		e.contractField("observation_schema", p.ObservationSchema)
-		e.field("artifact_sha256")
-		e.str(p.ArtifactSHA256)
-		e.field("admitted_capabilities")
-		e.strings(p.AdmittedCapabilities)
-	case *StartRequest:
-		e.contractField("lifecycle_contract", p.LifecycleContract)
-		e.field("run_id")
-		e.str(p.RunID)
-		e.field("candidate_sha256")
-		e.str(p.CandidateSHA256)
-		e.contractField("input_schema", p.InputSchema)
-		e.field("input")
-		e.raw(p.Input, "/payload/input")
-		e.field("deadline_ms")
-		e.uint(p.DeadlineMs)
-	case *CancelRequest:
-		e.contractField("lifecycle_contract", p.LifecycleContract)
-		e.field("run_id")
-		e.str(p.RunID)
-		e.field("reason")
-		e.str(p.Reason)
-	case *StopRequest:
-		e.contractField("lifecycle_contract", p.LifecycleContract)
-		e.field("reason")
-		e.str(p.Reason)
-	case *SnapshotRequest:
-		e.contractField("lifecycle_contract", p.LifecycleContract)
-		e.field("run_id")
-		e.str(p.RunID)
-		e.field("generation")
-		e.uint(p.Generation)
-		e.contractField("state_schema", p.StateSchema)
-		e.field("deadline_ms")
-		e.uint(p.DeadlineMs)
-	case *MigrateRequest:
-		e.contractField("lifecycle_contract", p.LifecycleContract)
-		e.field("source")
-		e.state(&p.Source, "/payload/source/state")
-		e.field("target_generation")
-		e.uint(p.TargetGeneration)
-		e.field("deadline_ms")
-		e.uint(p.DeadlineMs)
-	case *RestoreRequest:
-		e.contractField("lifecycle_contract", p.LifecycleContract)
-		e.field("state")
-		e.state(&p.State, "/payload/state/state")
-		e.field("deadline_ms")
-		e.uint(p.DeadlineMs)
-	case *ReadinessRequest:
-		e.contractField("lifecycle_contract", p.LifecycleContract)
-		e.field("run_id")
-		e.str(p.RunID)
-		e.field("generation")
-		e.uint(p.Generation)
-		e.contractField("state_schema", p.StateSchema)
-		e.field("state_sha256")
-		e.str(p.StateSHA256)
-		e.field("deadline_ms")
-		e.uint(p.DeadlineMs)
-	default:
+	op := r.Payload.Operation()
+	c, ok := requestCodecs[op]
+	if !ok {
 		return nil, errorf(ErrMalformed, "/payload", "unknown payload type %T", r.Payload)
+	}
+	e.field("operation")
+	e.str(string(op))
+	e, err := c.write(e, r.Payload, "/payload")
+	if err != nil {
+		return nil, err
 	}
 	e.b = append(e.b, '}', '}')
 	return e.b, e.err
@@ -128,36 +68,16 @@ func AppendResponse(dst []byte, r *Response) ([]byte, error) {
 		return nil, errorf(ErrMalformed, "/payload", "no payload")
 	}
 	e.first = true
-	e.field("result")
-	e.str(string(r.Payload.Result()))
-	switch p := r.Payload.(type) {
-	case *Loaded:
-		e.contractField("provider_contract", p.ProviderContract)
-		e.contractField("observation_schema", p.ObservationSchema)
-	case *Started:
-		e.field("run_id")
-		e.str(p.RunID)
-	case *Cancelled:
-		e.field("run_id")
-		e.str(p.RunID)
-	case *Stopped:
-	case *Snapshotted:
-		e.field("state")
-		e.state(&p.State, "/payload/state/state")
-	case *Migrated:
-		e.field("state")
-		e.state(&p.State, "/payload/state/state")
-	case *Restored:
-		e.stateAck(p.RunID, p.Generation, p.StateSchema, p.StateSHA256)
-	case *Ready:
-		e.stateAck(p.RunID, p.Generation, p.StateSchema, p.StateSHA256)
-	case *Failed:
-		e.field("code")
-		e.str(p.Code)
-		e.field("message")
-		e.str(p.Message)
-	default:
+	res := r.Payload.Result()
+	c, ok := responseCodecs[res]
+	if !ok {
 		return nil, errorf(ErrMalformed, "/payload", "unknown payload type %T", r.Payload)
+	}
+	e.field("result")
+	e.str(string(res))
+	e, err := c.write(e, r.Payload, "/payload")
+	if err != nil {
+		return nil, err
 	}
 	e.b = append(e.b, '}', '}')
 	return e.b, e.err
@@ -185,7 +105,7 @@ func AppendObservation(dst []byte, o *Observation) ([]byte, error) {
 		e.b = append(e.b, "false"...)
 	}
 	e.field("observation")
-	e.raw(o.Observation, "/observation")
+	e.raw(o.Observation, "", "observation")
 	e.b = append(e.b, '}')
 	return e.b, e.err
 }
@@ -193,7 +113,7 @@ func AppendObservation(dst []byte, o *Observation) ([]byte, error) {
 // AppendState appends s as a JSON object to dst.
 func AppendState(dst []byte, s *State) ([]byte, error) {
 	e := encoder{b: dst}
-	e.state(s, "/state")
+	e.state(s, "")
 	return e.b, e.err
 }
 
@@ -278,11 +198,12 @@ func (e *encoder) contractField(name string, c ContractRef) {
 	e.contract(c)
 }
 
-// raw copies a raw JSON value, compacting it only when it spans lines.
-func (e *encoder) raw(v jsontext.Value, pointer string) {
+// raw copies a raw JSON value, compacting it only when it spans lines; its
+// JSON Pointer, for errors, is base + "/" + name.
+func (e *encoder) raw(v jsontext.Value, base, name string) {
 	if len(v) == 0 {
 		if e.err == nil {
-			e.err = errorf(ErrMalformed, pointer, "missing value")
+			e.err = errorf(ErrMalformed, base+"/"+name, "missing value")
 		}
 		e.b = append(e.b, "null"...)
 		return
@@ -294,7 +215,7 @@ func (e *encoder) raw(v jsontext.Value, pointer string) {
 	c := v.Clone()
 	if err := c.Compact(); err != nil {
 		if e.err == nil {
-			e.err = errorf(ErrMalformed, pointer, "not one JSON value: %v", err)
+			e.err = errorf(ErrMalformed, base+"/"+name, "not one JSON value: %v", err)
 		}
 		e.b = append(e.b, "null"...)
 		return
@@ -302,35 +223,14 @@ func (e *encoder) raw(v jsontext.Value, pointer string) {
 	e.b = append(e.b, c...)
 }
 
-func (e *encoder) state(s *State, pointer string) {
+// state writes a State object; ptr is its JSON Pointer, for errors.
+func (e *encoder) state(s *State, ptr string) {
 	saved := e.first
 	e.b = append(e.b, '{')
 	e.first = true
-	e.field("module")
-	e.str(s.Module)
-	e.field("implementation_id")
-	e.str(s.ImplementationID)
-	e.field("run_id")
-	e.str(s.RunID)
-	e.field("generation")
-	e.uint(s.Generation)
-	e.contractField("state_schema", s.StateSchema)
-	e.field("state_sha256")
-	e.str(s.StateSHA256)
-	e.field("state")
-	e.raw(s.State, pointer)
+	*e, _ = stateCodec.write(*e, s, ptr)
 	e.b = append(e.b, '}')
 	e.first = saved
-}
-
-func (e *encoder) stateAck(runID string, generation uint64, schema ContractRef, digest string) {
-	e.field("run_id")
-	e.str(runID)
-	e.field("generation")
-	e.uint(generation)
-	e.contractField("state_schema", schema)
-	e.field("state_sha256")
-	e.str(digest)
 }
 
 // String renders a request for diagnostics (its frame, or why it has none).

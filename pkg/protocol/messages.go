@@ -169,10 +169,15 @@ type StartRequest struct {
 	// DeadlineMs is > 0 and at most the manifest's runtime_deadline_ms.
 	DeadlineMs uint64
 
-	// decoded is Input as the strict decoder returned it: Validate need not
-	// parse it again while Input is still that very slice.
-	decoded jsontext.Value
+	// checked is Input as the strict decoder returned it or as SetInput
+	// took it from a Payload: one strict value on one line. Validate and
+	// the writer take Input as it is while it is still that very slice.
+	checked jsontext.Value
 }
+
+// SetInput makes p the request's input. p was checked when it was made, so
+// neither Validate nor the writer looks at its bytes again.
+func (r *StartRequest) SetInput(p Payload) { r.Input, r.checked = p.raw, p.raw }
 
 // CancelRequest addresses one run.
 type CancelRequest struct {

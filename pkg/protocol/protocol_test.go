@@ -62,7 +62,7 @@ func TestEveryRequestRoundTripsThroughItsFrame(t *testing.T) {
 				t.Fatalf("DecodeRequest(%s): %v", b, err)
 			}
 			if s, ok := got.Payload.(*StartRequest); ok {
-				s.decoded = nil // the decoder's note that Input is validated
+				s.checked = nil // the decoder's note that Input is checked
 			}
 			if !reflect.DeepEqual(got, req) {
 				t.Fatalf("round trip:\n got %#v\nwant %#v", got.Payload, req.Payload)

@@ -79,7 +79,7 @@ func ValidPayload(v jsontext.Value, max int) error {
 	if len(v) > max {
 		return errorf(ErrTooLarge, "", "%d bytes exceed %d", len(v), max)
 	}
-	if len(v) == 0 || !v.IsValid(decodeOptions...) {
+	if len(v) == 0 || !strictjson.Check(v) {
 		return errorf(ErrMalformed, "", "not one strict JSON value")
 	}
 	return nil
@@ -197,8 +197,8 @@ func (r *Request) Validate(v Version, contracts *ModuleContracts) error {
 		if err := contract("/payload/input_schema", p.InputSchema, c.Consumer); err != nil {
 			return err
 		}
-		if sameBytes(p.Input, p.decoded) {
-			// Strictly decoded already: only its size is left to check.
+		if sameBytes(p.Input, p.checked) {
+			// Checked already (decoded strictly, or a Payload): only its size is left to check.
 			if len(p.Input) > MaxPayloadBytes {
 				return errorf(ErrTooLarge, "/payload/input", "%d bytes exceed %d", len(p.Input), MaxPayloadBytes)
 			}
