@@ -10,6 +10,7 @@ import (
 
 	"iteron.dev/operator/internal/effects"
 	"iteron.dev/operator/internal/ledger"
+	"iteron.dev/operator/pkg/protocol"
 )
 
 // Receipts survive a manager restart in one bounded file per activation
@@ -100,7 +101,7 @@ type countingBackend struct {
 	g *generationRuntime
 }
 
-func (b *countingBackend) Run(ctx context.Context, runID string, input []byte, deadline time.Duration, observe func(Observation)) (Observation, error) {
+func (b *countingBackend) Run(ctx context.Context, runID string, input protocol.Payload, deadline time.Duration, observe func(Observation)) (Observation, error) {
 	obs, err := b.Backend.Run(ctx, runID, input, deadline, observe)
 	b.a.receipts.CountReversible(b.g.name, b.g.module)
 	return obs, err

@@ -19,6 +19,7 @@ import (
 	"iteron.dev/operator/internal/effects"
 	"iteron.dev/operator/internal/ledger"
 	"iteron.dev/operator/internal/reasons"
+	"iteron.dev/operator/pkg/protocol"
 )
 
 // disposeLog records the disposes of the resources a test adds to a scope.
@@ -103,7 +104,7 @@ func TestARunningGenerationsScopeListsEveryResourceAndItsStream(t *testing.T) {
 	d, _ := h.c.Dispatcher(h.key.Namespace, h.key.Name, "prompt_system")
 	streamDone := make(chan struct{})
 	var bound *effects.EffectScope
-	res, err := d.Invoke(context.Background(), Call{ID: "watch-1", Input: []byte(`{"key":"a","add":1}`), Deadline: time.Now().Add(10 * time.Second),
+	res, err := d.Invoke(context.Background(), Call{ID: "watch-1", Input: protocol.MustPayload(`{"key":"a","add":1}`), Deadline: time.Now().Add(10 * time.Second),
 		OnStart: func(r Route) {
 			bound = r.Scope
 			if err := r.Scope.TrackWork(context.Background(), "stream watch-1", func() {}, streamDone); err != nil {
@@ -397,7 +398,7 @@ func TestRealRunsLeaveTheirReceiptsAQuiesceCancelAndADrainTimeout(t *testing.T) 
 	started := make(chan struct{})
 	ended := make(chan error, 1)
 	go func() {
-		_, err := d.Invoke(context.Background(), Call{ID: "long-run", Input: []byte(`{"key":"a","add":1,"sleep_ms":20000}`),
+		_, err := d.Invoke(context.Background(), Call{ID: "long-run", Input: protocol.MustPayload(`{"key":"a","add":1,"sleep_ms":20000}`),
 			Deadline: time.Now().Add(30 * time.Second), OnStart: func(Route) { close(started) }})
 		ended <- err
 	}()
