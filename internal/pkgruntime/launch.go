@@ -261,14 +261,7 @@ func (l *Launcher) start(pin Pin, artifactRoot string, exe *spawn.Sealed, key []
 // watchExit waits, without reaping, for the leader to exit.
 func (r *Runtime) watchExit() {
 	defer close(r.exited)
-	rc, err := r.pidfd.SyscallConn()
-	if err != nil {
-		return
-	}
-	rc.Read(func(fd uintptr) bool {
-		changed, _, werr := spawn.WaitPidfd(int(fd), unix.WEXITED|unix.WNOWAIT|unix.WNOHANG)
-		return !(werr == syscall.EAGAIN || (werr == nil && !changed))
-	})
+	spawn.AwaitExit(r.pidfd)
 }
 
 // Conn is the host's connection to the runtime.
@@ -305,31 +298,12 @@ func (r *Runtime) Kill() Teardown {
 		if r.conn != nil {
 			r.conn.Close()
 		}
-		// The leader is unreaped until below, so the pgid is still this group.
-		syscall.Kill(-r.group.PGID, syscall.SIGKILL)
-		deadline := t0.Add(r.l.cfg.KillTimeout)
-		select {
-		case <-r.exited:
-		case <-time.After(r.l.cfg.KillTimeout):
-		}
-		rep := Teardown{Unreaped: spawn.SweepGroup(r.group, deadline)}
-		select {
-		case <-r.exited:
-			rc, err := r.pidfd.SyscallConn()
-			if err == nil {
-				rc.Control(func(fd uintptr) { _, rep.Exit, _ = spawn.WaitPidfd(int(fd), unix.WEXITED) })
-			}
-		default:
-			rep.Unreaped = append(rep.Unreaped, r.group.PID)
-		}
+		var rep Teardown
+		rep.Exit, rep.Unreaped = spawn.KillGroup(r.group, r.pidfd, r.exited, r.l.cfg.KillTimeout)
 		r.pidfd.Close()
-		if len(rep.Unreaped) == 0 {
-			spawn.Unregister(r.group)
-			if r.record != "" {
-				os.Remove(r.record)
-			}
+		if len(rep.Unreaped) == 0 && r.record != "" {
+			os.Remove(r.record)
 		}
-		spawn.Kick()
 		select {
 		case <-r.stderrDone:
 		case <-time.After(time.Second): // an escaped descendant may hold stderr

@@ -72,16 +72,11 @@ func entries(t *testing.T, dir string) []string {
 
 func procStatus(t *testing.T, pid int, field string) string {
 	t.Helper()
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
-	if err != nil {
-		t.Fatal(err)
+	v := procStatusQuiet(pid, field)
+	if v == "" {
+		t.Fatalf("/proc/%d/status has no %s", pid, field)
 	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, field+":"); ok {
-			return strings.Fields(v)[0]
-		}
-	}
-	return ""
+	return v
 }
 
 func TestALaunchedRuntimeRunsSealedAloneAndUnprivilegedAndLeavesNothing(t *testing.T) {

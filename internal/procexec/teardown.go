@@ -5,10 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"syscall"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"iteron.dev/operator/internal/spawn"
 	"iteron.dev/operator/pkg/protocol"
@@ -141,26 +138,10 @@ func (p *Process) teardown(graceful bool) {
 			}
 		}
 	}
-	// The leader is not reaped (only this goroutine reaps it, below), so
-	// the pgid still names this group: kill it.
-	syscall.Kill(-p.group.PGID, syscall.SIGKILL)
-	killDeadline := time.Now().Add(p.ex.cfg.KillTimeout)
-	select {
-	case <-p.exited:
-	case <-time.After(p.ex.cfg.KillTimeout):
-	}
-	rep.Unreaped = spawn.SweepGroup(p.group, killDeadline)
-	select {
-	case <-p.exited:
-		p.control(func(fd int) { _, rep.Exit, _ = spawn.WaitPidfd(fd, unix.WEXITED) })
-	default:
-		rep.Unreaped = append(rep.Unreaped, p.group.PID)
-	}
+	// Only this goroutine reaps the leader (in KillGroup), so the pgid
+	// still names this group when it is killed.
+	rep.Exit, rep.Unreaped = spawn.KillGroup(p.group, p.pidfd, p.exited, p.ex.cfg.KillTimeout)
 	rep.Reaped = time.Since(t0)
-	if len(rep.Unreaped) == 0 {
-		spawn.Unregister(p.group)
-	}
-	spawn.Kick() // descendants that left the group are re-parented now
 
 	// Drain the pipes: they close when the last holder dies; a descendant
 	// that left the group may hold them, so the wait is bounded. One bound
@@ -236,25 +217,10 @@ func (p *Process) control(fn func(fd int)) {
 // asked for is a fault at once, even while idle.
 func (p *Process) watchExit() {
 	defer close(p.watchDone)
-	rc, err := p.pidfd.SyscallConn()
-	if err == nil {
-		err = rc.Read(func(fd uintptr) bool {
-			changed, exit, werr := spawn.WaitPidfd(int(fd), unix.WEXITED|unix.WNOWAIT|unix.WNOHANG)
-			if werr == syscall.EAGAIN {
-				return false
-			}
-			if werr != nil {
-				return true
-			}
-			if !changed {
-				return false
-			}
-			p.mu.Lock()
-			p.exit = exit
-			p.mu.Unlock()
-			return true
-		})
-	}
+	exit := spawn.AwaitExit(p.pidfd)
+	p.mu.Lock()
+	p.exit = exit
+	p.mu.Unlock()
 	close(p.exited)
 	// The provider may have written frames just before it exited (a
 	// "stopped" answer among them): let the reader get to them, and to the
@@ -265,7 +231,7 @@ func (p *Process) watchExit() {
 	}
 	p.mu.Lock()
 	expected := p.stopping || p.dying
-	exit := p.exit
+	exit = p.exit
 	p.mu.Unlock()
 	if !expected {
 		p.fail(&Fault{Kind: KindExited, Op: p.currentOp(), Detail: "the provider exited: " + exit.String()})

@@ -346,3 +346,58 @@ func SweepGroup(g Group, deadline time.Time) []int {
 		timer.Stop()
 	}
 }
+
+// AwaitExit blocks until the leader behind pidfd (a non-blocking pidfd, so
+// that the poller can wait on it) has exited, without reaping it, and
+// returns how it ended (the zero Exit if the pidfd could not be waited on).
+func AwaitExit(pidfd *os.File) Exit {
+	var exit Exit
+	rc, err := pidfd.SyscallConn()
+	if err != nil {
+		return exit
+	}
+	rc.Read(func(fd uintptr) bool {
+		changed, e, werr := WaitPidfd(int(fd), unix.WEXITED|unix.WNOWAIT|unix.WNOHANG)
+		switch {
+		case werr == syscall.EAGAIN, werr == nil && !changed:
+			return false
+		case werr == nil:
+			exit = e
+		}
+		return true
+	})
+	return exit
+}
+
+// KillGroup ends group g: it kills the group (its leader still unreaped,
+// the pgid still names it), waits up to timeout for the leader to exit
+// (exited is closed when it has), sweeps the other members, reaps the
+// leader through its pidfd, unregisters the group once nothing is left of
+// it, and has the reaper scan for descendants that left it. It returns how
+// the leader ended and the pids still present at the deadline (the leader
+// among them if it never exited).
+func KillGroup(g Group, pidfd *os.File, exited <-chan struct{}, timeout time.Duration) (Exit, []int) {
+	syscall.Kill(-g.PGID, syscall.SIGKILL)
+	deadline := time.Now().Add(timeout)
+	t := time.NewTimer(timeout)
+	select {
+	case <-exited:
+	case <-t.C:
+	}
+	t.Stop()
+	unreaped := SweepGroup(g, deadline)
+	var exit Exit
+	select {
+	case <-exited:
+		if rc, err := pidfd.SyscallConn(); err == nil {
+			rc.Control(func(fd uintptr) { _, exit, _ = WaitPidfd(int(fd), unix.WEXITED) })
+		}
+	default:
+		unreaped = append(unreaped, g.PID)
+	}
+	if len(unreaped) == 0 {
+		Unregister(g)
+	}
+	Kick() // descendants that left the group are re-parented now
+	return exit, unreaped
+}
