@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"iteron.dev/operator/internal/catalog"
 	"iteron.dev/operator/pkg/protocol"
 	"iteron.dev/operator/pkg/strictjson"
 )
@@ -44,6 +45,9 @@ type LaunchPlan struct {
 	limits               EvidenceLimits
 	contracts            protocol.ModuleContracts
 	failurePolicy        string
+	// packageRuntime is set when the source is a package-runtime manifest
+	// (spec: docs/reference/package-runtimes.md) rather than a catalog.
+	packageRuntime *catalog.PackageRuntimeManifest
 }
 
 // Module is the module the provider fills (snake_case).
@@ -100,6 +104,20 @@ func (p LaunchPlan) Contracts() protocol.ModuleContracts { return p.contracts }
 // every policy as fail_closed).
 func (p LaunchPlan) FailurePolicy() string { return p.failurePolicy }
 
+// PackageRuntime returns the verified package-runtime manifest when the
+// source is a package runtime (a quixos.runtime.PackageRuntime server), and
+// false for a line-protocol provider. A package runtime holds no state the
+// host moves: its plan's ProtocolVersion is 1, so it swaps by cold replace.
+func (p LaunchPlan) PackageRuntime() (catalog.PackageRuntimeManifest, bool) {
+	if p.packageRuntime == nil {
+		return catalog.PackageRuntimeManifest{}, false
+	}
+	m := *p.packageRuntime
+	m.ExportIDs = slices.Clone(m.ExportIDs)
+	m.RequestedCapabilities = slices.Clone(m.RequestedCapabilities)
+	return m, true
+}
+
 // LaunchPlanFields is the input of NewLaunchPlanForTest.
 type LaunchPlanFields struct {
 	Module, ImplementationID       string
@@ -116,6 +134,8 @@ type LaunchPlanFields struct {
 	EvidenceLimits                 EvidenceLimits
 	Contracts                      protocol.ModuleContracts
 	FailurePolicy                  string
+	// PackageRuntime, when set, makes the plan a package runtime's.
+	PackageRuntime *catalog.PackageRuntimeManifest
 }
 
 // NewLaunchPlanForTest mints a plan without verification. It exists for the
@@ -128,7 +148,7 @@ func NewLaunchPlanForTest(tb testing.TB, f LaunchPlanFields) LaunchPlan {
 }
 
 func newLaunchPlan(f LaunchPlanFields) LaunchPlan {
-	return LaunchPlan{
+	plan := LaunchPlan{
 		module: f.Module, implementationID: f.ImplementationID, version: f.Version,
 		protocolVersion: f.ProtocolVersion, manifestSHA256: f.ManifestSHA256,
 		artifactSHA256: f.ArtifactSHA256, artifactRoot: f.ArtifactRoot, executable: f.Executable,
@@ -137,6 +157,13 @@ func newLaunchPlan(f LaunchPlanFields) LaunchPlan {
 		runtimeDeadline: f.RuntimeDeadline, cancellationDeadline: f.CancellationDeadline,
 		limits: f.EvidenceLimits, contracts: f.Contracts, failurePolicy: f.FailurePolicy,
 	}
+	if f.PackageRuntime != nil {
+		m := *f.PackageRuntime
+		m.ExportIDs = slices.Clone(m.ExportIDs)
+		m.RequestedCapabilities = slices.Clone(m.RequestedCapabilities)
+		plan.packageRuntime = &m
+	}
+	return plan
 }
 
 // ConformanceTarget describes a local executable that `kubectl iteron
