@@ -227,12 +227,19 @@ func counterImpl(tb testing.TB, module, id string, edit ...func(*artifacts.Spec)
 // a's targets (a hot swap when the module already runs).
 func (h *harness) deploy(a *activationRef, impl artifacts.Implementation, swap hotswap.SwapPolicy, edit ...func(*activation.LaunchPlanFields)) hotswap.ModuleTarget {
 	h.tb.Helper()
-	m := impl.Manifest.Module
+	return h.deployPlan(a, providertest.Plan(h.tb, impl, edit...), swap)
+}
+
+// deployPlan makes plan the next generation of its module in a and applies
+// a's targets.
+func (h *harness) deployPlan(a *activationRef, plan activation.LaunchPlan, swap hotswap.SwapPolicy) hotswap.ModuleTarget {
+	h.tb.Helper()
+	m := plan.Module()
 	k := a.key.Name + "/" + m
 	h.lineages[k]++
 	lineage := h.lineages[k]
 	t := hotswap.ModuleTarget{
-		Module: m, Plan: providertest.Plan(h.tb, impl, edit...), Lineage: lineage, Attempt: 1,
+		Module: m, Plan: plan, Lineage: lineage, Attempt: 1,
 		Epoch:          "sha256:" + strings.Repeat("0", 48) + fmt.Sprintf("%016x", lineage),
 		GenerationName: fmt.Sprintf("%s-%s-g%d-1", a.key.Name, strings.ReplaceAll(m, "_", "-"), lineage),
 	}

@@ -39,10 +39,13 @@ type invocation struct {
 
 	done chan struct{} // closed when the outcome is recorded
 
-	mu              sync.Mutex
-	started         bool
-	generation      int64
-	generationName  string
+	mu             sync.Mutex
+	started        bool
+	generation     int64
+	generationName string
+	// runtime is the package runtime running the call (nil for a
+	// line-protocol provider): status requests are forwarded to it.
+	runtime         hotswap.PackageBackend
 	cancelRequested bool
 	// droppedStale is set when an observation of the run was dropped
 	// because its generation no longer served the module.
@@ -79,6 +82,13 @@ func (inv *invocation) signal() {
 	case inv.notify <- struct{}{}:
 	default:
 	}
+}
+
+// runningOn is the package runtime the call runs on, if any.
+func (inv *invocation) runningOn() hotswap.PackageBackend {
+	inv.mu.Lock()
+	defer inv.mu.Unlock()
+	return inv.runtime
 }
 
 // status is the invocation's InvocationStatus now.

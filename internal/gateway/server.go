@@ -94,6 +94,9 @@ type Config struct {
 	OnDispatch func(Dispatch)
 	// Now is the clock (time.Now if nil).
 	Now func() time.Time
+	// WatchMoveTimeout replaces DefaultWatchMoveTimeout when set: how long
+	// a package runtime's Watch waits for the module's next runtime.
+	WatchMoveTimeout time.Duration
 	// Handover, when set, replaces listening on Socket: the survivor holds
 	// the gateway's listening socket across manager restarts
 	// (docs/survivor.md) and hands this manager a copy of it (and a new one
@@ -119,6 +122,8 @@ type Server struct {
 	runPrefix string
 	table     *invocationTable
 	grpc      *grpc.Server
+	// watches are the open Watches of package runtimes (package.go).
+	watches packageWatches
 
 	// ctx ends when the server stops: queued calls are withdrawn.
 	ctx    context.Context
@@ -144,6 +149,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.StopTimeout <= 0 {
 		cfg.StopTimeout = DefaultStopTimeout
+	}
+	if cfg.WatchMoveTimeout <= 0 {
+		cfg.WatchMoveTimeout = DefaultWatchMoveTimeout
 	}
 	var id [16]byte
 	if _, err := rand.Read(id[:]); err != nil {
@@ -330,6 +338,8 @@ type callRequest struct {
 	namespace, activation, module, invocationID, input string
 	deadlineMs                                         uint64
 	pinned                                             *int64
+	// pkg are the package-runtime fields.
+	pkg packageFields
 }
 
 // Invoke implements gatewayv1.GatewayServer.
@@ -338,6 +348,7 @@ func (s *Server) Invoke(ctx context.Context, req *gatewayv1.InvokeRequest) (*gat
 		namespace: req.GetNamespace(), activation: req.GetActivation(), module: req.GetModule(),
 		invocationID: req.GetInvocationId(), input: req.GetInputJson(), deadlineMs: req.GetDeadlineMs(),
 		pinned: req.PinnedGeneration,
+		pkg:    packageFields{export: req.GetExport(), objectID: req.GetObjectId(), sessionID: req.GetSessionId(), dependencies: req.GetDependencies()},
 	}, false)
 	if err != nil {
 		countCall(req.GetNamespace(), req.GetActivation(), req.GetModule(), err)
@@ -353,20 +364,29 @@ func (s *Server) Invoke(ctx context.Context, req *gatewayv1.InvokeRequest) (*gat
 	if inv.err != nil {
 		return nil, inv.err
 	}
-	return &gatewayv1.InvokeResponse{
+	resp := &gatewayv1.InvokeResponse{
 		InvocationId: inv.id, Generation: inv.result.Lineage, GenerationName: inv.result.Name,
 		ObservationJson: string(inv.result.Terminal.Body), Sequence: inv.result.Terminal.Sequence,
 		QueuedMs: uint64(inv.result.QueuedFor.Milliseconds()), Replayed: replayed,
-	}, nil
+	}
+	fillPackageResponse(resp, inv.result.Terminal)
+	return resp, nil
 }
 
 // Watch implements gatewayv1.GatewayServer.
 func (s *Server) Watch(req *gatewayv1.WatchRequest, stream grpc.ServerStreamingServer[gatewayv1.WatchEvent]) error {
 	ctx := stream.Context()
+	if _, err := s.authorize(ctx, req.GetNamespace()); err != nil {
+		return err
+	}
+	if d := s.packageDispatcher(req.GetNamespace(), req.GetActivation(), req.GetModule()); d != nil {
+		return s.watchPackage(req, d, stream)
+	}
 	inv, replayed, err := s.begin(ctx, callRequest{
 		namespace: req.GetNamespace(), activation: req.GetActivation(), module: req.GetModule(),
 		invocationID: req.GetInvocationId(), input: req.GetInputJson(), deadlineMs: req.GetDeadlineMs(),
 		pinned: req.PinnedGeneration,
+		pkg:    packageFields{export: req.GetExport(), objectID: req.GetObjectId(), sessionID: req.GetSessionId(), dependencies: req.GetDependencies()},
 	}, true)
 	if err != nil {
 		countCall(req.GetNamespace(), req.GetActivation(), req.GetModule(), err)
@@ -476,7 +496,11 @@ func (s *Server) begin(ctx context.Context, req callRequest, streaming bool) (*i
 		return nil, false, fail(reasons.DeadlineExceeded, "the call's deadline passed before it arrived")
 	}
 
-	fp := fingerprint(req.activation, req.module, req.pinned, canonical)
+	pc, err := packageCall(req.namespace, req.pkg)
+	if err != nil {
+		return nil, false, err
+	}
+	fp := fingerprint(req.activation, req.module, req.pinned, canonical, req.pkg)
 	n := s.seq.Add(1)
 	runID := "gw-" + s.runPrefix + "-" + strconv.FormatUint(n, 10)
 	if id == "" {
@@ -538,6 +562,7 @@ func (s *Server) begin(ctx context.Context, req callRequest, streaming bool) (*i
 		OnStart: func(r hotswap.Route) { s.started(inv, r) },
 		Invocation: &survivor.Invocation{Namespace: inv.namespace, InvocationID: inv.id, Fingerprint: hex.EncodeToString(fp[:]),
 			Activation: inv.activation, Module: inv.module},
+		Package: pc,
 	}
 	if streaming {
 		// Only a Watch needs the run's observations (an Invoke gets the
@@ -607,8 +632,27 @@ func (s *Server) repeat(known *invocation, fp [32]byte, id, namespace string) (*
 // fingerprint identifies what a call asks for, so that an invocation_id
 // reused for a different call is refused rather than answered with another
 // call's outcome.
-func fingerprint(activation, module string, pinned *int64, canonicalInput []byte) [32]byte {
+func fingerprint(activation, module string, pinned *int64, canonicalInput []byte, pkg packageFields) [32]byte {
 	h := sha256.New()
+	if pkg.set() {
+		// Only calls that name package-runtime fields hash them, so the
+		// fingerprints of every other call stay as they were.
+		h.Write([]byte("package\x00"))
+		for _, part := range []string{pkg.export, pkg.objectID, pkg.sessionID} {
+			var n [8]byte
+			binary.BigEndian.PutUint64(n[:], uint64(len(part)))
+			h.Write(n[:])
+			h.Write([]byte(part))
+		}
+		for _, d := range pkg.dependencies {
+			for _, part := range []string{d.GetKind(), d.GetObjectId(), d.GetAttachmentId(), d.GetProjectionId(), d.GetValueJson()} {
+				var n [8]byte
+				binary.BigEndian.PutUint64(n[:], uint64(len(part)))
+				h.Write(n[:])
+				h.Write([]byte(part))
+			}
+		}
+	}
 	for _, part := range []string{activation, module} {
 		var n [8]byte
 		binary.BigEndian.PutUint64(n[:], uint64(len(part)))
@@ -630,7 +674,7 @@ func fingerprint(activation, module string, pinned *int64, canonicalInput []byte
 // started records the generation that took the call.
 func (s *Server) started(inv *invocation, r hotswap.Route) {
 	inv.mu.Lock()
-	inv.started, inv.generation, inv.generationName = true, r.Lineage, r.Name
+	inv.started, inv.generation, inv.generationName, inv.runtime = true, r.Lineage, r.Name, r.Package
 	cancel := inv.cancelRequested
 	inv.mu.Unlock()
 	s.bindStream(inv, r)
@@ -792,10 +836,23 @@ func (s *Server) moduleUnavailable(namespace, activation, module string) error {
 // GetInvocationStatus implements gatewayv1.GatewayServer.
 func (s *Server) GetInvocationStatus(ctx context.Context, req *gatewayv1.InvocationControlRequest) (*gatewayv1.InvocationStatus, error) {
 	inv, err := s.control(ctx, req)
-	if err != nil || inv == nil {
+	if err != nil {
 		return unknownStatus(req), err
 	}
-	return inv.status(), nil
+	if w, ok := s.watches.lookup(req.GetNamespace() + "\x00" + req.GetInvocationId()); ok {
+		return s.packageWatchStatus(ctx, req, w, false), nil
+	}
+	if inv == nil {
+		return unknownStatus(req), nil
+	}
+	st := inv.status()
+	if rt := inv.runningOn(); rt != nil && st.State != gatewayv1.InvocationState_INVOCATION_STATE_COMPLETED && st.State != gatewayv1.InvocationState_INVOCATION_STATE_FAILED {
+		// Forwarded: the runtime's own view of the run.
+		if state, err := rt.Status(ctx, inv.runID); err == nil {
+			st.RuntimeState = state
+		}
+	}
+	return st, nil
 }
 
 // CancelInvocation implements gatewayv1.GatewayServer: a queued call is
@@ -804,8 +861,14 @@ func (s *Server) GetInvocationStatus(ctx context.Context, req *gatewayv1.Invocat
 // one is reported as it ended.
 func (s *Server) CancelInvocation(ctx context.Context, req *gatewayv1.InvocationControlRequest) (*gatewayv1.InvocationStatus, error) {
 	inv, err := s.control(ctx, req)
-	if err != nil || inv == nil {
+	if err != nil {
 		return unknownStatus(req), err
+	}
+	if w, ok := s.watches.lookup(req.GetNamespace() + "\x00" + req.GetInvocationId()); ok {
+		return s.packageWatchStatus(ctx, req, w, true), nil
+	}
+	if inv == nil {
+		return unknownStatus(req), nil
 	}
 	select {
 	case <-inv.done:

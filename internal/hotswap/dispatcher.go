@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	runtimepb "iteron.dev/operator/api/quixos/quixos/runtime"
 	"iteron.dev/operator/internal/effects"
 	"iteron.dev/operator/internal/reasons"
 	"iteron.dev/operator/internal/survivor"
@@ -32,8 +33,12 @@ type Observation struct {
 	Sequence uint64
 	// Terminal is true for the run's last observation.
 	Terminal bool
-	// Body is the observation object (raw JSON, validated by the executor).
+	// Body is the observation object (raw JSON, validated by the executor);
+	// for a package runtime, the result's value as JSON.
 	Body []byte
+	// Package is a package runtime's whole answer (ok, value, error,
+	// dependencies); nil for a line-protocol provider.
+	Package *runtimepb.InvokeResponse
 }
 
 // Backend runs calls on one generation's process. The coordinator adapts a
@@ -64,6 +69,9 @@ type Route struct {
 	Epoch string
 	// Backend runs the calls.
 	Backend Backend
+	// Package is the generation's package runtime (nil for a line-protocol
+	// provider): Watches are opened on it, and move when it changes.
+	Package PackageBackend
 	// Scope holds the generation's live resources (nil when untracked): a
 	// stream or watcher bound to this route registers in it, so disposing
 	// the generation ends it (TrackWork) and nothing outlives it.
@@ -92,6 +100,10 @@ type Call struct {
 	// survivor keeps the run's outcome under it across manager restarts
 	// (its generation is filled in at dispatch).
 	Invocation *survivor.Invocation
+	// Package, when set, is what the call asks of a package runtime
+	// besides its input (export, object, dependencies, session, the
+	// caller's namespace).
+	Package *PackageCall
 }
 
 // Result is a finished call.
@@ -340,7 +352,13 @@ func (d *Dispatcher) run(p *pendingCall, route Route, deadline time.Duration) {
 		inv.Generation, inv.GenerationName = route.Lineage, route.Name
 		ctx = context.WithValue(ctx, invocationKey{}, &inv)
 	}
-	terminal, err := route.Backend.Run(ctx, p.call.ID, p.call.Input, deadline, p.call.Observe)
+	var terminal Observation
+	var err error
+	if field := p.call.Package.NeedsRuntime(); field != "" && route.Package == nil {
+		err = &CallError{Code: reasons.SchemaMismatch, Message: fmt.Sprintf("%s: module %s is served by a line-protocol provider (generation %d); %s applies to package runtimes only", field, d.module, route.Lineage, field)}
+	} else {
+		terminal, err = route.Backend.Run(withPackageCall(ctx, p.call.Package), p.call.ID, p.call.Input, deadline, p.call.Observe)
+	}
 	cancel()
 	var ns interface{ NotStarted() bool }
 	if err != nil && errors.As(err, &ns) && ns.NotStarted() && time.Until(p.call.Deadline) > 0 {

@@ -178,7 +178,7 @@ func (r *txnRun) launch(g *generationRuntime) error {
 		proc, aheadErr, loaded = ahead.proc, ahead.err, true
 	} else {
 		tag := survivor.Tag{ActivationUID: r.a.key.UID, Module: r.m.name, Generation: g.name, Transaction: r.txn.Identity().TransactionID}
-		p, err := r.a.c.cfg.Launch(withLaunchTag(r.ctx, tag), g.target.Plan)
+		p, err := r.a.c.cfg.Launch(withLaunchFor(withLaunchTag(r.ctx, tag), r.a.key.UID, r.m.name, g.target.Epoch), g.target.Plan)
 		if err != nil {
 			return fail(ledger.PhaseShadowLoad, err, reasons.ActivationFailed)
 		}
@@ -253,7 +253,11 @@ func (a *activationRuntime) routeTo(g *generationRuntime, proc Provider, scope *
 	if class, ok := receiptClass(g.target.Plan.AdmittedCapabilities()); ok {
 		backend = &receiptBackend{Backend: proc, a: a, g: g, class: class}
 	}
-	return Route{Lineage: g.lineage, Name: g.name, Epoch: g.target.Epoch, Backend: backend, Scope: scope}
+	route := Route{Lineage: g.lineage, Name: g.name, Epoch: g.target.Epoch, Backend: backend, Scope: scope}
+	if pb, ok := proc.(PackageBackend); ok {
+		route.Package = pb
+	}
+	return route
 }
 
 // receiptClass is the effect class of a provider's runs, by its admitted

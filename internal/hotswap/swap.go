@@ -267,7 +267,7 @@ func (r *txnRun) relaunchOld(ctx context.Context, old *generationRuntime) error 
 	running := old.proc
 	r.a.mu.Unlock()
 	if running == nil {
-		proc, err := r.a.c.cfg.Launch(ctx, old.target.Plan)
+		proc, err := r.a.c.cfg.Launch(withLaunchFor(ctx, r.a.key.UID, r.m.name, old.target.Epoch), old.target.Plan)
 		if err != nil {
 			return err
 		}

@@ -43,6 +43,9 @@ type Conn struct {
 
 // Call is what a caller asks of a runtime; the host fills the rest.
 type Call struct {
+	// InvocationID is the host's ID of the call, unique per runtime process
+	// (the gateway's run ID); empty: the connection numbers it.
+	InvocationID string
 	// Export is one of the manifest's export IDs.
 	Export string
 	// ObjectID is the object the call is about, or "".
@@ -119,6 +122,14 @@ func (c *Conn) Close() error { return c.cc.Close() }
 // runtime process.
 func (c *Conn) newInvocationID() string { return "inv-" + strconv.FormatUint(c.next.Add(1), 10) }
 
+// invocationID is the call's own ID, or a new one.
+func (c *Conn) invocationID(call Call) string {
+	if call.InvocationID != "" {
+		return call.InvocationID
+	}
+	return c.newInvocationID()
+}
+
 func (c *Conn) context(id string, call Call) *runtimepb.InvocationContext {
 	return &runtimepb.InvocationContext{
 		WorkspaceEpoch:     c.pin.WorkspaceEpoch,
@@ -174,7 +185,7 @@ func (c *Conn) Invoke(ctx context.Context, call Call) (*runtimepb.InvokeResponse
 		return nil, "", err
 	}
 	defer func() { <-c.invokes }()
-	id := c.newInvocationID()
+	id := c.invocationID(call)
 	d := ms(c.pin.Manifest.Deadlines.InvokeMs)
 	ictx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
@@ -258,7 +269,7 @@ func (c *Conn) Watch(ctx context.Context, call Call) (*Watch, error) {
 	if err := acquire(c.watches, "watches", cap(c.watches)); err != nil {
 		return nil, err
 	}
-	id := c.newInvocationID()
+	id := c.invocationID(call)
 	wctx, cancel := context.WithCancel(ctx)
 	stream, err := c.client.Watch(wctx, &runtimepb.WatchRequest{
 		InvocationId: id, Export: &quixospb.PackageExportRef{PackageRevisionId: c.pin.Manifest.PackageRevisionID, ExportId: call.Export},

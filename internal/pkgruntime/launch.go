@@ -98,6 +98,8 @@ type Runtime struct {
 	dir    string // the private socket directory
 	record string
 	errs   *spawn.Ring
+	// startedAt is when the process was started.
+	startedAt time.Time
 
 	exited     chan struct{} // closed when the leader has exited (not yet reaped)
 	stderrDone chan struct{}
@@ -236,7 +238,7 @@ func (l *Launcher) start(pin Pin, artifactRoot string, exe *spawn.Sealed, key []
 		errR.Close()
 		return fail(fmt.Errorf("pidfd: %w", err))
 	}
-	r.group, r.pidfd = g, os.NewFile(uintptr(pidfd), "pidfd")
+	r.group, r.pidfd, r.startedAt = g, os.NewFile(uintptr(pidfd), "pidfd"), time.Now()
 	go func() {
 		defer close(r.stderrDone)
 		io.CopyBuffer(r.errs, errR, make([]byte, 32<<10))
@@ -269,6 +271,9 @@ func (r *Runtime) Conn() *Conn { return r.conn }
 
 // Pid is the runtime's pid (its group's leader).
 func (r *Runtime) Pid() int { return r.group.PID }
+
+// StartedAt is when the runtime's process was started.
+func (r *Runtime) StartedAt() time.Time { return r.startedAt }
 
 // Exited is closed when the runtime's process has exited.
 func (r *Runtime) Exited() <-chan struct{} { return r.exited }

@@ -456,8 +456,18 @@ type InvokeRequest struct {
 	// When set, the call runs only on this generation (lineage number); after
 	// a cutover it fails with stale_generation (FAILED_PRECONDITION).
 	PinnedGeneration *int64 `protobuf:"varint,7,opt,name=pinned_generation,json=pinnedGeneration,proto3,oneof" json:"pinned_generation,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// Package runtimes only (a line-protocol provider refuses these with
+	// schema_mismatch): one of the module's export IDs (empty: its only
+	// export), the object the call is about, the caller's injected
+	// dependencies and its session. The runtime receives them with the
+	// context the gateway fills (epoch, instance, binding digest, and a grant
+	// naming the caller's namespace); none of that is taken from the caller.
+	Export        string        `protobuf:"bytes,8,opt,name=export,proto3" json:"export,omitempty"`
+	ObjectId      string        `protobuf:"bytes,9,opt,name=object_id,json=objectId,proto3" json:"object_id,omitempty"`
+	Dependencies  []*Dependency `protobuf:"bytes,10,rep,name=dependencies,proto3" json:"dependencies,omitempty"`
+	SessionId     string        `protobuf:"bytes,11,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *InvokeRequest) Reset() {
@@ -539,6 +549,34 @@ func (x *InvokeRequest) GetPinnedGeneration() int64 {
 	return 0
 }
 
+func (x *InvokeRequest) GetExport() string {
+	if x != nil {
+		return x.Export
+	}
+	return ""
+}
+
+func (x *InvokeRequest) GetObjectId() string {
+	if x != nil {
+		return x.ObjectId
+	}
+	return ""
+}
+
+func (x *InvokeRequest) GetDependencies() []*Dependency {
+	if x != nil {
+		return x.Dependencies
+	}
+	return nil
+}
+
+func (x *InvokeRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
 type InvokeResponse struct {
 	state        protoimpl.MessageState `protogen:"open.v1"`
 	InvocationId string                 `protobuf:"bytes,1,opt,name=invocation_id,json=invocationId,proto3" json:"invocation_id,omitempty"`
@@ -553,7 +591,16 @@ type InvokeResponse struct {
 	QueuedMs uint64 `protobuf:"varint,6,opt,name=queued_ms,json=queuedMs,proto3" json:"queued_ms,omitempty"`
 	// True when this is the recorded outcome of an earlier request with the
 	// same invocation_id.
-	Replayed      bool `protobuf:"varint,7,opt,name=replayed,proto3" json:"replayed,omitempty"`
+	Replayed bool `protobuf:"varint,7,opt,name=replayed,proto3" json:"replayed,omitempty"`
+	// Package runtimes only: the runtime's answer. ok false with error set
+	// is the runtime's own failure of the call (the call itself completed);
+	// value_json is its result as JSON (bytes as a base64 string; null when
+	// absent; observation_json carries the same bytes), and dependencies
+	// are the ones it derived.
+	Ok            bool          `protobuf:"varint,8,opt,name=ok,proto3" json:"ok,omitempty"`
+	ValueJson     string        `protobuf:"bytes,9,opt,name=value_json,json=valueJson,proto3" json:"value_json,omitempty"`
+	Error         string        `protobuf:"bytes,10,opt,name=error,proto3" json:"error,omitempty"`
+	Dependencies  []*Dependency `protobuf:"bytes,11,rep,name=dependencies,proto3" json:"dependencies,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -637,7 +684,120 @@ func (x *InvokeResponse) GetReplayed() bool {
 	return false
 }
 
-// WatchRequest is an InvokeRequest whose observations are streamed.
+func (x *InvokeResponse) GetOk() bool {
+	if x != nil {
+		return x.Ok
+	}
+	return false
+}
+
+func (x *InvokeResponse) GetValueJson() string {
+	if x != nil {
+		return x.ValueJson
+	}
+	return ""
+}
+
+func (x *InvokeResponse) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *InvokeResponse) GetDependencies() []*Dependency {
+	if x != nil {
+		return x.Dependencies
+	}
+	return nil
+}
+
+// Dependency is a package runtime's dependency: injected by the caller
+// (value_json set, any JSON) or derived by the runtime (value_json empty).
+type Dependency struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Kind          string                 `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
+	ObjectId      string                 `protobuf:"bytes,2,opt,name=object_id,json=objectId,proto3" json:"object_id,omitempty"`
+	AttachmentId  string                 `protobuf:"bytes,3,opt,name=attachment_id,json=attachmentId,proto3" json:"attachment_id,omitempty"`
+	ProjectionId  string                 `protobuf:"bytes,4,opt,name=projection_id,json=projectionId,proto3" json:"projection_id,omitempty"`
+	ValueJson     string                 `protobuf:"bytes,5,opt,name=value_json,json=valueJson,proto3" json:"value_json,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Dependency) Reset() {
+	*x = Dependency{}
+	mi := &file_gateway_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Dependency) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Dependency) ProtoMessage() {}
+
+func (x *Dependency) ProtoReflect() protoreflect.Message {
+	mi := &file_gateway_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Dependency.ProtoReflect.Descriptor instead.
+func (*Dependency) Descriptor() ([]byte, []int) {
+	return file_gateway_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *Dependency) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *Dependency) GetObjectId() string {
+	if x != nil {
+		return x.ObjectId
+	}
+	return ""
+}
+
+func (x *Dependency) GetAttachmentId() string {
+	if x != nil {
+		return x.AttachmentId
+	}
+	return ""
+}
+
+func (x *Dependency) GetProjectionId() string {
+	if x != nil {
+		return x.ProjectionId
+	}
+	return ""
+}
+
+func (x *Dependency) GetValueJson() string {
+	if x != nil {
+		return x.ValueJson
+	}
+	return ""
+}
+
+// WatchRequest is an InvokeRequest whose observations are streamed. On a
+// package runtime it opens the runtime's Watch: it lives until the caller
+// ends it, the runtime ends it (an event with error), or deadline_ms (when
+// set) passes. When the module's runtime is replaced (a cutover, a renewal,
+// a relaunch after a crash) the gateway opens the same Watch on the new
+// runtime and the stream goes on with its initial event; if that fails the
+// stream ends with stale_generation. pinned_generation does not apply to a
+// package runtime's Watch.
 type WatchRequest struct {
 	state            protoimpl.MessageState `protogen:"open.v1"`
 	Namespace        string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
@@ -647,13 +807,18 @@ type WatchRequest struct {
 	InputJson        string                 `protobuf:"bytes,5,opt,name=input_json,json=inputJson,proto3" json:"input_json,omitempty"`
 	DeadlineMs       uint64                 `protobuf:"varint,6,opt,name=deadline_ms,json=deadlineMs,proto3" json:"deadline_ms,omitempty"`
 	PinnedGeneration *int64                 `protobuf:"varint,7,opt,name=pinned_generation,json=pinnedGeneration,proto3,oneof" json:"pinned_generation,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// As in InvokeRequest (package runtimes only).
+	Export        string        `protobuf:"bytes,8,opt,name=export,proto3" json:"export,omitempty"`
+	ObjectId      string        `protobuf:"bytes,9,opt,name=object_id,json=objectId,proto3" json:"object_id,omitempty"`
+	Dependencies  []*Dependency `protobuf:"bytes,10,rep,name=dependencies,proto3" json:"dependencies,omitempty"`
+	SessionId     string        `protobuf:"bytes,11,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_gateway_proto_msgTypes[6]
+	mi := &file_gateway_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -665,7 +830,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gateway_proto_msgTypes[6]
+	mi := &file_gateway_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -678,7 +843,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_gateway_proto_rawDescGZIP(), []int{6}
+	return file_gateway_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *WatchRequest) GetNamespace() string {
@@ -730,6 +895,34 @@ func (x *WatchRequest) GetPinnedGeneration() int64 {
 	return 0
 }
 
+func (x *WatchRequest) GetExport() string {
+	if x != nil {
+		return x.Export
+	}
+	return ""
+}
+
+func (x *WatchRequest) GetObjectId() string {
+	if x != nil {
+		return x.ObjectId
+	}
+	return ""
+}
+
+func (x *WatchRequest) GetDependencies() []*Dependency {
+	if x != nil {
+		return x.Dependencies
+	}
+	return nil
+}
+
+func (x *WatchRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
 // WatchEvent is one observation of the run.
 type WatchEvent struct {
 	state          protoimpl.MessageState `protogen:"open.v1"`
@@ -742,14 +935,22 @@ type WatchEvent struct {
 	ObservationJson string `protobuf:"bytes,6,opt,name=observation_json,json=observationJson,proto3" json:"observation_json,omitempty"`
 	// True for a repeat of a known invocation_id: only the terminal
 	// observation is replayed.
-	Replayed      bool `protobuf:"varint,7,opt,name=replayed,proto3" json:"replayed,omitempty"`
+	Replayed bool `protobuf:"varint,7,opt,name=replayed,proto3" json:"replayed,omitempty"`
+	// Package runtimes only: the runtime's event. initial marks the first
+	// event of the Watch on each runtime (so also the first after the Watch
+	// moved to a new generation: its value is the current one); value_json
+	// is the event's value as JSON; error set ends the Watch (terminal).
+	Initial       bool          `protobuf:"varint,8,opt,name=initial,proto3" json:"initial,omitempty"`
+	ValueJson     string        `protobuf:"bytes,9,opt,name=value_json,json=valueJson,proto3" json:"value_json,omitempty"`
+	Dependencies  []*Dependency `protobuf:"bytes,10,rep,name=dependencies,proto3" json:"dependencies,omitempty"`
+	Error         string        `protobuf:"bytes,11,opt,name=error,proto3" json:"error,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *WatchEvent) Reset() {
 	*x = WatchEvent{}
-	mi := &file_gateway_proto_msgTypes[7]
+	mi := &file_gateway_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -761,7 +962,7 @@ func (x *WatchEvent) String() string {
 func (*WatchEvent) ProtoMessage() {}
 
 func (x *WatchEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_gateway_proto_msgTypes[7]
+	mi := &file_gateway_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -774,7 +975,7 @@ func (x *WatchEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
 func (*WatchEvent) Descriptor() ([]byte, []int) {
-	return file_gateway_proto_rawDescGZIP(), []int{7}
+	return file_gateway_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *WatchEvent) GetInvocationId() string {
@@ -826,6 +1027,34 @@ func (x *WatchEvent) GetReplayed() bool {
 	return false
 }
 
+func (x *WatchEvent) GetInitial() bool {
+	if x != nil {
+		return x.Initial
+	}
+	return false
+}
+
+func (x *WatchEvent) GetValueJson() string {
+	if x != nil {
+		return x.ValueJson
+	}
+	return ""
+}
+
+func (x *WatchEvent) GetDependencies() []*Dependency {
+	if x != nil {
+		return x.Dependencies
+	}
+	return nil
+}
+
+func (x *WatchEvent) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
 type InvocationControlRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The namespace the invocation was made in (authorization is per
@@ -840,7 +1069,7 @@ type InvocationControlRequest struct {
 
 func (x *InvocationControlRequest) Reset() {
 	*x = InvocationControlRequest{}
-	mi := &file_gateway_proto_msgTypes[8]
+	mi := &file_gateway_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -852,7 +1081,7 @@ func (x *InvocationControlRequest) String() string {
 func (*InvocationControlRequest) ProtoMessage() {}
 
 func (x *InvocationControlRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gateway_proto_msgTypes[8]
+	mi := &file_gateway_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -865,7 +1094,7 @@ func (x *InvocationControlRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InvocationControlRequest.ProtoReflect.Descriptor instead.
 func (*InvocationControlRequest) Descriptor() ([]byte, []int) {
-	return file_gateway_proto_rawDescGZIP(), []int{8}
+	return file_gateway_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *InvocationControlRequest) GetNamespace() string {
@@ -900,15 +1129,19 @@ type InvocationStatus struct {
 	Generation     int64  `protobuf:"varint,6,opt,name=generation,proto3" json:"generation,omitempty"`
 	GenerationName string `protobuf:"bytes,7,opt,name=generation_name,json=generationName,proto3" json:"generation_name,omitempty"`
 	// For FAILED: the reason code and the message.
-	Reason        string `protobuf:"bytes,8,opt,name=reason,proto3" json:"reason,omitempty"`
-	Message       string `protobuf:"bytes,9,opt,name=message,proto3" json:"message,omitempty"`
+	Reason  string `protobuf:"bytes,8,opt,name=reason,proto3" json:"reason,omitempty"`
+	Message string `protobuf:"bytes,9,opt,name=message,proto3" json:"message,omitempty"`
+	// Package runtimes only: the runtime's own state of the invocation while
+	// it runs (unknown, running, cancellation-requested, completed, failed),
+	// asked of the runtime when the status was requested; empty otherwise.
+	RuntimeState  string `protobuf:"bytes,10,opt,name=runtime_state,json=runtimeState,proto3" json:"runtime_state,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *InvocationStatus) Reset() {
 	*x = InvocationStatus{}
-	mi := &file_gateway_proto_msgTypes[9]
+	mi := &file_gateway_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -920,7 +1153,7 @@ func (x *InvocationStatus) String() string {
 func (*InvocationStatus) ProtoMessage() {}
 
 func (x *InvocationStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_gateway_proto_msgTypes[9]
+	mi := &file_gateway_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -933,7 +1166,7 @@ func (x *InvocationStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InvocationStatus.ProtoReflect.Descriptor instead.
 func (*InvocationStatus) Descriptor() ([]byte, []int) {
-	return file_gateway_proto_rawDescGZIP(), []int{9}
+	return file_gateway_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *InvocationStatus) GetInvocationId() string {
@@ -999,6 +1232,13 @@ func (x *InvocationStatus) GetMessage() string {
 	return ""
 }
 
+func (x *InvocationStatus) GetRuntimeState() string {
+	if x != nil {
+		return x.RuntimeState
+	}
+	return ""
+}
+
 // Failure is attached to every error status as a detail.
 type Failure struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1014,7 +1254,7 @@ type Failure struct {
 
 func (x *Failure) Reset() {
 	*x = Failure{}
-	mi := &file_gateway_proto_msgTypes[10]
+	mi := &file_gateway_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1026,7 +1266,7 @@ func (x *Failure) String() string {
 func (*Failure) ProtoMessage() {}
 
 func (x *Failure) ProtoReflect() protoreflect.Message {
-	mi := &file_gateway_proto_msgTypes[10]
+	mi := &file_gateway_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1039,7 +1279,7 @@ func (x *Failure) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Failure.ProtoReflect.Descriptor instead.
 func (*Failure) Descriptor() ([]byte, []int) {
-	return file_gateway_proto_rawDescGZIP(), []int{10}
+	return file_gateway_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Failure) GetReason() string {
@@ -1100,7 +1340,7 @@ const file_gateway_proto_rawDesc = "" +
 	"\x03pid\x18\x03 \x01(\x05R\x03pid\x12\x1e\n" +
 	"\n" +
 	"namespaces\x18\x04 \x03(\tR\n" +
-	"namespaces\"\x92\x02\n" +
+	"namespaces\"\xa9\x03\n" +
 	"\rInvokeRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x1e\n" +
 	"\n" +
@@ -1112,8 +1352,14 @@ const file_gateway_proto_rawDesc = "" +
 	"input_json\x18\x05 \x01(\tR\tinputJson\x12\x1f\n" +
 	"\vdeadline_ms\x18\x06 \x01(\x04R\n" +
 	"deadlineMs\x120\n" +
-	"\x11pinned_generation\x18\a \x01(\x03H\x00R\x10pinnedGeneration\x88\x01\x01B\x14\n" +
-	"\x12_pinned_generation\"\xfe\x01\n" +
+	"\x11pinned_generation\x18\a \x01(\x03H\x00R\x10pinnedGeneration\x88\x01\x01\x12\x16\n" +
+	"\x06export\x18\b \x01(\tR\x06export\x12\x1b\n" +
+	"\tobject_id\x18\t \x01(\tR\bobjectId\x12A\n" +
+	"\fdependencies\x18\n" +
+	" \x03(\v2\x1d.iteron.gateway.v1.DependencyR\fdependencies\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\v \x01(\tR\tsessionIdB\x14\n" +
+	"\x12_pinned_generation\"\x86\x03\n" +
 	"\x0eInvokeResponse\x12#\n" +
 	"\rinvocation_id\x18\x01 \x01(\tR\finvocationId\x12\x1e\n" +
 	"\n" +
@@ -1123,7 +1369,21 @@ const file_gateway_proto_rawDesc = "" +
 	"\x10observation_json\x18\x04 \x01(\tR\x0fobservationJson\x12\x1a\n" +
 	"\bsequence\x18\x05 \x01(\x04R\bsequence\x12\x1b\n" +
 	"\tqueued_ms\x18\x06 \x01(\x04R\bqueuedMs\x12\x1a\n" +
-	"\breplayed\x18\a \x01(\bR\breplayed\"\x91\x02\n" +
+	"\breplayed\x18\a \x01(\bR\breplayed\x12\x0e\n" +
+	"\x02ok\x18\b \x01(\bR\x02ok\x12\x1d\n" +
+	"\n" +
+	"value_json\x18\t \x01(\tR\tvalueJson\x12\x14\n" +
+	"\x05error\x18\n" +
+	" \x01(\tR\x05error\x12A\n" +
+	"\fdependencies\x18\v \x03(\v2\x1d.iteron.gateway.v1.DependencyR\fdependencies\"\xa6\x01\n" +
+	"\n" +
+	"Dependency\x12\x12\n" +
+	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x1b\n" +
+	"\tobject_id\x18\x02 \x01(\tR\bobjectId\x12#\n" +
+	"\rattachment_id\x18\x03 \x01(\tR\fattachmentId\x12#\n" +
+	"\rprojection_id\x18\x04 \x01(\tR\fprojectionId\x12\x1d\n" +
+	"\n" +
+	"value_json\x18\x05 \x01(\tR\tvalueJson\"\xa8\x03\n" +
 	"\fWatchRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x1e\n" +
 	"\n" +
@@ -1135,8 +1395,14 @@ const file_gateway_proto_rawDesc = "" +
 	"input_json\x18\x05 \x01(\tR\tinputJson\x12\x1f\n" +
 	"\vdeadline_ms\x18\x06 \x01(\x04R\n" +
 	"deadlineMs\x120\n" +
-	"\x11pinned_generation\x18\a \x01(\x03H\x00R\x10pinnedGeneration\x88\x01\x01B\x14\n" +
-	"\x12_pinned_generation\"\xf9\x01\n" +
+	"\x11pinned_generation\x18\a \x01(\x03H\x00R\x10pinnedGeneration\x88\x01\x01\x12\x16\n" +
+	"\x06export\x18\b \x01(\tR\x06export\x12\x1b\n" +
+	"\tobject_id\x18\t \x01(\tR\bobjectId\x12A\n" +
+	"\fdependencies\x18\n" +
+	" \x03(\v2\x1d.iteron.gateway.v1.DependencyR\fdependencies\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\v \x01(\tR\tsessionIdB\x14\n" +
+	"\x12_pinned_generation\"\x8b\x03\n" +
 	"\n" +
 	"WatchEvent\x12#\n" +
 	"\rinvocation_id\x18\x01 \x01(\tR\finvocationId\x12\x1e\n" +
@@ -1147,11 +1413,17 @@ const file_gateway_proto_rawDesc = "" +
 	"\bsequence\x18\x04 \x01(\x04R\bsequence\x12\x1a\n" +
 	"\bterminal\x18\x05 \x01(\bR\bterminal\x12)\n" +
 	"\x10observation_json\x18\x06 \x01(\tR\x0fobservationJson\x12\x1a\n" +
-	"\breplayed\x18\a \x01(\bR\breplayed\"u\n" +
+	"\breplayed\x18\a \x01(\bR\breplayed\x12\x18\n" +
+	"\ainitial\x18\b \x01(\bR\ainitial\x12\x1d\n" +
+	"\n" +
+	"value_json\x18\t \x01(\tR\tvalueJson\x12A\n" +
+	"\fdependencies\x18\n" +
+	" \x03(\v2\x1d.iteron.gateway.v1.DependencyR\fdependencies\x12\x14\n" +
+	"\x05error\x18\v \x01(\tR\x05error\"u\n" +
 	"\x18InvocationControlRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12#\n" +
 	"\rinvocation_id\x18\x02 \x01(\tR\finvocationId\x12\x16\n" +
-	"\x06reason\x18\x03 \x01(\tR\x06reason\"\xc2\x02\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"\xe7\x02\n" +
 	"\x10InvocationStatus\x12#\n" +
 	"\rinvocation_id\x18\x01 \x01(\tR\finvocationId\x128\n" +
 	"\x05state\x18\x02 \x01(\x0e2\".iteron.gateway.v1.InvocationStateR\x05state\x12\x1c\n" +
@@ -1165,7 +1437,9 @@ const file_gateway_proto_rawDesc = "" +
 	"generation\x12'\n" +
 	"\x0fgeneration_name\x18\a \x01(\tR\x0egenerationName\x12\x16\n" +
 	"\x06reason\x18\b \x01(\tR\x06reason\x12\x18\n" +
-	"\amessage\x18\t \x01(\tR\amessage\"[\n" +
+	"\amessage\x18\t \x01(\tR\amessage\x12#\n" +
+	"\rruntime_state\x18\n" +
+	" \x01(\tR\fruntimeState\"[\n" +
 	"\aFailure\x12\x16\n" +
 	"\x06reason\x18\x01 \x01(\tR\x06reason\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12\x1e\n" +
@@ -1199,7 +1473,7 @@ func file_gateway_proto_rawDescGZIP() []byte {
 }
 
 var file_gateway_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_gateway_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_gateway_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_gateway_proto_goTypes = []any{
 	(InvocationState)(0),             // 0: iteron.gateway.v1.InvocationState
 	(*HandshakeRequest)(nil),         // 1: iteron.gateway.v1.HandshakeRequest
@@ -1208,31 +1482,36 @@ var file_gateway_proto_goTypes = []any{
 	(*Caller)(nil),                   // 4: iteron.gateway.v1.Caller
 	(*InvokeRequest)(nil),            // 5: iteron.gateway.v1.InvokeRequest
 	(*InvokeResponse)(nil),           // 6: iteron.gateway.v1.InvokeResponse
-	(*WatchRequest)(nil),             // 7: iteron.gateway.v1.WatchRequest
-	(*WatchEvent)(nil),               // 8: iteron.gateway.v1.WatchEvent
-	(*InvocationControlRequest)(nil), // 9: iteron.gateway.v1.InvocationControlRequest
-	(*InvocationStatus)(nil),         // 10: iteron.gateway.v1.InvocationStatus
-	(*Failure)(nil),                  // 11: iteron.gateway.v1.Failure
+	(*Dependency)(nil),               // 7: iteron.gateway.v1.Dependency
+	(*WatchRequest)(nil),             // 8: iteron.gateway.v1.WatchRequest
+	(*WatchEvent)(nil),               // 9: iteron.gateway.v1.WatchEvent
+	(*InvocationControlRequest)(nil), // 10: iteron.gateway.v1.InvocationControlRequest
+	(*InvocationStatus)(nil),         // 11: iteron.gateway.v1.InvocationStatus
+	(*Failure)(nil),                  // 12: iteron.gateway.v1.Failure
 }
 var file_gateway_proto_depIdxs = []int32{
 	3,  // 0: iteron.gateway.v1.HandshakeResponse.modules:type_name -> iteron.gateway.v1.ModuleInfo
 	4,  // 1: iteron.gateway.v1.HandshakeResponse.caller:type_name -> iteron.gateway.v1.Caller
-	0,  // 2: iteron.gateway.v1.InvocationStatus.state:type_name -> iteron.gateway.v1.InvocationState
-	1,  // 3: iteron.gateway.v1.Gateway.Handshake:input_type -> iteron.gateway.v1.HandshakeRequest
-	5,  // 4: iteron.gateway.v1.Gateway.Invoke:input_type -> iteron.gateway.v1.InvokeRequest
-	7,  // 5: iteron.gateway.v1.Gateway.Watch:input_type -> iteron.gateway.v1.WatchRequest
-	9,  // 6: iteron.gateway.v1.Gateway.GetInvocationStatus:input_type -> iteron.gateway.v1.InvocationControlRequest
-	9,  // 7: iteron.gateway.v1.Gateway.CancelInvocation:input_type -> iteron.gateway.v1.InvocationControlRequest
-	2,  // 8: iteron.gateway.v1.Gateway.Handshake:output_type -> iteron.gateway.v1.HandshakeResponse
-	6,  // 9: iteron.gateway.v1.Gateway.Invoke:output_type -> iteron.gateway.v1.InvokeResponse
-	8,  // 10: iteron.gateway.v1.Gateway.Watch:output_type -> iteron.gateway.v1.WatchEvent
-	10, // 11: iteron.gateway.v1.Gateway.GetInvocationStatus:output_type -> iteron.gateway.v1.InvocationStatus
-	10, // 12: iteron.gateway.v1.Gateway.CancelInvocation:output_type -> iteron.gateway.v1.InvocationStatus
-	8,  // [8:13] is the sub-list for method output_type
-	3,  // [3:8] is the sub-list for method input_type
-	3,  // [3:3] is the sub-list for extension type_name
-	3,  // [3:3] is the sub-list for extension extendee
-	0,  // [0:3] is the sub-list for field type_name
+	7,  // 2: iteron.gateway.v1.InvokeRequest.dependencies:type_name -> iteron.gateway.v1.Dependency
+	7,  // 3: iteron.gateway.v1.InvokeResponse.dependencies:type_name -> iteron.gateway.v1.Dependency
+	7,  // 4: iteron.gateway.v1.WatchRequest.dependencies:type_name -> iteron.gateway.v1.Dependency
+	7,  // 5: iteron.gateway.v1.WatchEvent.dependencies:type_name -> iteron.gateway.v1.Dependency
+	0,  // 6: iteron.gateway.v1.InvocationStatus.state:type_name -> iteron.gateway.v1.InvocationState
+	1,  // 7: iteron.gateway.v1.Gateway.Handshake:input_type -> iteron.gateway.v1.HandshakeRequest
+	5,  // 8: iteron.gateway.v1.Gateway.Invoke:input_type -> iteron.gateway.v1.InvokeRequest
+	8,  // 9: iteron.gateway.v1.Gateway.Watch:input_type -> iteron.gateway.v1.WatchRequest
+	10, // 10: iteron.gateway.v1.Gateway.GetInvocationStatus:input_type -> iteron.gateway.v1.InvocationControlRequest
+	10, // 11: iteron.gateway.v1.Gateway.CancelInvocation:input_type -> iteron.gateway.v1.InvocationControlRequest
+	2,  // 12: iteron.gateway.v1.Gateway.Handshake:output_type -> iteron.gateway.v1.HandshakeResponse
+	6,  // 13: iteron.gateway.v1.Gateway.Invoke:output_type -> iteron.gateway.v1.InvokeResponse
+	9,  // 14: iteron.gateway.v1.Gateway.Watch:output_type -> iteron.gateway.v1.WatchEvent
+	11, // 15: iteron.gateway.v1.Gateway.GetInvocationStatus:output_type -> iteron.gateway.v1.InvocationStatus
+	11, // 16: iteron.gateway.v1.Gateway.CancelInvocation:output_type -> iteron.gateway.v1.InvocationStatus
+	12, // [12:17] is the sub-list for method output_type
+	7,  // [7:12] is the sub-list for method input_type
+	7,  // [7:7] is the sub-list for extension type_name
+	7,  // [7:7] is the sub-list for extension extendee
+	0,  // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_gateway_proto_init() }
@@ -1241,14 +1520,14 @@ func file_gateway_proto_init() {
 		return
 	}
 	file_gateway_proto_msgTypes[4].OneofWrappers = []any{}
-	file_gateway_proto_msgTypes[6].OneofWrappers = []any{}
+	file_gateway_proto_msgTypes[7].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gateway_proto_rawDesc), len(file_gateway_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   11,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

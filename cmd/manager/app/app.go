@@ -37,6 +37,7 @@ import (
 	"iteron.dev/operator/internal/catalog"
 	"iteron.dev/operator/internal/gateway"
 	"iteron.dev/operator/internal/hotswap"
+	"iteron.dev/operator/internal/pkgruntime"
 	"iteron.dev/operator/internal/procexec"
 	"iteron.dev/operator/internal/survivor"
 )
@@ -208,6 +209,27 @@ func New(cfg *rest.Config, o Options) (*Manager, error) {
 		}
 		hcfg.Launch = hotswap.NewExecutorLauncher(exec)
 	}
+	// Package runtimes are launched and owned by this manager in both
+	// modes (a survivor does not hold them yet): their groups die with it
+	// and the next manager sweeps what is left and relaunches them.
+	runtimes, err := pkgruntime.NewLauncher(pkgruntime.LaunchConfig{
+		ProviderUID: o.ProviderUID, ProviderGID: o.ProviderGID, Interpreters: o.Interpreters,
+		RecordDir: filepath.Join(o.StateDir, "runtimes"), SocketDir: filepath.Join(o.StateDir, "rt"),
+		SealCacheBytes: procexec.DefaultExecutableCacheBytes,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("package-runtime launcher: %w", err)
+	}
+	runtimeSweep, err := runtimes.Sweep()
+	if err != nil {
+		return nil, fmt.Errorf("sweep leftover package runtimes: %w", err)
+	}
+	sweep.Killed = append(sweep.Killed, runtimeSweep.Killed...)
+	line := hcfg.Launch
+	if line == nil {
+		line = sv.owner.Launch
+	}
+	hcfg.Launch = hotswap.WithPackageRuntimes(line, runtimes)
 	ao := ArtifactOptions{Store: artifacts.DefaultStore}
 	if o.Artifacts != nil {
 		ao = *o.Artifacts

@@ -1,0 +1,409 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+
+	gatewayv1 "iteron.dev/operator/api/gateway/v1"
+	quixospb "iteron.dev/operator/api/quixos/quixos"
+	runtimepb "iteron.dev/operator/api/quixos/quixos/runtime"
+	"iteron.dev/operator/internal/effects"
+	"iteron.dev/operator/internal/hotswap"
+	"iteron.dev/operator/internal/pkgruntime"
+	"iteron.dev/operator/internal/reasons"
+	"iteron.dev/operator/pkg/protocol"
+)
+
+// Package runtimes behind the gateway. An Invoke goes through the module's
+// dispatcher like any call (it queues during a swap and runs on the
+// generation routed when it starts), carrying the caller's export, object,
+// dependencies and session, and its namespace for the grant. A Watch is the
+// runtime's own stream: the gateway opens it on the routed runtime,
+// registers it in that generation's scope (disposing the generation closes
+// it), and when the module's runtime changes, opens it again on the new one
+// — the caller's stream continues with the new runtime's initial event.
+
+// Bounds of the package-runtime fields of a request.
+const (
+	maxObjectIDBytes    = 1024
+	maxSessionIDBytes   = 256
+	maxDependencies     = 64
+	maxDependencyValue  = 64 << 10
+	maxDependencyIDSize = 256
+)
+
+// DefaultWatchMoveTimeout bounds how long a package runtime's Watch waits
+// for the module's next runtime after its own ended (a cutover's drain, a
+// crash before the relaunch) before it ends with stale_generation.
+const DefaultWatchMoveTimeout = 30 * time.Second
+
+// packageFields is the package-runtime part of a request.
+type packageFields struct {
+	export, objectID, sessionID string
+	dependencies                []*gatewayv1.Dependency
+}
+
+// set reports whether any field was given.
+func (f packageFields) set() bool {
+	return f.export != "" || f.objectID != "" || f.sessionID != "" || len(f.dependencies) > 0
+}
+
+// packageCall checks the request's package-runtime fields (each error
+// names its field) and makes the call's PackageCall.
+func packageCall(namespace string, f packageFields) (*hotswap.PackageCall, error) {
+	pc := &hotswap.PackageCall{Export: f.export, ObjectID: f.objectID, SessionID: f.sessionID, Namespace: namespace}
+	if f.export != "" {
+		if err := protocol.ValidID(f.export); err != nil {
+			return nil, fail(reasons.InvalidRequest, fmt.Sprintf("export %q: %v", f.export, err))
+		}
+	}
+	if len(f.objectID) > maxObjectIDBytes {
+		return nil, fail(reasons.InvalidRequest, fmt.Sprintf("object_id: %d bytes, at most %d", len(f.objectID), maxObjectIDBytes))
+	}
+	if len(f.sessionID) > maxSessionIDBytes {
+		return nil, fail(reasons.InvalidRequest, fmt.Sprintf("session_id: %d bytes, at most %d", len(f.sessionID), maxSessionIDBytes))
+	}
+	if len(f.dependencies) > maxDependencies {
+		return nil, fail(reasons.InvalidRequest, fmt.Sprintf("dependencies: %d, at most %d", len(f.dependencies), maxDependencies))
+	}
+	for i, d := range f.dependencies {
+		for _, part := range []struct{ name, v string }{{"kind", d.GetKind()}, {"object_id", d.GetObjectId()}, {"attachment_id", d.GetAttachmentId()}, {"projection_id", d.GetProjectionId()}} {
+			if len(part.v) > maxDependencyIDSize {
+				return nil, fail(reasons.InvalidRequest, fmt.Sprintf("dependencies[%d].%s: %d bytes, at most %d", i, part.name, len(part.v), maxDependencyIDSize))
+			}
+		}
+		dep := &quixospb.InjectedDependency{Kind: d.GetKind(), ObjectId: d.GetObjectId(), AttachmentId: d.GetAttachmentId(), ProjectionId: d.GetProjectionId()}
+		if d.GetValueJson() != "" {
+			v, err := pkgruntime.ValueFromJSON([]byte(d.GetValueJson()), maxDependencyValue)
+			if err != nil {
+				return nil, fail(reasons.SchemaMismatch, fmt.Sprintf("dependencies[%d].value_json: %v", i, err))
+			}
+			dep.Value = v
+		}
+		pc.Dependencies = append(pc.Dependencies, dep)
+	}
+	return pc, nil
+}
+
+// derivedDependencies renders a runtime's derived dependencies.
+func derivedDependencies(ds []*runtimepb.DerivedDependency) []*gatewayv1.Dependency {
+	out := make([]*gatewayv1.Dependency, 0, len(ds))
+	for _, d := range ds {
+		out = append(out, &gatewayv1.Dependency{Kind: d.GetKind(), ObjectId: d.GetObjectId(), AttachmentId: d.GetAttachmentId(), ProjectionId: d.GetProjectionId()})
+	}
+	return out
+}
+
+// fillPackageResponse adds a package runtime's answer to an Invoke's response.
+func fillPackageResponse(resp *gatewayv1.InvokeResponse, obs hotswap.Observation) {
+	if obs.Package == nil {
+		return
+	}
+	resp.Ok, resp.Error, resp.ValueJson = obs.Package.GetOk(), obs.Package.GetError(), string(obs.Body)
+	resp.Dependencies = derivedDependencies(obs.Package.GetDependencies())
+}
+
+// packageWatch is an open package-runtime Watch, for status and cancel by
+// its invocation_id.
+type packageWatch struct {
+	mu      sync.Mutex
+	backend hotswap.PackageBackend
+	watchID string
+	route   hotswap.Route
+}
+
+func (w *packageWatch) current() (hotswap.PackageBackend, string, hotswap.Route) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.backend, w.watchID, w.route
+}
+
+// packageWatches are the open package-runtime Watches by namespace and
+// invocation_id.
+type packageWatches struct {
+	mu     sync.Mutex
+	byKey  map[string]*packageWatch
+	closed bool
+}
+
+func (p *packageWatches) add(key string, w *packageWatch) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.byKey == nil {
+		p.byKey = map[string]*packageWatch{}
+	}
+	if _, dup := p.byKey[key]; dup {
+		return false
+	}
+	p.byKey[key] = w
+	return true
+}
+
+func (p *packageWatches) remove(key string) {
+	p.mu.Lock()
+	delete(p.byKey, key)
+	p.mu.Unlock()
+}
+
+func (p *packageWatches) lookup(key string) (*packageWatch, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	w, ok := p.byKey[key]
+	return w, ok
+}
+
+// packageDispatcher returns the module's dispatcher when a package runtime
+// serves it now (nil when a line-protocol provider or nothing does).
+func (s *Server) packageDispatcher(namespace, activation, module string) *hotswap.Dispatcher {
+	d, err := s.cfg.Coordinator.Lookup(namespace, activation, module)
+	if err != nil {
+		return nil
+	}
+	if r := d.Route(); r != nil && r.Package != nil {
+		return d
+	}
+	return nil
+}
+
+// watchPackage serves a Watch on a package runtime until the caller ends
+// it, the runtime ends it, or its deadline passes, moving it to the
+// module's next runtime whenever the one it runs on goes away.
+func (s *Server) watchPackage(req *gatewayv1.WatchRequest, d *hotswap.Dispatcher, stream grpc.ServerStreamingServer[gatewayv1.WatchEvent]) (err error) {
+	defer func() { countCall(req.GetNamespace(), req.GetActivation(), req.GetModule(), err) }()
+	ctx := stream.Context()
+	if req.PinnedGeneration != nil {
+		return fail(reasons.InvalidRequest, "pinned_generation: a package runtime's Watch moves with the module's runtime; it cannot be pinned")
+	}
+	if req.GetDeadlineMs() > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, time.Duration(req.GetDeadlineMs())*time.Millisecond)
+		defer cancel()
+	}
+	id := req.GetInvocationId()
+	if id != "" {
+		if err := protocol.ValidID(id); err != nil {
+			return fail(reasons.InvalidRequest, fmt.Sprintf("invocation_id %q: %v", id, err))
+		}
+	}
+	input := []byte(req.GetInputJson())
+	if len(input) == 0 {
+		input = []byte("{}")
+	}
+	payload, err := protocol.NewPayload(input)
+	if err != nil {
+		return fail(reasons.SchemaMismatch, "input_json: "+err.Error())
+	}
+	pc, err := packageCall(req.GetNamespace(), packageFields{export: req.GetExport(), objectID: req.GetObjectId(), sessionID: req.GetSessionId(), dependencies: req.GetDependencies()})
+	if err != nil {
+		return err
+	}
+	runID := "gw-" + s.runPrefix + "-" + strconv.FormatUint(s.seq.Add(1), 10)
+	if id == "" {
+		id = runID
+	}
+	key := req.GetNamespace() + "\x00" + id
+	entry := &packageWatch{}
+	if _, known := s.table.lookup(key); known || !s.watches.add(key, entry) {
+		return fail(reasons.InvocationConflict, fmt.Sprintf("invocation_id %q is in use in namespace %s; choose a new one", id, req.GetNamespace()))
+	}
+	defer s.watches.remove(key)
+
+	var (
+		seq  uint64
+		last hotswap.PackageBackend
+	)
+	for moves := 0; ; moves++ {
+		route, err := s.awaitPackageRoute(ctx, d, last)
+		if err != nil {
+			if last == nil {
+				return err
+			}
+			return fail(reasons.StaleGeneration, fmt.Sprintf("watch %s ended on generation %s and could not move to the module's next runtime: %v", id, entryRouteName(entry), err))
+		}
+		call := *pc
+		call.InvocationID = runID
+		if moves > 0 {
+			call.InvocationID = runID + "-m" + strconv.Itoa(moves)
+		}
+		w, err := route.Package.Watch(ctx, call, payload)
+		if err != nil {
+			if last == nil {
+				return callFailure(err, route.Lineage)
+			}
+			return fail(reasons.StaleGeneration, fmt.Sprintf("watch %s could not be opened again on generation %s: %v", id, route.Name, err))
+		}
+		entry.mu.Lock()
+		entry.backend, entry.watchID, entry.route = route.Package, call.InvocationID, *route
+		entry.mu.Unlock()
+		resource := "watch " + call.InvocationID
+		if route.Scope != nil {
+			// Disposing the generation closes the Watch: the loop then
+			// moves it to the runtime that replaced it.
+			if err := route.Scope.Track(context.Background(), resource, effects.Cancelable, func(context.Context) error { return w.Close() }); err != nil {
+				w.Close()
+			}
+		}
+		end, movable := s.relayPackageWatch(ctx, id, w, *route, d, &seq, stream)
+		closeErr := w.Close()
+		if route.Scope != nil {
+			route.Scope.Release(resource)
+		}
+		if !movable {
+			if end == nil && closeErr != nil && ctx.Err() == nil {
+				return callFailure(closeErr, route.Lineage)
+			}
+			return end
+		}
+		last = route.Package
+	}
+}
+
+func entryRouteName(w *packageWatch) string {
+	_, _, r := w.current()
+	return r.Name
+}
+
+// awaitPackageRoute returns the module's route once a package runtime other
+// than last serves it, waiting at most WatchMoveTimeout (and ctx).
+func (s *Server) awaitPackageRoute(ctx context.Context, d *hotswap.Dispatcher, last hotswap.PackageBackend) (*hotswap.Route, error) {
+	deadline := time.Now().Add(s.cfg.WatchMoveTimeout)
+	for {
+		r := d.Route()
+		switch {
+		case r != nil && r.Package != nil && r.Package != last:
+			return r, nil
+		case r != nil && r.Package == nil && r.Backend != nil:
+			return nil, fail(reasons.StaleGeneration, fmt.Sprintf("module %s is now served by a line-protocol provider (generation %s), which has no Watch of a package runtime", d.Module(), r.Name))
+		}
+		if ce := d.Unavailable(); ce != nil {
+			return nil, fail(ce.Code, ce.Message)
+		}
+		if time.Now().After(deadline) {
+			return nil, fail(reasons.StaleGeneration, fmt.Sprintf("no runtime of module %s took over within %s", d.Module(), s.cfg.WatchMoveTimeout))
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fail(reasons.DeadlineExceeded, "the caller stopped watching: "+ctx.Err().Error())
+		case <-s.ctx.Done():
+			return nil, fail(reasons.Interrupted, "the gateway is stopping")
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+// relayPackageWatch sends w's events to the caller until the Watch ends. It
+// reports how it ended, and whether the Watch should move: the runtime it
+// ran on is no longer the module's (switched away from, or exited).
+func (s *Server) relayPackageWatch(ctx context.Context, id string, w *pkgruntime.Watch, route hotswap.Route, d *hotswap.Dispatcher, seq *uint64, stream grpc.ServerStreamingServer[gatewayv1.WatchEvent]) (error, bool) {
+	for {
+		ev, err := w.Recv(ctx)
+		if err == nil {
+			*seq++
+			value := "null"
+			if ev.GetValue() != nil {
+				b, verr := pkgruntime.ValueToJSON(ev.GetValue())
+				if verr != nil {
+					return fail(reasons.ProviderFailed, fmt.Sprintf("watch %s: event value: %v", id, verr)), false
+				}
+				value = string(b)
+			}
+			out := &gatewayv1.WatchEvent{
+				InvocationId: id, Generation: route.Lineage, GenerationName: route.Name, Sequence: *seq,
+				Initial: ev.GetInitial(), ValueJson: value, ObservationJson: value,
+				Dependencies: derivedDependencies(ev.GetDependencies()), Error: ev.GetError(), Terminal: ev.GetError() != "",
+			}
+			if serr := stream.Send(out); serr != nil {
+				return serr, false
+			}
+			if ev.GetError() != "" {
+				return nil, false
+			}
+			continue
+		}
+		if ctx.Err() != nil {
+			return fail(reasons.DeadlineExceeded, fmt.Sprintf("the caller stopped watching %s: %v", id, ctx.Err())), false
+		}
+		if s.ctx.Err() != nil {
+			return fail(reasons.Interrupted, "the gateway is stopping"), false
+		}
+		if routedAway(d, route, 1*time.Second) {
+			return nil, true
+		}
+		if errors.Is(err, io.EOF) {
+			// The runtime ended the Watch itself and still serves.
+			return nil, false
+		}
+		return callFailure(err, route.Lineage), false
+	}
+}
+
+// routedAway reports whether route's runtime no longer serves the module:
+// the route moved on, or its process exited (waiting up to grace for the
+// exit to be seen: a crash breaks the stream before the exit is reaped).
+func routedAway(d *hotswap.Dispatcher, route hotswap.Route, grace time.Duration) bool {
+	moved := func() bool {
+		cur := d.Route()
+		return cur == nil || cur.Package != route.Package
+	}
+	if moved() {
+		return true
+	}
+	t := time.NewTimer(grace)
+	defer t.Stop()
+	select {
+	case <-route.Package.Exited():
+		return true
+	case <-t.C:
+		return moved()
+	}
+}
+
+// callFailure is the status of a failed call: its reason code kept.
+func callFailure(err error, generation int64) error {
+	var ce *hotswap.CallError
+	if errors.As(err, &ce) {
+		return failure(reasons.GRPCCode(ce.Code), ce.Code, ce.Message, generation)
+	}
+	var pe *pkgruntime.Error
+	if errors.As(err, &pe) {
+		msg := pe.Detail
+		if pe.Field != "" {
+			msg = pe.Field + ": " + pe.Detail
+		}
+		return failure(reasons.GRPCCode(pe.Code), pe.Code, msg, generation)
+	}
+	return failure(reasons.GRPCCode(reasons.ProviderFailed), reasons.ProviderFailed, err.Error(), generation)
+}
+
+// packageWatchStatus answers GetInvocationStatus and CancelInvocation for
+// an open package-runtime Watch: RUNNING with the runtime's own state, or
+// CANCELLATION_REQUESTED once cancel asked the runtime to end it.
+func (s *Server) packageWatchStatus(ctx context.Context, req *gatewayv1.InvocationControlRequest, w *packageWatch, cancel bool) *gatewayv1.InvocationStatus {
+	backend, watchID, route := w.current()
+	st := &gatewayv1.InvocationStatus{InvocationId: req.GetInvocationId(), Namespace: req.GetNamespace(),
+		Generation: route.Lineage, GenerationName: route.Name, State: gatewayv1.InvocationState_INVOCATION_STATE_RUNNING}
+	if backend == nil {
+		return st
+	}
+	var state string
+	var err error
+	if cancel {
+		state, err = backend.CancelInvocation(ctx, watchID)
+		st.State = gatewayv1.InvocationState_INVOCATION_STATE_CANCELLATION_REQUESTED
+	} else {
+		state, err = backend.Status(ctx, watchID)
+	}
+	if err != nil {
+		st.Message = err.Error()
+		return st
+	}
+	st.RuntimeState = state
+	return st
+}

@@ -1,0 +1,309 @@
+package hotswap
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"syscall"
+	"time"
+
+	quixospb "iteron.dev/operator/api/quixos/quixos"
+	runtimepb "iteron.dev/operator/api/quixos/quixos/runtime"
+	"iteron.dev/operator/internal/activation"
+	"iteron.dev/operator/internal/pkgruntime"
+	"iteron.dev/operator/internal/reasons"
+	"iteron.dev/operator/pkg/protocol"
+)
+
+// Package runtimes (quixos.runtime.PackageRuntime servers) go through the
+// same Generations, ledger and transactions as line-protocol providers. The
+// host moves no state for them (the seed's service has no state
+// operations), so their plans say protocol 1 and every version change is a
+// cold replace: shadow-load (launch + handshake), quiesce, atomic switch,
+// drain. Invokes queue in the module's dispatcher like any run; Watches are
+// long-lived streams the gateway opens on the route's PackageBackend and
+// moves to the next generation's runtime when the route changes.
+
+// PackageCall is what a call to a package runtime carries besides its
+// input: the caller's choices and the namespace its grant names.
+type PackageCall struct {
+	// InvocationID, when set, is the runtime's invocation ID for the call
+	// (unique per runtime process); empty: the run ID.
+	InvocationID string
+	// Export is one of the runtime's export IDs; empty: its only export.
+	Export string
+	// ObjectID is the object the call is about, or "".
+	ObjectID string
+	// Dependencies are the caller's injected dependencies.
+	Dependencies []*quixospb.InjectedDependency
+	// SessionID is the caller's session, or "".
+	SessionID string
+	// Namespace is the caller's namespace (SO_PEERCRED → namespace): the
+	// grant the runtime can check names it.
+	Namespace string
+}
+
+// NeedsRuntime reports whether the call uses something only a package
+// runtime has (a line-protocol provider must refuse it rather than drop it).
+func (c *PackageCall) NeedsRuntime() string {
+	switch {
+	case c == nil:
+		return ""
+	case c.Export != "":
+		return "export"
+	case c.ObjectID != "":
+		return "object_id"
+	case len(c.Dependencies) > 0:
+		return "dependencies"
+	case c.SessionID != "":
+		return "session_id"
+	}
+	return ""
+}
+
+// PackageBackend is what a package runtime's route offers besides runs:
+// Watch streams, the runtime's own view of an invocation, and the process
+// the route is bound to (a Watch moves when it changes).
+type PackageBackend interface {
+	// Watch opens a Watch on the runtime.
+	Watch(ctx context.Context, call PackageCall, input protocol.Payload) (*pkgruntime.Watch, error)
+	// Status is the runtime's state of an invocation (one of the five).
+	Status(ctx context.Context, invocationID string) (string, error)
+	// Cancel asks the runtime to cancel an invocation and returns its state.
+	CancelInvocation(ctx context.Context, invocationID string) (string, error)
+	// Exports are the runtime's export IDs.
+	Exports() []string
+	// Exited is closed once the runtime's process has exited.
+	Exited() <-chan struct{}
+	// Pid is the runtime's pid.
+	Pid() int
+}
+
+// packageCallKey carries a call's PackageCall from the dispatcher to the
+// backend's Run (the Backend interface is the line protocol's).
+type packageCallKey struct{}
+
+func withPackageCall(ctx context.Context, c *PackageCall) context.Context {
+	if c == nil {
+		return ctx
+	}
+	return context.WithValue(ctx, packageCallKey{}, c)
+}
+
+func packageCallOf(ctx context.Context) PackageCall {
+	if c, ok := ctx.Value(packageCallKey{}).(*PackageCall); ok {
+		return *c
+	}
+	return PackageCall{}
+}
+
+// launchFor is what a package runtime's every call context names about
+// the generation being launched: its epoch and its owner
+// ("<activation uid>/<module>").
+type launchFor struct{ epoch, owner string }
+
+type launchForKey struct{}
+
+func withLaunchFor(ctx context.Context, activationUID, module, epoch string) context.Context {
+	return context.WithValue(ctx, launchForKey{}, launchFor{epoch: epoch, owner: activationUID + "/" + module})
+}
+
+// WithPackageRuntimes returns a Launcher that starts package-runtime plans
+// with runtimes and every other plan with line. runtimes nil refuses
+// package runtimes (activation_failed).
+func WithPackageRuntimes(line Launcher, runtimes *pkgruntime.Launcher) Launcher {
+	return func(ctx context.Context, plan activation.LaunchPlan) (Provider, error) {
+		m, ok := plan.PackageRuntime()
+		if !ok {
+			return line(ctx, plan)
+		}
+		if runtimes == nil {
+			return nil, &CallError{Code: reasons.ActivationFailed, Message: fmt.Sprintf("module %s is a package runtime and this manager launches none", plan.Module())}
+		}
+		lf, _ := ctx.Value(launchForKey{}).(launchFor)
+		pin := pkgruntime.Pin{
+			Manifest: m, Admitted: plan.AdmittedCapabilities(), WorkspaceEpoch: lf.epoch,
+			BindingDigest: plan.AuthoritySHA256(), Owner: lf.owner,
+		}
+		r, err := runtimes.Launch(ctx, pin, plan.ArtifactRoot())
+		if err != nil {
+			return nil, err
+		}
+		return &packageProvider{r: r, plan: plan, exports: m.ExportIDs}, nil
+	}
+}
+
+// packageProvider adapts a launched, handshaken runtime to Provider and
+// PackageBackend.
+type packageProvider struct {
+	r       *pkgruntime.Runtime
+	plan    activation.LaunchPlan
+	exports []string
+}
+
+var (
+	_ Provider       = (*packageProvider)(nil)
+	_ PackageBackend = (*packageProvider)(nil)
+)
+
+func (p *packageProvider) Pid() int                { return p.r.Pid() }
+func (p *packageProvider) StartedAt() time.Time    { return p.r.StartedAt() }
+func (p *packageProvider) Exited() <-chan struct{} { return p.r.Exited() }
+func (p *packageProvider) Exports() []string       { return p.exports }
+
+// SetRenewalMargin does nothing: a runtime has no lifetime budget to renew
+// before.
+func (p *packageProvider) SetRenewalMargin(time.Duration) {}
+
+// Load does nothing: the handshake, the runtime's load, ran at launch.
+func (p *packageProvider) Load(context.Context) error { return nil }
+
+// Budget is unbounded: a package runtime has no per-process lifetime,
+// stdin or state-operation bounds (its calls have their own deadlines).
+func (p *packageProvider) Budget() Budget {
+	return Budget{Lifetime: time.Duration(math.MaxInt64), StdinBytes: math.MaxInt64, StateOperations: math.MaxInt32}
+}
+
+// Fits always holds: nothing of the process runs out.
+func (p *packageProvider) Fits(time.Duration, int) bool { return true }
+
+func (p *packageProvider) StderrTail() (string, int64) { return string(p.r.StderrTail()), 0 }
+
+// errNoState is returned by the state operations: the transactions never
+// call them for a protocol-1 plan.
+var errNoState = &CallError{Code: reasons.UnsupportedVersion, Message: "a package runtime holds no state the host can move"}
+
+func (p *packageProvider) Snapshot(context.Context, int64) (State, error) { return State{}, errNoState }
+func (p *packageProvider) Migrate(context.Context, State) (State, error)  { return State{}, errNoState }
+func (p *packageProvider) Restore(context.Context, State) error           { return errNoState }
+func (p *packageProvider) Readiness(context.Context, int64, string) error { return errNoState }
+
+// Stop asks the runtime to end (SIGTERM) and waits up to its cancel_ms,
+// then kills its group; an error says it had to be killed or left pids.
+func (p *packageProvider) Stop(ctx context.Context, reason string) error {
+	grace := p.plan.CancellationDeadline()
+	if dl, ok := ctx.Deadline(); ok {
+		grace = max(min(grace, time.Until(dl)), time.Millisecond)
+	}
+	return teardownError(p.r.Stop(grace), true)
+}
+
+// Close kills the runtime's group and reaps it; idempotent.
+func (p *packageProvider) Close() error { return teardownError(p.r.Kill(), false) }
+
+func teardownError(t pkgruntime.Teardown, clean bool) error {
+	if len(t.Unreaped) > 0 {
+		return fmt.Errorf("pids %v of the runtime's group were still there at the kill deadline", t.Unreaped)
+	}
+	if clean && !t.Exit.Exited && t.Exit.Signal != syscall.SIGTERM {
+		return fmt.Errorf("the runtime did not stop by itself within its cancel_ms: %s", t.Exit)
+	}
+	return nil
+}
+
+// call turns a dispatcher call into the runtime's.
+func (p *packageProvider) call(pc PackageCall, runID string, input protocol.Payload) (pkgruntime.Call, error) {
+	export := pc.Export
+	if export == "" {
+		if len(p.exports) != 1 {
+			return pkgruntime.Call{}, &CallError{Code: reasons.SchemaMismatch, Message: fmt.Sprintf("export: module %s's runtime has the exports %v; the call must name one", p.plan.Module(), p.exports)}
+		}
+		export = p.exports[0]
+	}
+	m, _ := p.plan.PackageRuntime()
+	in, err := pkgruntime.MapFromJSON(input.Raw(), int(m.Limits.MaxMessageBytes))
+	if err != nil {
+		return pkgruntime.Call{}, &CallError{Code: reasons.SchemaMismatch, Message: "input_json: " + err.Error(), Err: err}
+	}
+	id := pc.InvocationID
+	if id == "" {
+		id = runID
+	}
+	return pkgruntime.Call{InvocationID: id, Export: export, ObjectID: pc.ObjectID, Input: in, Dependencies: pc.Dependencies,
+		Namespace: pc.Namespace, SessionID: pc.SessionID}, nil
+}
+
+// Run invokes the runtime. The terminal observation's body is the result's
+// value as JSON, and Package holds the whole response (ok, error,
+// dependencies). A failure keeps the runtime's reason code.
+func (p *packageProvider) Run(ctx context.Context, runID string, input protocol.Payload, deadline time.Duration, observe func(Observation)) (Observation, error) {
+	call, err := p.call(packageCallOf(ctx), runID, input)
+	if err != nil {
+		return Observation{}, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, deadline)
+	defer cancel()
+	resp, _, err := p.r.Conn().Invoke(ctx, call)
+	if err != nil {
+		return Observation{}, runtimeCallError(err)
+	}
+	obs, err := observationOfResponse(resp)
+	if err != nil {
+		return Observation{}, err
+	}
+	if observe != nil {
+		observe(obs)
+	}
+	return obs, nil
+}
+
+// observationOfResponse renders an InvokeResponse as the run's terminal
+// observation: the value as JSON in Body (null when absent).
+func observationOfResponse(resp *runtimepb.InvokeResponse) (Observation, error) {
+	body := []byte("null")
+	if resp.GetResult() != nil {
+		b, err := pkgruntime.ValueToJSON(resp.GetResult())
+		if err != nil {
+			return Observation{}, &CallError{Code: reasons.ProviderFailed, Message: "invoke.value: " + err.Error(), Err: err}
+		}
+		body = b
+	}
+	return Observation{Sequence: 1, Terminal: true, Body: body, Package: resp}, nil
+}
+
+// runtimeCallError keeps a runtime failure's reason code for the caller.
+func runtimeCallError(err error) error {
+	var pe *pkgruntime.Error
+	if errors.As(err, &pe) {
+		msg := pe.Detail
+		if pe.Field != "" {
+			msg = pe.Field + ": " + pe.Detail
+		}
+		return &CallError{Code: pe.Code, Message: msg, Err: err}
+	}
+	return err
+}
+
+// Cancel asks the runtime to cancel a run (CancelInvocation, within its
+// cancel_ms).
+func (p *packageProvider) Cancel(ctx context.Context, runID, reason string) error {
+	_, err := p.r.Conn().Cancel(ctx, runID)
+	return runtimeCallError(err)
+}
+
+// CancelInvocation asks the runtime to cancel an invocation and returns
+// the state it answers.
+func (p *packageProvider) CancelInvocation(ctx context.Context, invocationID string) (string, error) {
+	st, err := p.r.Conn().Cancel(ctx, invocationID)
+	return st, runtimeCallError(err)
+}
+
+// Status is the runtime's state of an invocation.
+func (p *packageProvider) Status(ctx context.Context, invocationID string) (string, error) {
+	st, err := p.r.Conn().Status(ctx, invocationID)
+	return st, runtimeCallError(err)
+}
+
+// Watch opens a Watch on the runtime; call.InvocationID is its watch ID.
+func (p *packageProvider) Watch(ctx context.Context, pc PackageCall, input protocol.Payload) (*pkgruntime.Watch, error) {
+	call, err := p.call(pc, pc.InvocationID, input)
+	if err != nil {
+		return nil, err
+	}
+	w, err := p.r.Conn().Watch(ctx, call)
+	if err != nil {
+		return nil, runtimeCallError(err)
+	}
+	return w, nil
+}
