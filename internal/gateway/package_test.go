@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 
 	gatewayv1 "iteron.dev/operator/api/gateway/v1"
 	"iteron.dev/operator/examples/providers/artifacts"
@@ -263,4 +264,134 @@ func TestACutoverOfOneRuntimeMovesItsWatchAndLeavesTheOtherModulesProcessAndStre
 	t.Logf("after the cutover:  %s pid %d (unchanged), %s pid %d (%s)", unchanged, st.Modules[unchanged].Pid, changed, st.Modules[changed].Pid, tNew.GenerationName)
 	t.Logf("unchanged module's watch: %s, then %s (one stream, no initial in between)", describe(first), describe(ev))
 	t.Logf("changed module's watch: %s, then moved: %s", describe(firstChanged), describe(moved))
+}
+
+// BenchmarkPackageInvoke: a 200-byte put to the kv runtime through the
+// gateway (gRPC on the gateway's unix socket → dispatcher → the host's
+// connection → gRPC on the runtime's socket: two hops) against a bare
+// grpc-go call of the same request to a kv runtime process of the same
+// binary over a unix socket (one hop; pkgruntimetest starts it with a key
+// the benchmark knows, so the call can carry a valid grant). Each iteration
+// makes one of each, alternating; reports the medians and gateway ÷ direct.
+func BenchmarkPackageInvoke(b *testing.B) {
+	h := newHarness(b, withPackageRuntimes(b))
+	a := newActivation("default", "bench")
+	t := h.deployPlan(a, kvPlan(b, module), hotswap.SwapPolicy{})
+	h.settle(a, t)
+
+	bins, _ := packageRuntimes(b)
+	proc := pkgruntimetest.Start(b, bins[pkgruntimetest.KV])
+	direct := pkgruntimetest.DialDirect(b, proc)
+
+	value := `"` + strings.Repeat("abcdefghij", 15) + `"`
+	req := &gatewayv1.InvokeRequest{Namespace: a.key.Namespace, Activation: a.key.Name, Module: module, Export: "put",
+		InputJson: `{"key":"k","value":` + value + `}`}
+	input, err := pkgruntime.MapFromJSON([]byte(req.InputJson), 1<<20)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	var viaGateway, bare []time.Duration
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		t0 := time.Now()
+		resp, err := h.client.Invoke(ctx, req)
+		viaGateway = append(viaGateway, time.Since(t0))
+		if err != nil || !resp.GetOk() {
+			b.Fatal(resp, err)
+		}
+		t0 = time.Now()
+		ok, err := direct.Invoke(ctx, "put", input)
+		bare = append(bare, time.Since(t0))
+		if err != nil || !ok {
+			b.Fatal(ok, err)
+		}
+	}
+	b.StopTimer()
+	mg, md := pkgruntimetest.Median(viaGateway), pkgruntimetest.Median(bare)
+	b.ReportMetric(float64(mg)/1e3, "gateway-p50-µs")
+	b.ReportMetric(float64(md)/1e3, "direct-p50-µs")
+	b.ReportMetric(float64(mg)/float64(md), "ratio")
+}
+
+var (
+	faultBuildsMu sync.Mutex
+	faultBuilds   = map[string]string{}
+)
+
+// seedWithFault is the proto-only runtime built to misbehave as fault
+// (built once per test binary).
+func seedWithFault(tb testing.TB, fault string) string {
+	tb.Helper()
+	packageRuntimes(tb)
+	faultBuildsMu.Lock()
+	defer faultBuildsMu.Unlock()
+	if p, ok := faultBuilds[fault]; ok {
+		return p
+	}
+	p, err := pkgruntimetest.BuildSeedWithFault(runtimeDir, fault)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	faultBuilds[fault] = p
+	return p
+}
+
+func TestInvokesRunUpToTheRuntimesConcurrencyBoundAndACancelIsAnsweredByTheRuntime(t *testing.T) {
+	h := newHarness(t, withPackageRuntimes(t))
+	a := newActivation("default", "stack")
+	plan := runtimePlan(t, module, seedWithFault(t, "hang-invoke"), runtimeRevisions[pkgruntimetest.Seed], func(m *catalog.PackageRuntimeManifest) {
+		m.Limits.MaxConcurrentInvocations = 2
+		m.Deadlines.InvokeMs = 60_000
+	})
+	h.settle(a, h.deployPlan(a, plan, hotswap.SwapPolicy{}))
+
+	ids := []string{"hang-1", "hang-2", "hang-3"}
+	ended := make(chan error, len(ids))
+	for i, id := range ids {
+		go func() {
+			_, err := h.invoke(nil, &gatewayv1.InvokeRequest{Namespace: a.key.Namespace, Activation: a.key.Name, Module: module,
+				InvocationId: id, Export: "get", InputJson: `{"key":"k"}`, DeadlineMs: 60_000})
+			ended <- err
+		}()
+		if i < 2 {
+			// The first two take the two slots before the third arrives.
+			waitFor(t, id+" running", func() bool { return h.status(a, id).GetState() == gatewayv1.InvocationState_INVOCATION_STATE_RUNNING })
+		}
+	}
+	waitFor(t, "hang-3 queued", func() bool { return h.status(a, "hang-3").GetState() == gatewayv1.InvocationState_INVOCATION_STATE_QUEUED })
+	for _, id := range ids[:2] {
+		if st := h.status(a, id); st.GetRuntimeState() != "running" {
+			t.Fatalf("%s: runtime_state %q; want the runtime's own answer, running", id, st.GetRuntimeState())
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	st, err := h.client.CancelInvocation(ctx, &gatewayv1.InvocationControlRequest{Namespace: a.key.Namespace, InvocationId: "hang-1"})
+	if err != nil || st.GetState() != gatewayv1.InvocationState_INVOCATION_STATE_CANCELLATION_REQUESTED || st.GetRuntimeState() != "cancellation-requested" {
+		t.Fatalf("CancelInvocation(hang-1) = %+v, %v; want CANCELLATION_REQUESTED and the runtime's cancellation-requested", st, err)
+	}
+	expectFailure(t, <-ended, codes.Canceled, "cancelled")
+	waitFor(t, "hang-3 running in the freed slot", func() bool {
+		return h.status(a, "hang-3").GetState() == gatewayv1.InvocationState_INVOCATION_STATE_RUNNING
+	})
+	for _, id := range ids[1:] {
+		if _, err := h.client.CancelInvocation(ctx, &gatewayv1.InvocationControlRequest{Namespace: a.key.Namespace, InvocationId: id}); err != nil {
+			t.Fatal(err)
+		}
+		expectFailure(t, <-ended, codes.Canceled, "cancelled")
+	}
+	t.Logf("cancel of a running invocation answered: state %s, runtime_state %q", st.GetState(), st.GetRuntimeState())
+}
+
+// status is the gateway's InvocationStatus of id in a's namespace.
+func (h *harness) status(a *activationRef, id string) *gatewayv1.InvocationStatus {
+	h.tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	st, err := h.client.GetInvocationStatus(ctx, &gatewayv1.InvocationControlRequest{Namespace: a.key.Namespace, InvocationId: id})
+	if err != nil {
+		h.tb.Fatalf("status of %s: %v", id, err)
+	}
+	return st
 }
