@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -359,7 +360,9 @@ func TestInvokesRunUpToTheRuntimesConcurrencyBoundAndACancelIsAnsweredByTheRunti
 			waitFor(t, id+" running", func() bool { return h.status(a, id).GetState() == gatewayv1.InvocationState_INVOCATION_STATE_RUNNING })
 		}
 	}
-	waitFor(t, "hang-3 queued", func() bool { return h.status(a, "hang-3").GetState() == gatewayv1.InvocationState_INVOCATION_STATE_QUEUED })
+	waitFor(t, "hang-3 queued", func() bool {
+		return h.status(a, "hang-3").GetState() == gatewayv1.InvocationState_INVOCATION_STATE_QUEUED
+	})
 	for _, id := range ids[:2] {
 		if st := h.status(a, id); st.GetRuntimeState() != "running" {
 			t.Fatalf("%s: runtime_state %q; want the runtime's own answer, running", id, st.GetRuntimeState())
@@ -394,4 +397,35 @@ func (h *harness) status(a *activationRef, id string) *gatewayv1.InvocationStatu
 		h.tb.Fatalf("status of %s: %v", id, err)
 	}
 	return st
+}
+
+func TestARelaunchAfterTheRuntimeCrashesMovesItsOpenWatch(t *testing.T) {
+	h := newHarness(t, withPackageRuntimes(t))
+	a := newActivation("default", "stack")
+	target := h.deployPlan(a, kvPlan(t, module), hotswap.SwapPolicy{})
+	st := h.settle(a, target)
+	pid := st.Modules[module].Pid
+	h.put(a, module, "k", `"v1"`)
+	w := h.watch(a, module, "watch-k", "k")
+	if ev := w.next(t, "initial event"); !ev.GetInitial() || ev.GetValueJson() != `"v1"` {
+		t.Fatalf("first event: %s", describe(ev))
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	moved := w.next(t, "the watch's first event on the relaunched runtime")
+	if !moved.GetInitial() || moved.GetValueJson() != "null" || moved.GetGenerationName() != target.GenerationName {
+		t.Fatalf("after the crash: %s; want the relaunched runtime's initial event (it starts empty: null) on %s", describe(moved), target.GenerationName)
+	}
+	var now int
+	waitFor(t, "the relaunched runtime to serve", func() bool {
+		st, _ := h.coord.Status(a.key.UID)
+		now = st.Modules[module].Pid
+		return now != 0 && now != pid && st.Modules[module].Serving
+	})
+	h.put(a, module, "k", `"v2"`)
+	if ev := w.next(t, "the next change"); ev.GetInitial() || ev.GetValueJson() != `"v2"` {
+		t.Fatalf("after the relaunch: %s", describe(ev))
+	}
+	t.Logf("runtime pid %d killed; relaunched as pid %d; the watch went on: %s", pid, now, describe(moved))
 }

@@ -166,14 +166,14 @@ type Dispatcher struct {
 	module     string
 	queueLimit int
 
-	mu       sync.Mutex
-	route    *Route
-	paused   bool
-	closed   bool
-	queue    []*pendingCall
-	running  map[string]*InFlight // by call ID
-	idle     chan struct{}        // closed when no run is in flight; replaced when one starts
-	onNoFit  func()
+	mu      sync.Mutex
+	route   *Route
+	paused  bool
+	closed  bool
+	queue   []*pendingCall
+	running map[string]*InFlight // by call ID
+	idle    chan struct{}        // closed when no run is in flight; replaced when one starts
+	onNoFit func()
 	// unavailable, when set, fails calls at once: nothing serves the module
 	// and nothing is being prepared, so waiting out a deadline would only
 	// hide the reason.

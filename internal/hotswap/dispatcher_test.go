@@ -322,7 +322,10 @@ func TestARouteWithSeveralSlotsRunsThatManyCallsAtOnceAndQuiesceCancelsEveryOne(
 	t.Cleanup(d.Close)
 	errc := make(chan error, 4)
 	for i := range 4 {
-		go func() { _, err := d.Invoke(context.Background(), call(fmt.Sprint("c", i), 10*time.Second)); errc <- err }()
+		go func() {
+			_, err := d.Invoke(context.Background(), call(fmt.Sprint("c", i), 10*time.Second))
+			errc <- err
+		}()
 	}
 	for b.active.Load() < 3 {
 		time.Sleep(time.Millisecond)
