@@ -61,4 +61,3 @@ func Plan(tb testing.TB, module, binary, revision string, edit ...func(*catalog.
 		Contracts:      protocol.BuiltinContracts(module), FailurePolicy: "fail_closed", PackageRuntime: &m,
 	})
 }
-
