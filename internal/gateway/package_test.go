@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -388,4 +389,66 @@ func TestARelaunchAfterTheRuntimeCrashesMovesItsOpenWatch(t *testing.T) {
 		t.Fatalf("after the relaunch: %s", describe(ev))
 	}
 	t.Logf("runtime pid %d killed; relaunched as pid %d; the watch went on: %s", pid, now, describe(moved))
+}
+
+// BenchmarkPackageWatchEvents: events per second a fast caller gets through
+// the gateway from a runtime's flooding Watch (1 KB events), alone and
+// while a second caller's Watch on the same runtime, through the same
+// gateway connection, is read slowly (1 ms per event); reports both rates
+// and beside ÷ alone (1.0: the slow caller costs the fast one nothing).
+func BenchmarkPackageWatchEvents(b *testing.B) {
+	h := newHarness(b, withPackageRuntimes(b))
+	a := newActivation("default", "bench")
+	t := h.deployPlan(a, runtimePlan(b, module, seedWithFault(b, "flood-watch"), runtimeRevisions[pkgruntimetest.Seed]), hotswap.SwapPolicy{})
+	h.settle(a, t)
+	const events = 5000
+	open := func(ctx context.Context, key string) grpc.ServerStreamingClient[gatewayv1.WatchEvent] {
+		stream, err := h.client.Watch(ctx, &gatewayv1.WatchRequest{Namespace: a.key.Namespace, Activation: a.key.Name, Module: module,
+			Export: "watch", InputJson: `{"key":"` + key + `"}`})
+		if err != nil {
+			b.Fatal(err)
+		}
+		return stream
+	}
+	rate := func() float64 {
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		stream := open(ctx, "fast")
+		t0 := time.Now()
+		for i := 0; i < events; i++ {
+			if _, err := stream.Recv(); err != nil {
+				b.Fatal(err)
+			}
+		}
+		return events / time.Since(t0).Seconds()
+	}
+	var alone, beside []float64
+	for i := 0; i < b.N; i++ {
+		alone = append(alone, rate())
+		ctx, cancel := context.WithCancel(context.Background())
+		slow := open(ctx, "slow")
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			for {
+				time.Sleep(time.Millisecond)
+				if _, err := slow.Recv(); err != nil {
+					return
+				}
+			}
+		}()
+		beside = append(beside, rate())
+		cancel()
+		<-done
+	}
+	ma, mb := medianFloat(alone), medianFloat(beside)
+	b.ReportMetric(ma, "alone-events/s")
+	b.ReportMetric(mb, "beside-a-slow-caller-events/s")
+	b.ReportMetric(mb/ma, "ratio")
+}
+
+func medianFloat(v []float64) float64 {
+	s := append([]float64(nil), v...)
+	sort.Float64s(s)
+	return s[len(s)/2]
 }
