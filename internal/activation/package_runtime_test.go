@@ -280,7 +280,7 @@ type oneLayout struct {
 }
 
 func (o oneLayout) Resolve(string, string) (*artifacts.Layout, error) { return o.layout, nil }
-func (o oneLayout) Store() *artifacts.Store                             { return o.store }
+func (o oneLayout) Store() *artifacts.Store                           { return o.store }
 
 func TestAnOCISourceCarryingAPackageRuntimeManifestIsRefusedNamingTheReference(t *testing.T) {
 	dir, err := filepath.EvalSymlinks(t.TempDir())
