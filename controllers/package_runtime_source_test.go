@@ -11,12 +11,14 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
 	"iteron.dev/operator/controllers"
 	"iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/catalog"
+	"iteron.dev/operator/test/operatortest"
 )
 
 // TestAPackageRuntimeSourceResolvesToAGenerationTheAPIServerAccepts follows
@@ -95,7 +97,15 @@ func TestAPackageRuntimeSourceResolvesToAGenerationTheAPIServerAccepts(t *testin
 			t.Errorf("%s = %v, want %v", c.what, c.got, c.want)
 		}
 	}
-	if err := env.Client.Create(context.Background(), gen, client.DryRunAll); err != nil {
+	// As the manager: the Generation admission policy lets only it write
+	// Generations.
+	cfg := rest.CopyConfig(env.Config)
+	cfg.Impersonate = rest.ImpersonationConfig{UserName: operatortest.ManagerUser, Groups: []string{"system:serviceaccounts", "system:authenticated"}}
+	asManager, err := client.New(cfg, client.Options{Scheme: env.Scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := asManager.Create(context.Background(), gen, client.DryRunAll); err != nil {
 		t.Fatalf("the API server refuses the Generation of a package runtime: %v", err)
 	}
 }
