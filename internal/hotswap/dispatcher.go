@@ -501,6 +501,13 @@ func (d *Dispatcher) SetOnNoFit(f func()) {
 	d.mu.Unlock()
 }
 
+// Closed reports whether the module was retired (Close).
+func (d *Dispatcher) Closed() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.closed
+}
+
 // Paused reports whether dispatching is paused.
 func (d *Dispatcher) Paused() bool {
 	d.mu.Lock()
