@@ -793,8 +793,8 @@ func (x *Dependency) GetValueJson() string {
 // WatchRequest is an InvokeRequest whose observations are streamed. On a
 // package runtime it opens the runtime's Watch: it lives until the caller
 // ends it, the runtime ends it (an event with error), or deadline_ms (when
-// set) passes. When the module's runtime is replaced (a cutover, a renewal,
-// a relaunch after a crash) the gateway opens the same Watch on the new
+// set) passes. When the module's runtime is replaced (a cutover, a
+// relaunch after a crash) the gateway opens the same Watch on the new
 // runtime and the stream goes on with its initial event; if that fails the
 // stream ends with stale_generation. pinned_generation does not apply to a
 // package runtime's Watch.
