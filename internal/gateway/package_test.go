@@ -30,6 +30,9 @@ var (
 	runtimeDir   string
 	runtimesErr  error
 	pkgLauncher  *pkgruntime.Launcher
+	// runtimeSocketDir is the launcher's SocketDir (the fault tests check
+	// that nothing of a failed runtime is left in it).
+	runtimeSocketDir string
 )
 
 // packageRuntimes builds the example runtimes once per test binary and
@@ -53,6 +56,7 @@ func packageRuntimes(tb testing.TB) (map[string]string, *pkgruntime.Launcher) {
 			return
 		}
 		providertest.RemoveAtExit(sockets)
+		runtimeSocketDir = sockets
 		pkgLauncher, runtimesErr = pkgruntime.NewLauncher(pkgruntime.LaunchConfig{
 			ProviderUID: providerUID, ProviderGID: providerUID, RecordDir: filepath.Join(runtimeDir, "records"),
 			SocketDir: sockets, KillTimeout: 5 * time.Second, SealCacheBytes: 64 << 20,
