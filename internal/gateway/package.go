@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/status"
 
 	gatewayv1 "iteron.dev/operator/api/gateway/v1"
 	quixospb "iteron.dev/operator/api/quixos/quixos"
@@ -253,7 +254,7 @@ func (s *Server) watchPackage(req *gatewayv1.WatchRequest, d *hotswap.Dispatcher
 			if last == nil {
 				return err
 			}
-			return fail(reasons.StaleGeneration, fmt.Sprintf("watch %s ended on generation %s and could not move to the module's next runtime: %v", id, entryRouteName(entry), err))
+			return fail(reasons.StaleGeneration, fmt.Sprintf("watch %s ended on generation %s and could not move to the module's next runtime: %s", id, entryRouteName(entry), status.Convert(err).Message()))
 		}
 		call := *pc
 		call.InvocationID = runID

@@ -405,7 +405,10 @@ func TestARuntimeThatCrashesMidWatchHasTheWatchMovedToEachRelaunchedProcessUntil
 	close(stopPolling)
 	<-polled
 	expectFailure(t, end, codes.FailedPrecondition, "stale_generation", "watch crashing ended on generation "+g.GenerationName,
-		"could not move", fmt.Sprintf("crashed %d times", hotswap.CrashBudget))
+		"could not move to the module's next runtime: provider_failed: ", fmt.Sprintf("crashed %d times", hotswap.CrashBudget))
+	if strings.Contains(status.Convert(end).Message(), "rpc error") {
+		t.Fatalf("message %q: the reason of the next runtime's absence is quoted as a Go error, not as its own message", status.Convert(end).Message())
+	}
 	st, _ := h.coord.Status(a.key.UID)
 	gs := st.Generations[g.GenerationName]
 	if gs.Phase != iteronv1.PhaseFailed || gs.Reason != "provider_failed" {
