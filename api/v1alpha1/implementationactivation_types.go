@@ -56,7 +56,8 @@ type ActivationSource struct {
 	Module string `json:"module"`
 
 	// implementationID selects the manifest in the catalog by its
-	// implementation_id. Unique across the activation's sources.
+	// implementation_id; for a package runtime it is the manifest's
+	// package_revision_id. Unique across the activation's sources.
 	// +required
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=96
@@ -64,8 +65,9 @@ type ActivationSource struct {
 	ImplementationID string `json:"implementationID"`
 
 	// catalogPath is the absolute, canonical path of the catalog file on the
-	// node. It must lie under the manager's allowed roots and contain no
-	// symlink. Give it with artifactRoot, or give oci instead of both.
+	// node, or of a package-runtime manifest (a file with a top-level
+	// schema_id). It must lie under the manager's allowed roots and contain
+	// no symlink. Give it with artifactRoot, or give oci instead of both.
 	// +optional
 	// +kubebuilder:validation:MaxLength=512
 	// +kubebuilder:validation:XValidation:rule=`self.matches('^(/[^/\\x00]+)+$') && !self.matches('(^|/)[.][.]?(/|$)')`,message="must be an absolute, clean path: no empty, '.' or '..' segment, no trailing '/', not '/' alone"

@@ -22,6 +22,7 @@ const defaultGatewaySocket = "/run/iteron/gateway.sock"
 func newInvokeCmd() *cobra.Command {
 	var (
 		socket, namespace, activation, module, input, invocationID string
+		export, objectID, sessionID                                string
 		pin                                                        int64
 		watch                                                      bool
 		timeout                                                    time.Duration
@@ -36,6 +37,12 @@ JSON. With --watch it prints every observation of the run, one JSON per line, th
 terminal one last. A call made during a hot swap waits and runs on the new
 generation. --invocation-id makes the call idempotent: sending it again returns
 the first outcome and never runs it twice.
+
+A module served by a package runtime takes --export (one of its export IDs;
+default its only one), --object-id and --session-id; invoke prints the runtime's
+result value as JSON, and fails (exit 1) when the runtime answers ok=false. With
+--watch it prints each event's value as it comes, the runtime's initial event
+first, and again after the module's runtime was replaced (the watch moves).
 
 Exit status: 0 the call completed, 1 it failed (the reason on stderr, e.g.
 "stale_generation: …"), 2 usage.`,
@@ -56,6 +63,8 @@ Exit status: 0 the call completed, 1 it failed (the reason on stderr, e.g.
 				return usage(fmt.Errorf("--pin-generation %d: a generation is at least 1", pin))
 			case invocationID != "" && protocol.ValidID(invocationID) != nil:
 				return usage(fmt.Errorf("--invocation-id %q: %v", invocationID, protocol.ValidID(invocationID)))
+			case export != "" && protocol.ValidID(export) != nil:
+				return usage(fmt.Errorf("--export %q: %v", export, protocol.ValidID(export)))
 			}
 			body := []byte(input)
 			if input == "-" {
@@ -90,17 +99,25 @@ Exit status: 0 the call completed, 1 it failed (the reason on stderr, e.g.
 				return watchCall(ctx, client, out, &gatewayv1.WatchRequest{
 					Namespace: namespace, Activation: activation, Module: module, InvocationId: invocationID,
 					InputJson: string(body), DeadlineMs: uint64(timeout.Milliseconds()), PinnedGeneration: pinned,
+					Export: export, ObjectId: objectID, SessionId: sessionID,
 				})
 			}
 			resp, err := client.Invoke(ctx, &gatewayv1.InvokeRequest{
 				Namespace: namespace, Activation: activation, Module: module, InvocationId: invocationID,
 				InputJson: string(body), DeadlineMs: uint64(timeout.Milliseconds()), PinnedGeneration: pinned,
+				Export: export, ObjectId: objectID, SessionId: sessionID,
 			})
 			if err != nil {
 				return callFailed(err)
 			}
-			_, err = fmt.Fprintln(out, resp.ObservationJson)
-			return err
+			if _, err := fmt.Fprintln(out, resp.ObservationJson); err != nil {
+				return err
+			}
+			if resp.ValueJson != "" && !resp.Ok {
+				// A package runtime's own failure of the call.
+				return invalid(fmt.Errorf("the runtime answered ok=false: %s", resp.Error))
+			}
+			return nil
 		},
 	}
 	f := cmd.Flags()
@@ -112,6 +129,9 @@ Exit status: 0 the call completed, 1 it failed (the reason on stderr, e.g.
 	f.StringVar(&invocationID, "invocation-id", "", "an ID of your choice that makes the call idempotent")
 	f.Int64Var(&pin, "pin-generation", 0, "run only on this generation; fails with stale_generation after a cutover")
 	f.BoolVar(&watch, "watch", false, "print every observation of the run, one JSON per line")
+	f.StringVar(&export, "export", "", "package runtimes: the export to call (default: the runtime's only export)")
+	f.StringVar(&objectID, "object-id", "", "package runtimes: the object the call is about")
+	f.StringVar(&sessionID, "session-id", "", "package runtimes: the caller's session")
 	f.DurationVar(&timeout, "timeout", gateway.DefaultCallDeadline, "the call's whole budget, waiting included (becomes the run's deadline_ms)")
 	return cmd
 }
@@ -131,6 +151,10 @@ func watchCall(ctx context.Context, client *gateway.Client, out io.Writer, req *
 		}
 		if _, err := fmt.Fprintln(out, ev.ObservationJson); err != nil {
 			return err
+		}
+		if ev.Error != "" {
+			// A package runtime ended the watch with an error.
+			return invalid(fmt.Errorf("the runtime ended the watch: %s", ev.Error))
 		}
 	}
 }

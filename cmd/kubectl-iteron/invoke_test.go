@@ -12,14 +12,17 @@ import (
 	"iteron.dev/operator/examples/providers/providertest"
 	"iteron.dev/operator/internal/gateway"
 	"iteron.dev/operator/internal/hotswap"
+	"iteron.dev/operator/internal/pkgruntime"
 	"iteron.dev/operator/internal/procexec"
+	"iteron.dev/operator/test/pkgruntimetest"
 )
 
 func TestMain(m *testing.M) { providertest.Main(m) }
 
-// liveGateway runs counter v2 as prompt_system of default/stack behind a
-// real gateway socket, and returns the socket path.
-func liveGateway(t *testing.T) string {
+// liveGateway runs counter v2 as prompt_system of default/stack, and the
+// extra targets (package runtimes launched with runtimes), behind a real
+// gateway socket, and returns the socket path.
+func liveGateway(t *testing.T, runtimes *pkgruntime.Launcher, extra ...hotswap.ModuleTarget) string {
 	t.Helper()
 	records, err := os.MkdirTemp("", "iteron-cli-procs-")
 	if err != nil {
@@ -30,7 +33,7 @@ func liveGateway(t *testing.T) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	coord, err := hotswap.New(hotswap.Config{StateDir: t.TempDir(), Launch: hotswap.NewExecutorLauncher(ex)})
+	coord, err := hotswap.New(hotswap.Config{StateDir: t.TempDir(), Launch: hotswap.WithPackageRuntimes(hotswap.NewExecutorLauncher(ex), runtimes)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -45,15 +48,27 @@ func liveGateway(t *testing.T) string {
 		Module: "prompt_system", Plan: providertest.Plan(t, impl), Lineage: 1, Attempt: 1,
 		Epoch: "sha256:" + strings.Repeat("1", 64), GenerationName: "stack-prompt-system-g1-1",
 	}
-	if err := coord.Apply(hotswap.Desired{
+	desired := hotswap.Desired{
 		Key: key, SpecGeneration: 1, CandidateSHA256: providertest.CandidateSHA256,
-		Swap: hotswap.SwapPolicy{Deadline: 30 * time.Second, QuiesceTimeout: 5 * time.Second}, Modules: []hotswap.ModuleTarget{target},
-		ActivateOrder: []string{"prompt_system"}, DrainOrder: []string{"prompt_system"},
-	}); err != nil {
+		Swap: hotswap.SwapPolicy{Deadline: 30 * time.Second, QuiesceTimeout: 5 * time.Second}, Modules: append([]hotswap.ModuleTarget{target}, extra...),
+	}
+	for _, m := range desired.Modules {
+		desired.ActivateOrder = append(desired.ActivateOrder, m.Module)
+		desired.DrainOrder = append([]string{m.Module}, desired.DrainOrder...)
+	}
+	if err := coord.Apply(desired); err != nil {
 		t.Fatal(err)
 	}
+	active := func(st hotswap.ActivationStatus) bool {
+		for _, m := range desired.Modules {
+			if st.Modules[m.Module].Active != m.GenerationName {
+				return false
+			}
+		}
+		return true
+	}
 	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		if st, ok := coord.Status(key.UID); ok && !st.Busy && st.Modules["prompt_system"].Active == target.GenerationName {
+		if st, ok := coord.Status(key.UID); ok && !st.Busy && active(st) {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -84,7 +99,7 @@ func liveGateway(t *testing.T) string {
 }
 
 func TestInvokeCallsAModuleThroughTheGateway(t *testing.T) {
-	socket := liveGateway(t)
+	socket := liveGateway(t, nil)
 	base := []string{"invoke", "--socket", socket, "--activation", "stack", "--module", "prompt_system"}
 	args := func(extra ...string) []string { return append(append([]string{}, base...), extra...) }
 
@@ -140,6 +155,61 @@ func TestInvokeCallsAModuleThroughTheGateway(t *testing.T) {
 			}
 			if tc.code != exitOK && stdout != "" {
 				t.Fatalf("a failed call printed %q", stdout)
+			}
+		})
+	}
+}
+
+func TestInvokeCallsAPackageRuntimeThroughTheGateway(t *testing.T) {
+	dir := providertest.Dir(t)
+	bins, err := pkgruntimetest.Build(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sockets, err := os.MkdirTemp("", "clirt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(sockets) })
+	runtimes, err := pkgruntime.NewLauncher(pkgruntime.LaunchConfig{ProviderUID: 65534, ProviderGID: 65534,
+		RecordDir: filepath.Join(dir, "records"), SocketDir: sockets, SealCacheBytes: 64 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	planner := hotswap.ModuleTarget{
+		Module: "prompt_planner", Plan: pkgruntimetest.Plan(t, "prompt_planner", bins[pkgruntimetest.KV], "kv-1.0.0"), Lineage: 1, Attempt: 1,
+		Epoch: "sha256:" + strings.Repeat("2", 64), GenerationName: "stack-prompt-planner-g1-1",
+	}
+	socket := liveGateway(t, runtimes, planner)
+	call := func(module string, extra ...string) []string {
+		return append([]string{"invoke", "--socket", socket, "--activation", "stack", "--module", module}, extra...)
+	}
+	cases := []struct {
+		name   string
+		args   []string
+		code   int
+		stdout string
+		stderr string
+	}{
+		{name: "put prints the runtime's result value", args: call("prompt_planner", "--export", "put", "--input", `{"key":"k","value":{"n":1}}`), code: exitOK, stdout: `{"n":1}`},
+		{name: "get reads it back, with an object and a session", args: call("prompt_planner", "--export", "get", "--object-id", "obj-1", "--session-id", "s-1", "--input", `{"key":"k"}`), code: exitOK, stdout: `{"n":1}`},
+		{name: "a runtime's ok=false fails the call after printing its value", args: call("prompt_planner", "--export", "get", "--input", `{}`), code: exitInvalid, stdout: "null",
+			stderr: "error: the runtime answered ok=false: input.key: a string is required"},
+		{name: "a call without --export to a runtime of several exports names them", args: call("prompt_planner", "--input", `{"key":"k"}`), code: exitInvalid,
+			stderr: "error: schema_mismatch: export: module prompt_planner's runtime has the exports [get put watch]; the call must name one (gRPC FailedPrecondition)"},
+		{name: "an export the runtime does not have is not found", args: call("prompt_planner", "--export", "delete", "--input", `{"key":"k"}`), code: exitInvalid,
+			stderr: `error: not_found: export: "delete" is not one of the runtime's exports [get put watch] (gRPC NotFound)`},
+		{name: "--export to a line-protocol provider is refused, not dropped", args: call("prompt_system", "--export", "get"), code: exitInvalid,
+			stderr: "error: schema_mismatch: export: module prompt_system is served by a line-protocol provider (generation 1); export applies to package runtimes only (gRPC FailedPrecondition)"},
+		{name: "--watch prints the initial value and ends at the timeout", args: call("prompt_planner", "--watch", "--export", "watch", "--input", `{"key":"k"}`, "--timeout", "1s"), code: exitInvalid,
+			stdout: `{"n":1}`, stderr: "error: deadline_exceeded: the caller stopped watching"},
+		{name: "an --export that is not an ID is a usage error", args: call("prompt_planner", "--export", "a b"), code: exitUsage, stderr: "--export"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			code, stdout, stderr := runCLI(t, "", tc.args...)
+			if code != tc.code || strings.TrimSuffix(stdout, "\n") != tc.stdout || !strings.Contains(stderr, tc.stderr) {
+				t.Fatalf("exit %d, stdout %q, stderr %q; want exit %d, stdout %q, stderr containing %q", code, stdout, stderr, tc.code, tc.stdout, tc.stderr)
 			}
 		})
 	}

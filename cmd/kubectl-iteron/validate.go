@@ -224,10 +224,17 @@ func evaluate(v *activation.Verifier, doc *activation.Document) (*evaluated, err
 
 // moduleReport is one module in validate's output.
 type moduleReport struct {
-	Module               string   `json:"module"`
-	ImplementationID     string   `json:"implementationID"`
-	Admitted             bool     `json:"admitted"`
-	Version              string   `json:"version,omitempty"`
+	Module           string `json:"module"`
+	ImplementationID string `json:"implementationID"`
+	Admitted         bool   `json:"admitted"`
+	// Kind is the verified source's kind: "catalog" (a line-protocol
+	// provider) or "package-runtime" (docs/reference/package-runtimes.md).
+	Kind string `json:"kind,omitempty"`
+	// Version is a catalog manifest's implementation_version; a package
+	// runtime has none (its revision ID is its implementationID).
+	Version string `json:"version,omitempty"`
+	// Exports are a package runtime's export_ids.
+	Exports              []string `json:"exports,omitempty"`
 	ManifestSHA256       string   `json:"manifestSHA256,omitempty"`
 	ArtifactSHA256       string   `json:"artifactSHA256,omitempty"`
 	AdmittedCapabilities []string `json:"admittedCapabilities,omitempty"`
@@ -251,7 +258,12 @@ func (e *evaluated) reports() []moduleReport {
 		r := moduleReport{Module: s.Module, ImplementationID: s.ImplementationID, Admitted: s.Admitted,
 			Epoch: s.Epoch, Reason: s.Reason, Message: s.Message, Diagnostics: s.Diagnostics}
 		if vs := verified[s.Module]; vs != nil {
-			r.Version, r.ManifestSHA256, r.ArtifactSHA256 = vs.Version.String(), vs.ManifestSHA256, vs.ArtifactSHA256
+			r.Kind, r.ManifestSHA256, r.ArtifactSHA256 = vs.Kind(), vs.ManifestSHA256, vs.ArtifactSHA256
+			if vs.PackageRuntime != nil {
+				r.Exports = vs.PackageRuntime.ExportIDs
+			} else {
+				r.Version = vs.Version.String()
+			}
 			r.AdmittedCapabilities, r.NotAdmitted, r.AuthoritySHA256 = vs.AdmittedCapabilities, vs.NotAdmittedCapabilities, vs.AuthoritySHA256
 		}
 		out = append(out, r)
@@ -272,6 +284,11 @@ JSON) or an ImplementationActivation (YAML or JSON). Paths must lie under
 pass the manager's value when it runs with another. Every source is checked; each failure
 is printed on stderr naming its field (sources[2].catalog_path: … for a raw
 document, spec.sources[2].catalogPath: … for an ImplementationActivation).
+
+A source's catalog path names a catalog or a package-runtime manifest
+(docs/reference/package-runtimes.md). Each admitted module is printed as
+"ok  MODULE ID VERSION manifest=… artifact=… admitted=[…]"; a package
+runtime, which has no version, shows "package-runtime exports=[…]" there.
 
 Exit status: 0 every module is admitted, 1 something is invalid, 2 usage.`,
 		Args: cobra.ExactArgs(1),
@@ -299,7 +316,13 @@ Exit status: 0 every module is admitted, 1 something is invalid, 2 usage.`,
 			} else {
 				for _, r := range reports {
 					if r.Admitted {
-						fmt.Fprintf(cmd.OutOrStdout(), "ok  %s %s %s manifest=%s artifact=%s admitted=[%s]\n", r.Module, r.ImplementationID, r.Version,
+						// A catalog's line shows the version; a package
+						// runtime's, which has none, its kind and exports.
+						what := r.Version
+						if r.Kind == activation.SourceKindPackageRuntime {
+							what = r.Kind + " exports=[" + strings.Join(r.Exports, ",") + "]"
+						}
+						fmt.Fprintf(cmd.OutOrStdout(), "ok  %s %s %s manifest=%s artifact=%s admitted=[%s]\n", r.Module, r.ImplementationID, what,
 							r.ManifestSHA256, r.ArtifactSHA256, strings.Join(r.AdmittedCapabilities, ","))
 					}
 				}

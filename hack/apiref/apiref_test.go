@@ -131,7 +131,7 @@ func TestReferenceShowsTypeDefaultValidationAndDescriptionOfFields(t *testing.T)
 				"module is the module this source fills, in snake_case (for example prompt_system). At most one source per module."}},
 		{"a CEL rule with pipes, escaped for the table", "ImplementationActivation", "spec.sources[].catalogPath",
 			[]string{"string", "", "maxLength 512<br>rule `self.matches('^(/[^/\\\\x00]+)+$') && !self.matches('(^\\|/)[.][.]?(/\\|$)')`: must be an absolute, clean path: no empty, '.' or '..' segment, no trailing '/', not '/' alone",
-				"catalogPath is the absolute, canonical path of the catalog file on the node. It must lie under the manager's allowed roots and contain no symlink. Give it with artifactRoot, or give oci instead of both."}},
+				"catalogPath is the absolute, canonical path of the catalog file on the node, or of a package-runtime manifest (a file with a top-level schema_id). It must lie under the manager's allowed roots and contain no symlink. Give it with artifactRoot, or give oci instead of both."}},
 		{"an immutable field", "ImplementationActivation", "spec.nodeName",
 			[]string{"string", "", "required<br>minLength 1<br>maxLength 253<br>rule `self == oldSelf`: nodeName is immutable",
 				"nodeName is the node whose manager runs these providers. Immutable: create a new activation to move to another node."}},

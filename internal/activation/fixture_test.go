@@ -128,3 +128,60 @@ func newVerifier(t testing.TB, roots ...string) *Verifier {
 	}
 	return v
 }
+
+// packageRuntime is one package runtime written to disk: its executable
+// under artifacts/<id>/bin/runtime and its manifest at catalogs/<id>.json.
+type packageRuntime struct {
+	manifest     catalog.PackageRuntimeManifest
+	root         string
+	manifestPath string
+}
+
+// addPackageRuntime writes an executable and a valid package-runtime
+// manifest for id filling module; edits apply to the manifest after the
+// digest of the executable is filled in, before it is written.
+func (f *fixture) addPackageRuntime(id, module string, edits ...func(*catalog.PackageRuntimeManifest)) *packageRuntime {
+	f.t.Helper()
+	root := filepath.Join(f.root, "artifacts", id)
+	if err := os.MkdirAll(filepath.Join(root, "bin"), 0o755); err != nil {
+		f.t.Fatal(err)
+	}
+	content := []byte("#!/bin/sh\n# package runtime " + id + "\nexec sleep 1000\n")
+	if err := os.WriteFile(filepath.Join(root, "bin", "runtime"), content, 0o755); err != nil {
+		f.t.Fatal(err)
+	}
+	m := catalog.PackageRuntimeManifest{
+		SchemaID: catalog.PackageRuntimeSchemaID, PackageRevisionID: id, RuntimeProtocolVersion: catalog.PackageRuntimeProtocol,
+		Module: module, ExportIDs: []string{"get", "put", "watch"}, RequestedCapabilities: []string{"code_executing", "read_only"},
+		Executable: "bin/runtime", ArtifactSHA256: sha256Hex(content),
+		Deadlines: catalog.PackageRuntimeDeadlines{HandshakeMs: 5_000, InvokeMs: 10_000, CancelMs: 2_000},
+		Limits:    catalog.PackageRuntimeLimits{MaxMessageBytes: 1 << 20, MaxConcurrentInvocations: 64, MaxWatches: 16},
+	}
+	for _, e := range edits {
+		e(&m)
+	}
+	pr := &packageRuntime{manifest: m, root: root, manifestPath: filepath.Join(f.root, "catalogs", id+".json")}
+	data, err := json.Marshal(m)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	if err := os.WriteFile(pr.manifestPath, data, 0o644); err != nil {
+		f.t.Fatal(err)
+	}
+	return pr
+}
+
+// source names the package runtime as an activation does: catalog_path is
+// the manifest, implementation_id its package_revision_id.
+func (p *packageRuntime) source(t testing.TB) Source {
+	t.Helper()
+	d, err := catalog.PackageRuntimeManifestDigest(p.manifest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return Source{
+		Module: p.manifest.Module, ImplementationID: p.manifest.PackageRevisionID,
+		CatalogPath: p.manifestPath, ArtifactRoot: p.root,
+		ManifestSHA256: d, ArtifactSHA256: "sha256:" + p.manifest.ArtifactSHA256,
+	}
+}

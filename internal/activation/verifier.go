@@ -92,18 +92,25 @@ func (v *Verifier) Graph() *catalog.SeamGraph { return v.graph }
 type VerifiedSource struct {
 	// Module is the module the source fills.
 	Module string
-	// ImplementationID is the selected manifest's implementation_id.
+	// ImplementationID is the selected manifest's implementation_id (a
+	// package runtime's package_revision_id).
 	ImplementationID string
-	// Version is the manifest's implementation_version.
+	// Version is the manifest's implementation_version; 0.0.0 for a package
+	// runtime, whose manifest has none (its revision ID names it).
 	Version catalog.Version
-	// CatalogPath is the canonical catalog path.
+	// CatalogPath is the canonical path of the catalog, or of the
+	// package-runtime manifest.
 	CatalogPath string
 	// ArtifactRoot is the canonical artifact root.
 	ArtifactRoot string
 	// Executable is the canonical absolute path of the executable.
 	Executable string
-	// Manifest is the selected manifest, defaults written out.
+	// Manifest is the selected catalog manifest, defaults written out; zero
+	// for a package runtime (see PackageRuntime).
 	Manifest catalog.Manifest
+	// PackageRuntime is the verified package-runtime manifest when the
+	// source names one (spec/wire.md §6), nil for a catalog source.
+	PackageRuntime *catalog.PackageRuntimeManifest
 	// ManifestSHA256 is the verified canonical manifest digest ("sha256:…").
 	ManifestSHA256 string
 	// ArtifactSHA256 is the verified executable digest ("sha256:…").
@@ -116,6 +123,23 @@ type VerifiedSource struct {
 	AuthoritySHA256 string
 	// Plan is the launch plan minted from exactly these verified values.
 	Plan LaunchPlan
+}
+
+// Source kinds, as VerifiedSource.Kind reports them.
+const (
+	// SourceKindCatalog is a line-protocol provider selected from a catalog.
+	SourceKindCatalog = "catalog"
+	// SourceKindPackageRuntime is a quixos.runtime.PackageRuntime server
+	// named by its package-runtime manifest.
+	SourceKindPackageRuntime = "package-runtime"
+)
+
+// Kind is the source's kind: SourceKindCatalog or SourceKindPackageRuntime.
+func (vs *VerifiedSource) Kind() string {
+	if vs.PackageRuntime != nil {
+		return SourceKindPackageRuntime
+	}
+	return SourceKindCatalog
 }
 
 // SourceResult is the outcome for one source: verified, or an error naming
@@ -321,50 +345,104 @@ func (v *Verifier) verifySource(doc *Document, i int, ceiling []string, token st
 		}
 	}
 
-	// The catalog: a regular file, reached through no symlink, bounded.
-	cat, err := readCatalog(s.CatalogPath)
-	if err != nil {
-		return nil, err.at(pathField(keyCatalogPath))
+	// The file at catalog_path: a regular file, reached through no symlink,
+	// bounded. A catalog, or a package-runtime manifest (told apart by its
+	// schema_id, spec/wire.md §6).
+	data, ferr := readSourceFile(s.CatalogPath)
+	if ferr != nil {
+		return nil, ferr.at(pathField(keyCatalogPath))
 	}
-	m, ok := cat.Lookup(s.ImplementationID)
-	if !ok {
-		return nil, failf(field(keyImplementationID), ErrManifestNotFound, "catalog %s has no implementation %q", s.CatalogPath, s.ImplementationID)
+	var pin pinned
+	var pr *catalog.PackageRuntimeManifest
+	var m catalog.Manifest
+	if catalog.IsPackageRuntimeManifest(data) {
+		if s.HasOCI() {
+			// The artifact store lays out catalogs only (internal/artifacts
+			// parses the layer as one); say so rather than half-support it.
+			return nil, failf(field(keyOCIRef), ErrSourceKind, "%s carries a package-runtime manifest: package runtimes are named by catalog_path and artifact_root, not by oci", s.OCIRef)
+		}
+		man, ferr := parsePackageRuntimeFile(s.CatalogPath, data)
+		if ferr != nil {
+			return nil, ferr.at(pathField(keyCatalogPath))
+		}
+		if man.PackageRevisionID != s.ImplementationID {
+			return nil, failf(field(keyImplementationID), ErrManifestNotFound, "package-runtime manifest %s is revision %q, not %q (a package runtime's implementation_id is its package_revision_id)", s.CatalogPath, man.PackageRevisionID, s.ImplementationID)
+		}
+		digest, derr := catalog.PackageRuntimeManifestDigest(man)
+		if derr != nil {
+			return nil, fromCatalog(field(keyManifestSHA256), "digest of package-runtime manifest "+s.CatalogPath, derr)
+		}
+		pr = &man
+		pin = pinned{who: fmt.Sprintf("package runtime %q", man.PackageRevisionID), what: "the package-runtime manifest " + s.CatalogPath,
+			module: man.Module, manifestDigest: digest, artifactHex: man.ArtifactSHA256, executable: man.Executable, requested: man.RequestedCapabilities}
+	} else {
+		cat, ferr := parseCatalogFile(s.CatalogPath, data)
+		if ferr != nil {
+			return nil, ferr.at(pathField(keyCatalogPath))
+		}
+		var ok bool
+		if m, ok = cat.Lookup(s.ImplementationID); !ok {
+			return nil, failf(field(keyImplementationID), ErrManifestNotFound, "catalog %s has no implementation %q", s.CatalogPath, s.ImplementationID)
+		}
+		digest, derr := catalog.ManifestDigest(m)
+		if derr != nil {
+			return nil, fromCatalog(field(keyManifestSHA256), "digest of manifest "+s.ImplementationID, derr)
+		}
+		pin = pinned{who: fmt.Sprintf("implementation %q", s.ImplementationID), what: fmt.Sprintf("the manifest of %q in %s", s.ImplementationID, s.CatalogPath),
+			module: m.Module, manifestDigest: digest, artifactHex: m.ArtifactSHA256, executable: m.Executable, requested: m.RequestedCapabilities}
 	}
-	if m.Module != s.Module {
-		return nil, failf(field(keyModule), ErrModuleMismatch, "implementation %q fills module %q, not %q", s.ImplementationID, m.Module, s.Module)
+
+	// What the manifest pins, whichever kind it is, against the source.
+	if pin.module != s.Module {
+		return nil, failf(field(keyModule), ErrModuleMismatch, "%s fills module %q, not %q", pin.who, pin.module, s.Module)
 	}
-	manifestDigest, derr := catalog.ManifestDigest(m)
-	if derr != nil {
-		return nil, fromCatalog(field(keyManifestSHA256), "digest of manifest "+s.ImplementationID, derr)
+	if pin.manifestDigest != s.ManifestSHA256 {
+		return nil, failf(field(keyManifestSHA256), ErrDigestMismatch, "%s digests to %s, not %s", pin.what, pin.manifestDigest, s.ManifestSHA256)
 	}
-	if manifestDigest != s.ManifestSHA256 {
-		return nil, failf(field(keyManifestSHA256), ErrDigestMismatch, "the manifest of %q in %s digests to %s, not %s", s.ImplementationID, s.CatalogPath, manifestDigest, s.ManifestSHA256)
-	}
-	if "sha256:"+m.ArtifactSHA256 != s.ArtifactSHA256 {
-		return nil, failf(field(keyArtifactSHA256), ErrDigestMismatch, "the manifest of %q pins artifact sha256:%s, not %s", s.ImplementationID, m.ArtifactSHA256, s.ArtifactSHA256)
+	if "sha256:"+pin.artifactHex != s.ArtifactSHA256 {
+		return nil, failf(field(keyArtifactSHA256), ErrDigestMismatch, "%s pins artifact sha256:%s, not %s", pin.what, pin.artifactHex, s.ArtifactSHA256)
 	}
 
 	// The executable: a canonical regular file under the root, hashed.
-	executable, artifactDigest, err := hashExecutableWith(s.ArtifactRoot, m.Executable, v.digests)
-	if err != nil {
-		return nil, err.at(pathField(keyArtifactRoot))
+	executable, artifactDigest, ferr := hashExecutableWith(s.ArtifactRoot, pin.executable, v.digests)
+	if ferr != nil {
+		return nil, ferr.at(pathField(keyArtifactRoot))
 	}
 	if artifactDigest != s.ArtifactSHA256 {
 		return nil, failf(field(keyArtifactSHA256), ErrDigestMismatch, "executable %s hashes to %s, not %s", executable, artifactDigest, s.ArtifactSHA256)
 	}
 
 	contracts, _ := v.graph.Contracts(s.Module)
-	admitted := catalog.Admit(m.RequestedCapabilities, ceiling)
+	admitted := catalog.Admit(pin.requested, ceiling)
 	vs := &VerifiedSource{
-		Module: s.Module, ImplementationID: m.ImplementationID, Version: m.ImplementationVersion,
+		Module: s.Module, ImplementationID: s.ImplementationID, Version: m.ImplementationVersion,
 		CatalogPath: s.CatalogPath, ArtifactRoot: s.ArtifactRoot, Executable: executable,
-		Manifest: m, ManifestSHA256: manifestDigest, ArtifactSHA256: artifactDigest,
+		Manifest: m, PackageRuntime: pr, ManifestSHA256: pin.manifestDigest, ArtifactSHA256: artifactDigest,
 		AdmittedCapabilities:    admitted,
-		NotAdmittedCapabilities: catalog.NotAdmitted(m.RequestedCapabilities, admitted),
+		NotAdmittedCapabilities: catalog.NotAdmitted(pin.requested, admitted),
 		AuthoritySHA256:         catalog.AuthorityDigest(admitted),
 	}
-	vs.Plan = mint(vs, doc.CandidateSHA256, contracts)
+	if pr != nil {
+		vs.Plan = mintPackageRuntime(vs, doc.CandidateSHA256, contracts)
+	} else {
+		vs.Plan = mint(vs, doc.CandidateSHA256, contracts)
+	}
 	return vs, nil
+}
+
+// pinned is what a source's file pins for the source, whichever kind the
+// file is: the checks after the parse are the same for a catalog's manifest
+// and a package-runtime manifest, and are written once.
+type pinned struct {
+	// who and what name the manifest in errors: `implementation "x"` and
+	// `the manifest of "x" in /p/catalog.json`.
+	who, what      string
+	module         string
+	manifestDigest string
+	// artifactHex is the manifest's artifact_sha256 (bare hex).
+	artifactHex string
+	executable  string
+	requested   []string
 }
 
 // mint is the one place a real LaunchPlan is made: from values that were
@@ -383,6 +461,33 @@ func mint(vs *VerifiedSource, candidate string, contracts protocol.ModuleContrac
 			Observations: int(m.EvidenceLimits.Observations),
 		},
 		Contracts: contracts, FailurePolicy: m.FailurePolicy,
+	})
+}
+
+// PackageRuntimeStderrBytes is the stderr ring of a package runtime: its
+// manifest has no evidence limits (it produces no line-protocol evidence),
+// so the plan carries the size the package-runtime launcher defaults to.
+const PackageRuntimeStderrBytes = 64 << 10
+
+// mintPackageRuntime is mint for a package runtime: the one place its plan
+// is made, from the manifest that was just verified. A package runtime holds
+// no state the host migrates (the seed's service has no state operations),
+// so its plan is protocol version 1: a version change is a cold replace,
+// never a state transfer. It has no version (the revision ID is its
+// identity), no argv (its inputs are descriptors 3–5), and one deadline per
+// call: invoke_ms bounds a run, cancel_ms a cancel or stop.
+func mintPackageRuntime(vs *VerifiedSource, candidate string, contracts protocol.ModuleContracts) LaunchPlan {
+	m := vs.PackageRuntime
+	return newLaunchPlan(LaunchPlanFields{
+		Module: vs.Module, ImplementationID: m.PackageRevisionID, ProtocolVersion: 1,
+		ManifestSHA256: vs.ManifestSHA256, ArtifactSHA256: vs.ArtifactSHA256,
+		ArtifactRoot: vs.ArtifactRoot, Executable: vs.Executable,
+		CandidateSHA256: candidate, AdmittedCapabilities: vs.AdmittedCapabilities, AuthoritySHA256: vs.AuthoritySHA256,
+		RuntimeDeadline:      time.Duration(m.Deadlines.InvokeMs) * time.Millisecond,
+		CancellationDeadline: time.Duration(m.Deadlines.CancelMs) * time.Millisecond,
+		EvidenceLimits:       EvidenceLimits{StderrBytes: PackageRuntimeStderrBytes},
+		Contracts:            contracts, FailurePolicy: "fail_closed",
+		PackageRuntime: m,
 	})
 }
 
@@ -411,8 +516,11 @@ func openFailure(path string, err error) *fileError {
 	return &fileError{code: reasons.VerificationFailed, sentinel: sentinel, detail: detail, cause: err}
 }
 
-// readCatalog reads and parses the catalog at canonical path p.
-func readCatalog(p string) (*catalog.Catalog, *fileError) {
+// readSourceFile reads the file at a source's canonical catalog_path: a
+// regular file reached through no symlink, within the catalog bound (the
+// larger of the two kinds'; a package-runtime manifest is held to its own
+// bound once it is told apart).
+func readSourceFile(p string) ([]byte, *fileError) {
 	if _, pe := walkComponents(p, "/"); pe != nil {
 		return nil, pathFailure(pe)
 	}
@@ -438,12 +546,32 @@ func readCatalog(p string) (*catalog.Catalog, *fileError) {
 	if err != nil {
 		return nil, &fileError{code: reasons.VerificationFailed, sentinel: err, detail: "cannot read " + p + ": " + err.Error()}
 	}
+	return data, nil
+}
+
+// parseCatalogFile parses the bytes read from catalog p.
+func parseCatalogFile(p string, data []byte) (*catalog.Catalog, *fileError) {
 	cat, err := catalog.ParseCatalog(data)
 	if err != nil {
 		ce := fromCatalog("", "catalog "+p, err)
 		return nil, &fileError{code: ce.Code, sentinel: ce.Err, detail: ce.Detail}
 	}
 	return cat, nil
+}
+
+// parsePackageRuntimeFile parses the bytes read from package-runtime
+// manifest p, holding them to the manifest's own 64 KiB bound first.
+func parsePackageRuntimeFile(p string, data []byte) (catalog.PackageRuntimeManifest, *fileError) {
+	if len(data) > catalog.MaxPackageRuntimeManifestBytes {
+		return catalog.PackageRuntimeManifest{}, &fileError{code: reasons.VerificationFailed, sentinel: ErrTooLarge,
+			detail: fmt.Sprintf("package-runtime manifest %s is %d bytes, over the 64 KiB bound", p, len(data))}
+	}
+	m, err := catalog.ParsePackageRuntimeManifest(data)
+	if err != nil {
+		ce := fromCatalog("", "package-runtime manifest "+p, err)
+		return catalog.PackageRuntimeManifest{}, &fileError{code: ce.Code, sentinel: ce.Err, detail: ce.Detail}
+	}
+	return m, nil
 }
 
 // hashExecutable checks the artifact root (a directory reached through no

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/status"
 
 	gatewayv1 "iteron.dev/operator/api/gateway/v1"
 	quixospb "iteron.dev/operator/api/quixos/quixos"
@@ -249,12 +248,12 @@ func (s *Server) watchPackage(req *gatewayv1.WatchRequest, d *hotswap.Dispatcher
 		if entry.isCancelled() {
 			return fail(reasons.Cancelled, fmt.Sprintf("watch %s was cancelled (CancelInvocation)", id))
 		}
-		route, err := s.awaitPackageRoute(ctx, d, last)
-		if err != nil {
-			if last == nil {
-				return err
+		route, why := s.awaitPackageRoute(ctx, d, last)
+		if why != nil {
+			if last == nil || why.Code == reasons.DeadlineExceeded || why.Code == reasons.Interrupted {
+				return fail(why.Code, why.Message)
 			}
-			return fail(reasons.StaleGeneration, fmt.Sprintf("watch %s ended on generation %s and could not move to the module's next runtime: %s", id, entryRouteName(entry), status.Convert(err).Message()))
+			return fail(reasons.StaleGeneration, fmt.Sprintf("watch %s ended on generation %s and could not move to the module's next runtime: %s", id, entryRouteName(entry), why.Message))
 		}
 		call := *pc
 		call.InvocationID = runID
@@ -304,8 +303,9 @@ func entryRouteName(w *packageWatch) string {
 }
 
 // awaitPackageRoute returns the module's route once a package runtime other
-// than last serves it, waiting at most WatchMoveTimeout (and ctx).
-func (s *Server) awaitPackageRoute(ctx context.Context, d *hotswap.Dispatcher, last hotswap.PackageBackend) (*hotswap.Route, error) {
+// than last serves it, waiting at most WatchMoveTimeout (and ctx); or why
+// none will.
+func (s *Server) awaitPackageRoute(ctx context.Context, d *hotswap.Dispatcher, last hotswap.PackageBackend) (*hotswap.Route, *hotswap.CallError) {
 	deadline := time.Now().Add(s.cfg.WatchMoveTimeout)
 	for {
 		r := d.Route()
@@ -313,19 +313,21 @@ func (s *Server) awaitPackageRoute(ctx context.Context, d *hotswap.Dispatcher, l
 		case r != nil && r.Package != nil && r.Package != last:
 			return r, nil
 		case r != nil && r.Package == nil && r.Backend != nil:
-			return nil, fail(reasons.StaleGeneration, fmt.Sprintf("module %s is now served by a line-protocol provider (generation %s), which has no Watch of a package runtime", d.Module(), r.Name))
+			return nil, &hotswap.CallError{Code: reasons.StaleGeneration, Message: fmt.Sprintf("module %s is now served by a line-protocol provider (generation %s), which has no Watch of a package runtime", d.Module(), r.Name)}
+		case d.Closed():
+			return nil, &hotswap.CallError{Code: reasons.StaleGeneration, Message: fmt.Sprintf("module %s was retired", d.Module())}
 		}
 		if ce := d.Unavailable(); ce != nil {
-			return nil, fail(ce.Code, ce.Message)
+			return nil, ce
 		}
 		if time.Now().After(deadline) {
-			return nil, fail(reasons.StaleGeneration, fmt.Sprintf("no runtime of module %s took over within %s", d.Module(), s.cfg.WatchMoveTimeout))
+			return nil, &hotswap.CallError{Code: reasons.StaleGeneration, Message: fmt.Sprintf("no runtime of module %s took over within %s", d.Module(), s.cfg.WatchMoveTimeout)}
 		}
 		select {
 		case <-ctx.Done():
-			return nil, fail(reasons.DeadlineExceeded, "the caller stopped watching: "+ctx.Err().Error())
+			return nil, &hotswap.CallError{Code: reasons.DeadlineExceeded, Message: "the caller stopped watching: " + ctx.Err().Error()}
 		case <-s.ctx.Done():
-			return nil, fail(reasons.Interrupted, "the gateway is stopping")
+			return nil, &hotswap.CallError{Code: reasons.Interrupted, Message: "the gateway is stopping"}
 		case <-time.After(5 * time.Millisecond):
 		}
 	}

@@ -11,7 +11,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -33,34 +32,11 @@ import (
 // process, socket directory or group record beyond the serving runtime's,
 // and no goroutine of a Watch.
 
-// faultBuild is one seed runtime built with a default fault.
-type faultBuild struct {
-	once sync.Once
-	path string
-	err  error
-}
-
-var faultBuilds sync.Map // fault → *faultBuild
-
-// faultySeed is test/seedruntime built with fault as its default (once per
-// test binary).
-func faultySeed(tb testing.TB, fault string) string {
-	tb.Helper()
-	packageRuntimes(tb)
-	v, _ := faultBuilds.LoadOrStore(fault, &faultBuild{})
-	b := v.(*faultBuild)
-	b.once.Do(func() { b.path, b.err = pkgruntimetest.BuildSeedWithFault(runtimeDir, fault) })
-	if b.err != nil {
-		tb.Fatal(b.err)
-	}
-	return b.path
-}
-
 // faultPlan is the seed runtime with fault filling module, answering as
 // the seed's revision.
 func faultPlan(tb testing.TB, module, fault string, edit ...func(*catalog.PackageRuntimeManifest)) activation.LaunchPlan {
 	tb.Helper()
-	return runtimePlan(tb, module, faultySeed(tb, fault), runtimeRevisions[pkgruntimetest.Seed], edit...)
+	return runtimePlan(tb, module, seedWithFault(tb, fault), runtimeRevisions[pkgruntimetest.Seed], edit...)
 }
 
 // runtimeProcesses are the live runtime and provider processes of this
@@ -405,7 +381,7 @@ func TestARuntimeThatCrashesMidWatchHasTheWatchMovedToEachRelaunchedProcessUntil
 	close(stopPolling)
 	<-polled
 	expectFailure(t, end, codes.FailedPrecondition, "stale_generation", "watch crashing ended on generation "+g.GenerationName,
-		"could not move to the module's next runtime: provider_failed: ", fmt.Sprintf("crashed %d times", hotswap.CrashBudget))
+		"could not move to the module's next runtime: "+g.GenerationName+": the provider process exited", fmt.Sprintf("crashed %d times", hotswap.CrashBudget))
 	if strings.Contains(status.Convert(end).Message(), "rpc error") {
 		t.Fatalf("message %q: the reason of the next runtime's absence is quoted as a Go error, not as its own message", status.Convert(end).Message())
 	}

@@ -4,23 +4,23 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 
 	gatewayv1 "iteron.dev/operator/api/gateway/v1"
-	"iteron.dev/operator/examples/providers/artifacts"
 	"iteron.dev/operator/examples/providers/providertest"
 	"iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/catalog"
 	"iteron.dev/operator/internal/hotswap"
 	"iteron.dev/operator/internal/pkgruntime"
-	"iteron.dev/operator/pkg/protocol"
-	"iteron.dev/operator/pkg/strictjson"
 	"iteron.dev/operator/test/pkgruntimetest"
 )
 
@@ -81,44 +81,7 @@ var runtimeRevisions = map[string]string{pkgruntimetest.KV: "kv-1.0.0", pkgrunti
 // of a package runtime filling module, answering as revision.
 func runtimePlan(tb testing.TB, module, binary, revision string, edit ...func(*catalog.PackageRuntimeManifest)) activation.LaunchPlan {
 	tb.Helper()
-	root := providertest.Dir(tb)
-	b, err := os.ReadFile(binary)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(root, "runtime"), b, 0o755); err != nil {
-		tb.Fatal(err)
-	}
-	digest, err := artifacts.FileSHA256(filepath.Join(root, "runtime"))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	m := catalog.PackageRuntimeManifest{
-		SchemaID: catalog.PackageRuntimeSchemaID, PackageRevisionID: revision, RuntimeProtocolVersion: catalog.PackageRuntimeProtocol,
-		Module: module, ExportIDs: []string{"get", "put", "watch"}, RequestedCapabilities: []string{},
-		Executable: "runtime", ArtifactSHA256: strings.TrimPrefix(digest, "sha256:"),
-		Deadlines: catalog.PackageRuntimeDeadlines{HandshakeMs: 10_000, InvokeMs: 10_000, CancelMs: 500},
-		Limits:    catalog.PackageRuntimeLimits{MaxMessageBytes: 1 << 20, MaxConcurrentInvocations: 8, MaxWatches: 8},
-	}
-	for _, e := range edit {
-		e(&m)
-	}
-	manifestDigest, err := catalog.PackageRuntimeManifestDigest(m)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	authority, err := strictjson.DigestOf([]string{})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return activation.NewLaunchPlanForTest(tb, activation.LaunchPlanFields{
-		Module: module, ImplementationID: revision, ProtocolVersion: 1,
-		ManifestSHA256: manifestDigest, ArtifactSHA256: "sha256:" + strings.TrimPrefix(digest, "sha256:"), ArtifactRoot: root, Executable: filepath.Join(root, "runtime"),
-		CandidateSHA256: providertest.CandidateSHA256, AdmittedCapabilities: []string{}, AuthoritySHA256: authority,
-		RuntimeDeadline: 10 * time.Second, CancellationDeadline: 500 * time.Millisecond,
-		EvidenceLimits: activation.EvidenceLimits{StderrBytes: 64 << 10},
-		Contracts:      protocol.BuiltinContracts(module), FailurePolicy: "fail_closed", PackageRuntime: &m,
-	})
+	return pkgruntimetest.Plan(tb, module, binary, revision, edit...)
 }
 
 // kvPlan is the SDK's kv runtime filling module.
@@ -267,4 +230,230 @@ func TestACutoverOfOneRuntimeMovesItsWatchAndLeavesTheOtherModulesProcessAndStre
 	t.Logf("after the cutover:  %s pid %d (unchanged), %s pid %d (%s)", unchanged, st.Modules[unchanged].Pid, changed, st.Modules[changed].Pid, tNew.GenerationName)
 	t.Logf("unchanged module's watch: %s, then %s (one stream, no initial in between)", describe(first), describe(ev))
 	t.Logf("changed module's watch: %s, then moved: %s", describe(firstChanged), describe(moved))
+}
+
+// BenchmarkPackageInvoke: a 200-byte put to the kv runtime through the
+// gateway (gRPC on the gateway's unix socket → dispatcher → the host's
+// connection → gRPC on the runtime's socket: two hops) against a bare
+// grpc-go call of the same request to a kv runtime process of the same
+// binary over a unix socket (one hop; pkgruntimetest starts it with a key
+// the benchmark knows, so the call can carry a valid grant). Each iteration
+// makes one of each, alternating; reports the medians and gateway ÷ direct.
+func BenchmarkPackageInvoke(b *testing.B) {
+	h := newHarness(b, withPackageRuntimes(b))
+	a := newActivation("default", "bench")
+	t := h.deployPlan(a, kvPlan(b, module), hotswap.SwapPolicy{})
+	h.settle(a, t)
+
+	bins, _ := packageRuntimes(b)
+	proc := pkgruntimetest.Start(b, bins[pkgruntimetest.KV])
+	direct := pkgruntimetest.DialDirect(b, proc)
+
+	value := `"` + strings.Repeat("abcdefghij", 15) + `"`
+	req := &gatewayv1.InvokeRequest{Namespace: a.key.Namespace, Activation: a.key.Name, Module: module, Export: "put",
+		InputJson: `{"key":"k","value":` + value + `}`}
+	input, err := pkgruntime.MapFromJSON([]byte(req.InputJson), 1<<20)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	var viaGateway, bare []time.Duration
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		t0 := time.Now()
+		resp, err := h.client.Invoke(ctx, req)
+		viaGateway = append(viaGateway, time.Since(t0))
+		if err != nil || !resp.GetOk() {
+			b.Fatal(resp, err)
+		}
+		t0 = time.Now()
+		ok, err := direct.Invoke(ctx, "put", input)
+		bare = append(bare, time.Since(t0))
+		if err != nil || !ok {
+			b.Fatal(ok, err)
+		}
+	}
+	b.StopTimer()
+	mg, md := pkgruntimetest.Median(viaGateway), pkgruntimetest.Median(bare)
+	b.ReportMetric(float64(mg)/1e3, "gateway-p50-µs")
+	b.ReportMetric(float64(md)/1e3, "direct-p50-µs")
+	b.ReportMetric(float64(mg)/float64(md), "ratio")
+}
+
+var (
+	faultBuildsMu sync.Mutex
+	faultBuilds   = map[string]string{}
+)
+
+// seedWithFault is the proto-only runtime built to misbehave as fault
+// (built once per test binary).
+func seedWithFault(tb testing.TB, fault string) string {
+	tb.Helper()
+	packageRuntimes(tb)
+	faultBuildsMu.Lock()
+	defer faultBuildsMu.Unlock()
+	if p, ok := faultBuilds[fault]; ok {
+		return p
+	}
+	p, err := pkgruntimetest.BuildSeedWithFault(runtimeDir, fault)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	faultBuilds[fault] = p
+	return p
+}
+
+func TestInvokesRunUpToTheRuntimesConcurrencyBoundAndACancelIsAnsweredByTheRuntime(t *testing.T) {
+	h := newHarness(t, withPackageRuntimes(t))
+	a := newActivation("default", "stack")
+	plan := runtimePlan(t, module, seedWithFault(t, "hang-invoke"), runtimeRevisions[pkgruntimetest.Seed], func(m *catalog.PackageRuntimeManifest) {
+		m.Limits.MaxConcurrentInvocations = 2
+		m.Deadlines.InvokeMs = 60_000
+	})
+	h.settle(a, h.deployPlan(a, plan, hotswap.SwapPolicy{}))
+
+	ids := []string{"hang-1", "hang-2", "hang-3"}
+	ended := make(chan error, len(ids))
+	for i, id := range ids {
+		go func() {
+			_, err := h.invoke(nil, &gatewayv1.InvokeRequest{Namespace: a.key.Namespace, Activation: a.key.Name, Module: module,
+				InvocationId: id, Export: "get", InputJson: `{"key":"k"}`, DeadlineMs: 60_000})
+			ended <- err
+		}()
+		if i < 2 {
+			// The first two take the two slots before the third arrives.
+			waitFor(t, id+" running", func() bool { return h.status(a, id).GetState() == gatewayv1.InvocationState_INVOCATION_STATE_RUNNING })
+		}
+	}
+	waitFor(t, "hang-3 queued", func() bool {
+		return h.status(a, "hang-3").GetState() == gatewayv1.InvocationState_INVOCATION_STATE_QUEUED
+	})
+	for _, id := range ids[:2] {
+		// The gateway says RUNNING once the dispatcher started the call, a
+		// moment before the runtime has its request (it answers unknown
+		// until then).
+		waitFor(t, id+"'s runtime_state running (the runtime's own answer)", func() bool { return h.status(a, id).GetRuntimeState() == "running" })
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	st, err := h.client.CancelInvocation(ctx, &gatewayv1.InvocationControlRequest{Namespace: a.key.Namespace, InvocationId: "hang-1"})
+	if err != nil || st.GetState() != gatewayv1.InvocationState_INVOCATION_STATE_CANCELLATION_REQUESTED || st.GetRuntimeState() != "cancellation-requested" {
+		t.Fatalf("CancelInvocation(hang-1) = %+v, %v; want CANCELLATION_REQUESTED and the runtime's cancellation-requested", st, err)
+	}
+	expectFailure(t, <-ended, codes.Canceled, "cancelled")
+	waitFor(t, "hang-3 running in the freed slot", func() bool {
+		return h.status(a, "hang-3").GetState() == gatewayv1.InvocationState_INVOCATION_STATE_RUNNING
+	})
+	for _, id := range ids[1:] {
+		if _, err := h.client.CancelInvocation(ctx, &gatewayv1.InvocationControlRequest{Namespace: a.key.Namespace, InvocationId: id}); err != nil {
+			t.Fatal(err)
+		}
+		expectFailure(t, <-ended, codes.Canceled, "cancelled")
+	}
+	t.Logf("cancel of a running invocation answered: state %s, runtime_state %q", st.GetState(), st.GetRuntimeState())
+}
+
+// status is the gateway's InvocationStatus of id in a's namespace.
+func (h *harness) status(a *activationRef, id string) *gatewayv1.InvocationStatus {
+	h.tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	st, err := h.client.GetInvocationStatus(ctx, &gatewayv1.InvocationControlRequest{Namespace: a.key.Namespace, InvocationId: id})
+	if err != nil {
+		h.tb.Fatalf("status of %s: %v", id, err)
+	}
+	return st
+}
+
+func TestARelaunchAfterTheRuntimeCrashesMovesItsOpenWatch(t *testing.T) {
+	h := newHarness(t, withPackageRuntimes(t))
+	a := newActivation("default", "stack")
+	target := h.deployPlan(a, kvPlan(t, module), hotswap.SwapPolicy{})
+	st := h.settle(a, target)
+	pid := st.Modules[module].Pid
+	h.put(a, module, "k", `"v1"`)
+	w := h.watch(a, module, "watch-k", "k")
+	if ev := w.next(t, "initial event"); !ev.GetInitial() || ev.GetValueJson() != `"v1"` {
+		t.Fatalf("first event: %s", describe(ev))
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	moved := w.next(t, "the watch's first event on the relaunched runtime")
+	if !moved.GetInitial() || moved.GetValueJson() != "null" || moved.GetGenerationName() != target.GenerationName {
+		t.Fatalf("after the crash: %s; want the relaunched runtime's initial event (it starts empty: null) on %s", describe(moved), target.GenerationName)
+	}
+	var now int
+	waitFor(t, "the relaunched runtime to serve", func() bool {
+		st, _ := h.coord.Status(a.key.UID)
+		now = st.Modules[module].Pid
+		return now != 0 && now != pid && st.Modules[module].Serving
+	})
+	h.put(a, module, "k", `"v2"`)
+	if ev := w.next(t, "the next change"); ev.GetInitial() || ev.GetValueJson() != `"v2"` {
+		t.Fatalf("after the relaunch: %s", describe(ev))
+	}
+	t.Logf("runtime pid %d killed; relaunched as pid %d; the watch went on: %s", pid, now, describe(moved))
+}
+
+// BenchmarkPackageWatchEvents: events per second a fast caller gets through
+// the gateway from a runtime's flooding Watch (1 KB events), alone and
+// while a second caller's Watch on the same runtime, through the same
+// gateway connection, is read slowly (1 ms per event); reports both rates
+// and beside ÷ alone (1.0: the slow caller costs the fast one nothing).
+func BenchmarkPackageWatchEvents(b *testing.B) {
+	h := newHarness(b, withPackageRuntimes(b))
+	a := newActivation("default", "bench")
+	t := h.deployPlan(a, runtimePlan(b, module, seedWithFault(b, "flood-watch"), runtimeRevisions[pkgruntimetest.Seed]), hotswap.SwapPolicy{})
+	h.settle(a, t)
+	const events = 5000
+	open := func(ctx context.Context, key string) grpc.ServerStreamingClient[gatewayv1.WatchEvent] {
+		stream, err := h.client.Watch(ctx, &gatewayv1.WatchRequest{Namespace: a.key.Namespace, Activation: a.key.Name, Module: module,
+			Export: "watch", InputJson: `{"key":"` + key + `"}`})
+		if err != nil {
+			b.Fatal(err)
+		}
+		return stream
+	}
+	rate := func() float64 {
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		stream := open(ctx, "fast")
+		t0 := time.Now()
+		for i := 0; i < events; i++ {
+			if _, err := stream.Recv(); err != nil {
+				b.Fatal(err)
+			}
+		}
+		return events / time.Since(t0).Seconds()
+	}
+	var alone, beside []float64
+	for i := 0; i < b.N; i++ {
+		alone = append(alone, rate())
+		ctx, cancel := context.WithCancel(context.Background())
+		slow := open(ctx, "slow")
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			for {
+				time.Sleep(time.Millisecond)
+				if _, err := slow.Recv(); err != nil {
+					return
+				}
+			}
+		}()
+		beside = append(beside, rate())
+		cancel()
+		<-done
+	}
+	ma, mb := medianFloat(alone), medianFloat(beside)
+	b.ReportMetric(ma, "alone-events/s")
+	b.ReportMetric(mb, "beside-a-slow-caller-events/s")
+	b.ReportMetric(mb/ma, "ratio")
+}
+
+func medianFloat(v []float64) float64 {
+	s := append([]float64(nil), v...)
+	sort.Float64s(s)
+	return s[len(s)/2]
 }

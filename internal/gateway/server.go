@@ -898,6 +898,18 @@ func (s *Server) CancelInvocation(ctx context.Context, req *gatewayv1.Invocation
 		}
 		return inv.status(), nil
 	}
+	if rt := inv.runningOn(); rt != nil {
+		// A package runtime answers the cancellation itself: its state
+		// (cancellation-requested while the run winds down) is returned.
+		_, state, err := inv.dispatcher.CancelRunningWithState(ctx, inv.runID)
+		st := inv.status()
+		if err == nil {
+			st.RuntimeState = state
+		} else {
+			st.Message = err.Error()
+		}
+		return st, nil
+	}
 	s.cancelRunning(inv, reason)
 	return inv.status(), nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -72,6 +73,10 @@ type Route struct {
 	// Package is the generation's package runtime (nil for a line-protocol
 	// provider): Watches are opened on it, and move when it changes.
 	Package PackageBackend
+	// Slots is how many of the module's runs may run at once on this
+	// route: 1 (0 means 1) for a line-protocol provider, whose process runs
+	// one at a time; a package runtime's max_concurrent_invocations.
+	Slots int
 	// Scope holds the generation's live resources (nil when untracked): a
 	// stream or watcher bound to this route registers in it, so disposing
 	// the generation ends it (TrackWork) and nothing outlives it.
@@ -142,7 +147,7 @@ type pendingCall struct {
 	err      error
 }
 
-// InFlight describes the run occupying the slot.
+// InFlight describes a run occupying a slot.
 type InFlight struct {
 	// CallID is the call's ID (the run ID).
 	CallID string
@@ -153,21 +158,22 @@ type InFlight struct {
 }
 
 // Dispatcher routes one module's calls to its active generation: a bounded
-// queue, one run slot, pause (quiesce) and an atomic switch of the route. The
+// queue, the route's run slots (one for a line-protocol provider), pause
+// (quiesce) and an atomic switch of the route. The
 // gateway is a thin adapter over it. Calls arriving during a swap wait in the
 // queue — bounded by their own deadlines — instead of failing.
 type Dispatcher struct {
 	module     string
 	queueLimit int
 
-	mu       sync.Mutex
-	route    *Route
-	paused   bool
-	closed   bool
-	queue    []*pendingCall
-	inFlight *InFlight
-	idle     chan struct{} // closed when the slot empties; replaced when it fills
-	onNoFit  func()
+	mu      sync.Mutex
+	route   *Route
+	paused  bool
+	closed  bool
+	queue   []*pendingCall
+	running map[string]*InFlight // by call ID
+	idle    chan struct{}        // closed when no run is in flight; replaced when one starts
+	onNoFit func()
 	// unavailable, when set, fails calls at once: nothing serves the module
 	// and nothing is being prepared, so waiting out a deadline would only
 	// hide the reason.
@@ -184,7 +190,7 @@ func NewDispatcher(module string, queueLimit int) *Dispatcher {
 		queueLimit = DefaultQueueLimit
 	}
 	d := &Dispatcher{
-		module: module, queueLimit: queueLimit, paused: true,
+		module: module, queueLimit: queueLimit, paused: true, running: map[string]*InFlight{},
 		idle: make(chan struct{}), kick: make(chan struct{}, 1),
 		stop: make(chan struct{}), stopped: make(chan struct{}),
 	}
@@ -301,7 +307,7 @@ func (d *Dispatcher) loop() {
 // something (so the loop tries again).
 func (d *Dispatcher) dispatchOne() bool {
 	d.mu.Lock()
-	if d.paused || d.closed || d.route == nil || d.inFlight != nil || len(d.queue) == 0 {
+	if d.paused || d.closed || d.route == nil || len(d.running) >= max(d.route.Slots, 1) || len(d.queue) == 0 {
 		d.mu.Unlock()
 		return false
 	}
@@ -333,8 +339,10 @@ func (d *Dispatcher) dispatchOne() bool {
 		return false
 	}
 	d.queue = d.queue[1:]
-	d.inFlight = &InFlight{CallID: p.call.ID, Route: route, StartedAt: time.Now()}
-	d.idle = make(chan struct{})
+	if len(d.running) == 0 {
+		d.idle = make(chan struct{})
+	}
+	d.running[p.call.ID] = &InFlight{CallID: p.call.ID, Route: route, StartedAt: time.Now()}
 	d.mu.Unlock()
 
 	go d.run(p, route, remaining)
@@ -367,8 +375,7 @@ func (d *Dispatcher) run(p *pendingCall, route Route, deadline time.Duration) {
 		// relaunch, as calls that arrive now do, instead of failing.
 		d.mu.Lock()
 		d.queue = append([]*pendingCall{p}, d.queue...)
-		d.inFlight = nil
-		close(d.idle)
+		d.endRunLocked(p.call.ID)
 		d.mu.Unlock()
 		time.AfterFunc(20*time.Millisecond, d.poke)
 		return
@@ -393,17 +400,24 @@ func (d *Dispatcher) run(p *pendingCall, route Route, deadline time.Duration) {
 	close(p.done)
 
 	d.mu.Lock()
-	d.inFlight = nil
-	close(d.idle)
+	d.endRunLocked(p.call.ID)
 	d.mu.Unlock()
 	d.poke()
 }
 
+// endRunLocked frees a run's slot. Caller holds d.mu.
+func (d *Dispatcher) endRunLocked(callID string) {
+	delete(d.running, callID)
+	if len(d.running) == 0 {
+		close(d.idle)
+	}
+}
+
 // Pause stops dispatching new calls (quiesce) and waits up to timeout for the
-// in-flight run. If it is still running then, Pause cancels it (waiting for
-// the cancellation to end, bounded by ctx) and returns what was cancelled, for
-// the receipt. Calls keep queueing while paused.
-func (d *Dispatcher) Pause(ctx context.Context, timeout time.Duration) (*InFlight, error) {
+// runs in flight. Those still running then are cancelled (Pause waits for
+// the cancellations to end, bounded by ctx) and returned, for the receipts.
+// Calls keep queueing while paused.
+func (d *Dispatcher) Pause(ctx context.Context, timeout time.Duration) ([]InFlight, error) {
 	d.mu.Lock()
 	d.paused = true
 	idle := d.idle
@@ -419,20 +433,26 @@ func (d *Dispatcher) Pause(ctx context.Context, timeout time.Duration) (*InFligh
 	case <-timer.C:
 	}
 	d.mu.Lock()
-	inflight := d.inFlight
+	var cancelled []InFlight
+	for _, r := range d.running {
+		cancelled = append(cancelled, *r)
+	}
 	idle = d.idle
 	d.mu.Unlock()
-	if inflight == nil {
+	if len(cancelled) == 0 {
 		return nil, nil
 	}
-	cancelled := *inflight
-	err := inflight.Route.Backend.Cancel(ctx, inflight.CallID, "quiesce timeout: the module is being swapped")
+	slices.SortFunc(cancelled, func(a, b InFlight) int { return a.StartedAt.Compare(b.StartedAt) })
+	var errs []error
+	for _, r := range cancelled {
+		errs = append(errs, r.Route.Backend.Cancel(ctx, r.CallID, "quiesce timeout: the module is being swapped"))
+	}
 	select {
 	case <-idle:
 	case <-ctx.Done():
-		return &cancelled, errors.Join(err, ctx.Err())
+		errs = append(errs, ctx.Err())
 	}
-	return &cancelled, err
+	return cancelled, errors.Join(errs...)
 }
 
 // PauseNow stops dispatching new calls at once, without waiting for the
@@ -481,6 +501,13 @@ func (d *Dispatcher) SetOnNoFit(f func()) {
 	d.mu.Unlock()
 }
 
+// Closed reports whether the module was retired (Close).
+func (d *Dispatcher) Closed() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.closed
+}
+
 // Paused reports whether dispatching is paused.
 func (d *Dispatcher) Paused() bool {
 	d.mu.Lock()
@@ -498,8 +525,8 @@ func (d *Dispatcher) Switch(route Route) (previous *Route, err error) {
 	if !d.paused {
 		return nil, fmt.Errorf("switch module %s: the dispatcher is not paused", d.module)
 	}
-	if d.inFlight != nil {
-		return nil, fmt.Errorf("switch module %s: run %s is still in flight", d.module, d.inFlight.CallID)
+	for id := range d.running {
+		return nil, fmt.Errorf("switch module %s: run %s is still in flight", d.module, id)
 	}
 	previous = d.route
 	if route.Backend == nil {

@@ -36,20 +36,41 @@ func (d *Dispatcher) Withdraw(callID, reason string) bool {
 // not retry it. It reports false when that call is not running.
 func (d *Dispatcher) CancelRunning(ctx context.Context, callID, reason string) (bool, error) {
 	d.mu.Lock()
-	inflight := d.inFlight
+	inflight, ok := d.running[callID]
 	d.mu.Unlock()
-	if inflight == nil || inflight.CallID != callID {
+	if !ok {
 		return false, nil
 	}
 	return true, inflight.Route.Backend.Cancel(ctx, callID, reason)
 }
 
-// Running returns the call in the run slot, if any.
+// CancelRunningWithState is CancelRunning for a package runtime's run: the
+// runtime answers CancelInvocation with its state of the run, returned
+// here. It reports false when that call is not running or its route has no
+// package runtime.
+func (d *Dispatcher) CancelRunningWithState(ctx context.Context, callID string) (bool, string, error) {
+	d.mu.Lock()
+	inflight, ok := d.running[callID]
+	d.mu.Unlock()
+	if !ok || inflight.Route.Package == nil {
+		return false, "", nil
+	}
+	state, err := inflight.Route.Package.CancelInvocation(ctx, callID)
+	return true, state, err
+}
+
+// Running returns the oldest call in a run slot, if any.
 func (d *Dispatcher) Running() (InFlight, bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.inFlight == nil {
+	var oldest *InFlight
+	for _, r := range d.running {
+		if oldest == nil || r.StartedAt.Before(oldest.StartedAt) {
+			oldest = r
+		}
+	}
+	if oldest == nil {
 		return InFlight{}, false
 	}
-	return *d.inFlight, true
+	return *oldest, true
 }

@@ -238,7 +238,7 @@ func TestPauseCancelsARunThatOutlivesTheQuiesceTimeout(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 	cancelled, err := d.Pause(context.Background(), 50*time.Millisecond)
-	if err != nil || cancelled == nil || cancelled.CallID != "long-run" || cancelled.Route.Lineage != 1 {
+	if err != nil || len(cancelled) != 1 || cancelled[0].CallID != "long-run" || cancelled[0].Route.Lineage != 1 {
 		t.Fatalf("Pause: cancelled=%+v err=%v; want the in-flight run reported", cancelled, err)
 	}
 	if err := <-errc; err == nil {
@@ -308,5 +308,49 @@ func TestCloseFailsQueuedCalls(t *testing.T) {
 	}
 	if _, err := d.Invoke(context.Background(), call("after", time.Second)); !errors.Is(err, ErrDispatcherClosed) {
 		t.Fatalf("call after Close: %v", err)
+	}
+}
+
+func TestARouteWithSeveralSlotsRunsThatManyCallsAtOnceAndQuiesceCancelsEveryOne(t *testing.T) {
+	b := newScripted("g1")
+	b.hold = make(chan struct{})
+	d := NewDispatcher("prompt_system", 8)
+	if _, err := d.Switch(Route{Lineage: 1, Name: "g1", Backend: b, Slots: 3}); err != nil {
+		t.Fatal(err)
+	}
+	d.Resume()
+	t.Cleanup(d.Close)
+	errc := make(chan error, 4)
+	for i := range 4 {
+		go func() {
+			_, err := d.Invoke(context.Background(), call(fmt.Sprint("c", i), 10*time.Second))
+			errc <- err
+		}()
+	}
+	for b.active.Load() < 3 {
+		time.Sleep(time.Millisecond)
+	}
+	if q := d.QueueLength(); q != 1 {
+		t.Fatalf("with 3 slots full, %d calls wait; want 1", q)
+	}
+	cancelled, err := d.Pause(context.Background(), 20*time.Millisecond)
+	if err != nil || len(cancelled) != 3 {
+		t.Fatalf("Pause: cancelled %+v, err %v; want the 3 runs in flight", cancelled, err)
+	}
+	for range 3 {
+		if err := <-errc; err == nil {
+			t.Fatal("a cancelled call reported success")
+		}
+	}
+	if got := b.maxActive.Load(); got != 3 {
+		t.Fatalf("at most %d runs ran at once; want 3", got)
+	}
+	if d.QueueLength() != 1 || b.runs.Load() != 3 {
+		t.Fatalf("paused: %d queued, %d runs started; want the fourth call still queued", d.QueueLength(), b.runs.Load())
+	}
+	close(b.hold)
+	d.Resume()
+	if err := <-errc; err != nil {
+		t.Fatalf("the fourth call, run after the pause: %v", err)
 	}
 }

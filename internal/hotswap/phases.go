@@ -40,7 +40,7 @@ func (r *txnRun) shadowLoadPhase(g *generationRuntime) phase {
 func (r *txnRun) quiescePhase(owner *generationRuntime, receiptID func(callID string) string, detail string) phase {
 	return phase{name: ledger.PhaseQuiesce, fallback: reasons.DeadlineExceeded, work: func() error {
 		cancelled, err := r.m.dispatcher.Pause(r.ctx, r.desired.Swap.QuiesceTimeout)
-		if cancelled != nil {
+		for _, cancelled := range cancelled {
 			r.a.recordReceipt(owner, effects.Receipt{
 				ID: receiptID(cancelled.CallID), Kind: effects.ReceiptQuiesceCancel, Class: effects.Cancelable,
 				StartedAt: cancelled.StartedAt, FinishedAt: r.a.c.cfg.Now(),
@@ -256,6 +256,9 @@ func (a *activationRuntime) routeTo(g *generationRuntime, proc Provider, scope *
 	route := Route{Lineage: g.lineage, Name: g.name, Epoch: g.target.Epoch, Backend: backend, Scope: scope}
 	if pb, ok := proc.(PackageBackend); ok {
 		route.Package = pb
+		if m, ok := g.target.Plan.PackageRuntime(); ok {
+			route.Slots = int(m.Limits.MaxConcurrentInvocations)
+		}
 	}
 	return route
 }

@@ -51,7 +51,7 @@ func (a *activationRuntime) retire(swap SwapPolicy, candidate string, m *moduleR
 				a.setPhase(g, iteronv1.PhaseDraining)
 				a.mu.Unlock()
 				cancelled, _ := m.dispatcher.Pause(r.ctx, swap.QuiesceTimeout)
-				if cancelled != nil {
+				for _, cancelled := range cancelled {
 					a.recordReceipt(g, effects.Receipt{ID: "quiesce-cancel-" + cancelled.CallID, Kind: effects.ReceiptQuiesceCancel, Class: effects.Cancelable,
 						StartedAt: cancelled.StartedAt, FinishedAt: a.c.cfg.Now(), Detail: "run cancelled by the module's retirement"})
 				}

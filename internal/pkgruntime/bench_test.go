@@ -16,12 +16,6 @@ import (
 	"iteron.dev/operator/test/pkgruntimetest"
 )
 
-func medianOf(d []time.Duration) time.Duration {
-	s := slices.Clone(d)
-	slices.Sort(s)
-	return s[len(s)/2]
-}
-
 // BenchmarkInvoke: the host's Invoke (context and grant filled, deadline,
 // invocation bound, error mapping) against a bare grpc-go call of the same
 // request to the same kv runtime over the same kind of unix socket, each
@@ -65,7 +59,7 @@ func BenchmarkInvoke(b *testing.B) {
 			b.Fatal(resp, err)
 		}
 	}
-	mh, md := medianOf(host), medianOf(bare)
+	mh, md := pkgruntimetest.Median(host), pkgruntimetest.Median(bare)
 	b.ReportMetric(float64(mh)/1e3, "host-p50-µs")
 	b.ReportMetric(float64(md)/1e3, "direct-p50-µs")
 	b.ReportMetric(float64(mh)/float64(md), "ratio")

@@ -247,6 +247,11 @@ func (e *Executor) launch(plan activation.LaunchPlan, exe *os.File, head []byte)
 
 // checkPlan refuses a plan the executor cannot run.
 func checkPlan(plan activation.LaunchPlan) error {
+	if _, ok := plan.PackageRuntime(); ok {
+		// Its runtime_deadline would be read as a process lifetime and its
+		// gRPC service as a line protocol: internal/pkgruntime runs it.
+		return &Fault{Kind: KindRefused, Op: OpSpawn, Reason: reasons.UnsupportedVersion, Detail: fmt.Sprintf("%s is a package runtime, which this executor does not run", plan.ImplementationID())}
+	}
 	if !protocol.Version(plan.ProtocolVersion()).Valid() {
 		return &Fault{Kind: KindRefused, Op: OpSpawn, Reason: reasons.UnsupportedVersion, Detail: fmt.Sprintf("protocol version %d", plan.ProtocolVersion())}
 	}

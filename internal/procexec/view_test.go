@@ -16,6 +16,8 @@ import (
 
 	"iteron.dev/operator/examples/providers/artifacts"
 	"iteron.dev/operator/examples/providers/providertest"
+	"iteron.dev/operator/internal/activation"
+	"iteron.dev/operator/internal/catalog"
 	"iteron.dev/operator/internal/reasons"
 
 	"iteron.dev/operator/internal/spawn"
@@ -264,4 +266,19 @@ func rawFD(f *os.File) int {
 		rc.Control(func(u uintptr) { fd = int(u) })
 	}
 	return fd
+}
+
+func TestAPackageRuntimesPlanIsRefusedBeforeSpawn(t *testing.T) {
+	ex := newExecutor(t)
+	impl := implement(t, artifacts.CounterV2)
+	p, err := ex.Launch(providertest.Plan(t, impl, func(f *activation.LaunchPlanFields) {
+		f.PackageRuntime = &catalog.PackageRuntimeManifest{PackageRevisionID: f.ImplementationID}
+	}))
+	f, ok := AsFault(err)
+	if p != nil || !ok || f.Kind != KindRefused || f.ReasonCode() != reasons.UnsupportedVersion || !strings.Contains(f.Detail, "is a package runtime") {
+		t.Fatalf("Launch of a package runtime's plan: %v, %v", p, err)
+	}
+	if len(ex.Live()) != 0 {
+		t.Fatal("a process was started")
+	}
 }
