@@ -256,10 +256,10 @@ func TestALaunchTimeFaultOfAPackageRuntimeFailsTheNewGenerationAndLeavesTheOldOn
 			if tc.edit != nil {
 				edits = append(edits, tc.edit)
 			}
-			faulty := faultPlan(t, "prompt_system", tc.fault, edits...)
+			const module = faultModule
+			faulty := faultPlan(t, module, tc.fault, edits...)
 			h := newHarness(t, withPackageRuntimes(t))
 			a := newActivation("default", "faults")
-			const module = "prompt_system"
 			g1 := h.deployPlan(a, kvPlan(t, module), hotswap.SwapPolicy{})
 			st := h.settle(a, g1)
 			pid := st.Modules[module].Pid
@@ -407,7 +407,7 @@ func sortedPids(m map[int]bool) []int {
 	return out
 }
 
-func TestARuntimeThatHangsInInvokeFailsTheCallAtInvokeMsAndIsAskedToCancelIt(t *testing.T) {
+func TestARuntimeThatHangsInInvokeFailsTheCallAtInvokeMsAndTheRuntimesInvocationEnds(t *testing.T) {
 	h := newHarness(t, withPackageRuntimes(t))
 	a := newActivation("default", "hang-invoke")
 	_, pid := h.serveFaulty(a, faultModule, "hang-invoke", func(m *catalog.PackageRuntimeManifest) { m.Deadlines.InvokeMs = 300 })
@@ -478,6 +478,9 @@ func TestARuntimeStateOutsideTheFiveIsNotPassedOnThroughTheGateway(t *testing.T)
 	w := h.watch(a, faultModule, "observed", "k")
 	if ev := w.next(t, "the watch's initial event"); !ev.GetInitial() {
 		t.Fatalf("first event %s", describe(ev))
+	}
+	if n := watchGoroutines(); n < 2 {
+		t.Fatalf("%d goroutines of an open watch seen; want the gateway's relay and the host's reader (the leak check counts them)", n)
 	}
 	st, err := h.client.GetInvocationStatus(ctxT(t), &gatewayv1.InvocationControlRequest{Namespace: a.key.Namespace, InvocationId: "observed"})
 	if err != nil {
