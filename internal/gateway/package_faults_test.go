@@ -460,7 +460,9 @@ func TestARuntimeWhoseWatchNeverSendsEndsAtTheCallersDeadlineWithItsWatchCancell
 		if ev != nil {
 			t.Fatalf("watch %d: an event %s; want none", i, describe(ev))
 		}
-		expectFailure(t, err, codes.DeadlineExceeded, "deadline_exceeded", id)
+		// It ends in the relay (the caller stopped watching) or, on a busy
+		// machine, while the runtime's stream was still being opened.
+		expectFailure(t, err, codes.DeadlineExceeded, "deadline_exceeded")
 		took := time.Since(start)
 		waitFor(t, "the watch's goroutines to end", func() bool { return watchGoroutines() == 0 })
 		t.Logf("hang-watch: watch %s ended after %v: %s %s", id, took.Round(time.Millisecond), status.Code(err), status.Convert(err).Message())
