@@ -117,6 +117,31 @@ type packageWatch struct {
 	backend hotswap.PackageBackend
 	watchID string
 	route   hotswap.Route
+	// watch is the runtime's open stream; cancelled is set by
+	// CancelInvocation, after which the Watch ends (cancelled) and never
+	// moves.
+	watch     *pkgruntime.Watch
+	cancelled bool
+}
+
+// cancel marks the Watch cancelled and closes its runtime stream in the
+// background: the runtime was asked to end it, and Close cuts it when the
+// runtime has not within its cancel_ms (a runtime that ignores the
+// cancellation cannot keep the caller's stream open).
+func (w *packageWatch) cancel() {
+	w.mu.Lock()
+	w.cancelled = true
+	rw := w.watch
+	w.mu.Unlock()
+	if rw != nil {
+		go rw.Close()
+	}
+}
+
+func (w *packageWatch) isCancelled() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.cancelled
 }
 
 func (w *packageWatch) current() (hotswap.PackageBackend, string, hotswap.Route) {
@@ -220,6 +245,9 @@ func (s *Server) watchPackage(req *gatewayv1.WatchRequest, d *hotswap.Dispatcher
 		last hotswap.PackageBackend
 	)
 	for moves := 0; ; moves++ {
+		if entry.isCancelled() {
+			return fail(reasons.Cancelled, fmt.Sprintf("watch %s was cancelled (CancelInvocation)", id))
+		}
 		route, why := s.awaitPackageRoute(ctx, d, last)
 		if why != nil {
 			if last == nil || why.Code == reasons.DeadlineExceeded || why.Code == reasons.Interrupted {
@@ -240,8 +268,12 @@ func (s *Server) watchPackage(req *gatewayv1.WatchRequest, d *hotswap.Dispatcher
 			return fail(reasons.StaleGeneration, fmt.Sprintf("watch %s could not be opened again on generation %s: %v", id, route.Name, err))
 		}
 		entry.mu.Lock()
-		entry.backend, entry.watchID, entry.route = route.Package, call.InvocationID, *route
+		entry.backend, entry.watchID, entry.route, entry.watch = route.Package, call.InvocationID, *route, w
+		cancelled := entry.cancelled
 		entry.mu.Unlock()
+		if cancelled { // cancelled while it was being opened
+			go w.Close()
+		}
 		resource := "watch " + call.InvocationID
 		if route.Scope != nil {
 			// Disposing the generation closes the Watch: the loop then
@@ -250,7 +282,7 @@ func (s *Server) watchPackage(req *gatewayv1.WatchRequest, d *hotswap.Dispatcher
 				w.Close()
 			}
 		}
-		end, movable := s.relayPackageWatch(ctx, id, w, *route, d, &seq, stream)
+		end, movable := s.relayPackageWatch(ctx, id, w, *route, d, &seq, stream, entry.isCancelled)
 		closeErr := w.Close()
 		if route.Scope != nil {
 			route.Scope.Release(resource)
@@ -304,7 +336,7 @@ func (s *Server) awaitPackageRoute(ctx context.Context, d *hotswap.Dispatcher, l
 // relayPackageWatch sends w's events to the caller until the Watch ends. It
 // reports how it ended, and whether the Watch should move: the runtime it
 // ran on is no longer the module's (switched away from, or exited).
-func (s *Server) relayPackageWatch(ctx context.Context, id string, w *pkgruntime.Watch, route hotswap.Route, d *hotswap.Dispatcher, seq *uint64, stream grpc.ServerStreamingServer[gatewayv1.WatchEvent]) (error, bool) {
+func (s *Server) relayPackageWatch(ctx context.Context, id string, w *pkgruntime.Watch, route hotswap.Route, d *hotswap.Dispatcher, seq *uint64, stream grpc.ServerStreamingServer[gatewayv1.WatchEvent], cancelled func() bool) (error, bool) {
 	for {
 		ev, err := w.Recv(ctx)
 		if err == nil {
@@ -335,6 +367,9 @@ func (s *Server) relayPackageWatch(ctx context.Context, id string, w *pkgruntime
 		}
 		if s.ctx.Err() != nil {
 			return fail(reasons.Interrupted, "the gateway is stopping"), false
+		}
+		if cancelled() {
+			return fail(reasons.Cancelled, fmt.Sprintf("watch %s was cancelled (CancelInvocation)", id)), false
 		}
 		if routedAway(d, route, 1*time.Second) {
 			return nil, true
@@ -393,6 +428,10 @@ func (s *Server) packageWatchStatus(ctx context.Context, req *gatewayv1.Invocati
 	st := &gatewayv1.InvocationStatus{InvocationId: req.GetInvocationId(), Namespace: req.GetNamespace(),
 		Generation: route.Lineage, GenerationName: route.Name, State: gatewayv1.InvocationState_INVOCATION_STATE_RUNNING}
 	if backend == nil {
+		if cancel { // not open on a runtime yet: it never will be
+			w.cancel()
+			st.State = gatewayv1.InvocationState_INVOCATION_STATE_CANCELLATION_REQUESTED
+		}
 		return st
 	}
 	var state string
@@ -400,6 +439,7 @@ func (s *Server) packageWatchStatus(ctx context.Context, req *gatewayv1.Invocati
 	if cancel {
 		state, err = backend.CancelInvocation(ctx, watchID)
 		st.State = gatewayv1.InvocationState_INVOCATION_STATE_CANCELLATION_REQUESTED
+		w.cancel()
 	} else {
 		state, err = backend.Status(ctx, watchID)
 	}

@@ -30,6 +30,9 @@ var (
 	runtimeDir   string
 	runtimesErr  error
 	pkgLauncher  *pkgruntime.Launcher
+	// runtimeSocketDir is the launcher's SocketDir (the fault tests check
+	// that nothing of a failed runtime is left in it).
+	runtimeSocketDir string
 )
 
 // packageRuntimes builds the example runtimes once per test binary and
@@ -53,6 +56,7 @@ func packageRuntimes(tb testing.TB) (map[string]string, *pkgruntime.Launcher) {
 			return
 		}
 		providertest.RemoveAtExit(sockets)
+		runtimeSocketDir = sockets
 		pkgLauncher, runtimesErr = pkgruntime.NewLauncher(pkgruntime.LaunchConfig{
 			ProviderUID: providerUID, ProviderGID: providerUID, RecordDir: filepath.Join(runtimeDir, "records"),
 			SocketDir: sockets, KillTimeout: 5 * time.Second, SealCacheBytes: 64 << 20,
@@ -325,9 +329,10 @@ func TestInvokesRunUpToTheRuntimesConcurrencyBoundAndACancelIsAnsweredByTheRunti
 		return h.status(a, "hang-3").GetState() == gatewayv1.InvocationState_INVOCATION_STATE_QUEUED
 	})
 	for _, id := range ids[:2] {
-		if st := h.status(a, id); st.GetRuntimeState() != "running" {
-			t.Fatalf("%s: runtime_state %q; want the runtime's own answer, running", id, st.GetRuntimeState())
-		}
+		// The gateway says RUNNING once the dispatcher started the call, a
+		// moment before the runtime has its request (it answers unknown
+		// until then).
+		waitFor(t, id+"'s runtime_state running (the runtime's own answer)", func() bool { return h.status(a, id).GetRuntimeState() == "running" })
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -159,10 +159,14 @@ func acquire(sem chan struct{}, what string, bound int) error {
 	}
 }
 
-// callError turns a gRPC failure of a call into the host's error.
+// callError turns a gRPC failure of a call into the host's error. d is the
+// call's own deadline; 0 for a Watch, which has none but the caller's.
 func callError(op string, d time.Duration, err error) error {
 	switch status.Code(err) {
 	case codes.DeadlineExceeded:
+		if d == 0 {
+			return &Error{Code: reasons.DeadlineExceeded, Field: op, Detail: "the caller's deadline passed", Err: err}
+		}
 		return &Error{Code: reasons.DeadlineExceeded, Field: op, Detail: fmt.Sprintf("no answer within %v", d), Err: err}
 	case codes.Canceled:
 		return &Error{Code: reasons.Cancelled, Field: op, Detail: "the caller went away", Err: err}

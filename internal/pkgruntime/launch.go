@@ -151,6 +151,16 @@ func (l *Launcher) Launch(ctx context.Context, pin Pin, artifactRoot string) (*R
 		return nil, err
 	}
 	r.conn = conn
+	// An exit nobody asked for (a crash) is torn down at once, as the
+	// executor does for its providers: the group killed, the leader reaped,
+	// its record and socket directory removed — not left as a zombie until
+	// its owner gets to Kill (a generation failed by its crash budget may
+	// never). Kill is idempotent: a Stop or Kill of the owner's gets the
+	// same report.
+	go func() {
+		<-r.exited
+		r.Kill()
+	}()
 	return r, nil
 }
 

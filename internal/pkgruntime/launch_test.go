@@ -240,7 +240,21 @@ func TestARuntimeThatExitsIsSeenAndReaped(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the crash was not seen")
 	}
-	td := r.Kill()
+	// Torn down without a Kill from its owner (who may never call one: a
+	// generation failed by its crash budget): reaped, not left a zombie, its
+	// record and socket directory removed.
+	pid := r.Pid()
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(2 * time.Millisecond) {
+		_, err := os.Stat("/proc/" + strconv.Itoa(pid))
+		if errors.Is(err, os.ErrNotExist) && len(entries(t, l.cfg.RecordDir))+len(entries(t, l.cfg.SocketDir)) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("30 s after its exit: /proc/%d (%v, state %q), records %v, socket dirs %v", pid, err, procStatusQuiet(pid, "State"),
+				entries(t, l.cfg.RecordDir), entries(t, l.cfg.SocketDir))
+		}
+	}
+	td := r.Kill() // the teardown's report, again
 	if !td.Exit.Exited || td.Exit.Code != 3 {
 		t.Fatalf("exit %v, want exit status 3", td.Exit)
 	}
