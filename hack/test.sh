@@ -51,6 +51,7 @@ table=(
   "test/survivor     4m       serial"   # 33-74s (9 runs, 2 Dec 2026, load from another real-node run; a control plane, the manager and survivor binaries killed and restarted under calls)
   "test/oci          5m       serial"   # 32.0-51.0s (12 runs, 2 Dec 2026; two registries, the control plane, the manager in-process and the manager binary built and SIGKILLed mid-pull: a cold build cache adds the manager's build)
   "test/lifecycle    3m       serial"   # 21.9-36.0s (3 runs, 2 Dec 2026; a control plane, the manager in-process with a custom seam graph, nine requirement activations and one hot swap held at two phases)
+  "internal/gateway  5m       parallel" # 35-47s (2 Dec 2026, idle and beside two CPU hogs; with the package-runtime fault table, which links the seed runtime once per fault: a cold build cache adds those links)
   "internal/artifacts 3m      parallel" # 4.1-7.4s (a registry of its own; a puller re-executed and SIGKILLed)
 )
 
