@@ -386,12 +386,16 @@ func sameTarget(g *iteronv1.Generation, p *activation.LaunchPlan, previous strin
 // implementationOf is a Generation's implementation from its launch plan.
 func implementationOf(p activation.LaunchPlan, catalogPath string) iteronv1.Implementation {
 	v := p.Version()
-	return iteronv1.Implementation{
+	impl := iteronv1.Implementation{
 		ID: p.ImplementationID(), Version: fmt.Sprintf("%d.%d.%d", v[0], v[1], v[2]),
 		ManifestSHA256: p.ManifestSHA256(), ArtifactSHA256: p.ArtifactSHA256(),
 		CatalogPath: catalogPath, ArtifactRoot: p.ArtifactRoot(), Executable: p.Executable(), Argv: p.Argv(),
 		ProtocolVersion: int32(p.ProtocolVersion()),
 	}
+	if m, ok := p.PackageRuntime(); ok {
+		impl.PackageRuntime = &iteronv1.PackageRuntimeImplementation{RuntimeProtocolVersion: m.RuntimeProtocolVersion, Exports: m.ExportIDs}
+	}
+	return impl
 }
 
 func newGeneration(act *iteronv1.ImplementationActivation, rm ResolvedModule, lineage int64, attempt int32, previous string) *iteronv1.Generation {

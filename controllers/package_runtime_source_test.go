@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -91,11 +92,15 @@ func TestAPackageRuntimeSourceResolvesToAGenerationTheAPIServerAccepts(t *testin
 		{"deadlines", gen.Spec.Deadlines, iteronv1.Deadlines{RuntimeMs: 10000, CancellationMs: 2000}},
 		{"evidence limits", gen.Spec.EvidenceLimits, iteronv1.EvidenceLimits{StderrBytes: activation.PackageRuntimeStderrBytes}},
 		{"failure policy", gen.Spec.FailurePolicy, "fail_closed"},
+		{"it says it is a package runtime", impl.PackageRuntime != nil, true},
 	}
 	for _, c := range checks {
 		if c.got != c.want {
 			t.Errorf("%s = %v, want %v", c.what, c.got, c.want)
 		}
+	}
+	if pr := impl.PackageRuntime; pr == nil || pr.RuntimeProtocolVersion != catalog.PackageRuntimeProtocol || strings.Join(pr.Exports, ",") != "get,put,watch" {
+		t.Errorf("packageRuntime = %+v, want the manifest's protocol and exports", pr)
 	}
 	// As the manager: the Generation admission policy lets only it write
 	// Generations.

@@ -67,6 +67,28 @@ type Implementation struct {
 	// +optional
 	// +kubebuilder:validation:MaxLength=512
 	Interpreter string `json:"interpreter,omitempty"`
+	// packageRuntime is set when the implementation is a package runtime (a
+	// quixos.runtime.PackageRuntime server named by a package-runtime
+	// manifest) rather than a line-protocol provider: id is then its
+	// package_revision_id, version 0.0.0, and protocolVersion 1 (the host
+	// moves no state: a version change is a cold replace).
+	// +optional
+	PackageRuntime *PackageRuntimeImplementation `json:"packageRuntime,omitempty"`
+}
+
+// PackageRuntimeImplementation is what a package runtime's manifest pins
+// beyond the common fields.
+type PackageRuntimeImplementation struct {
+	// runtimeProtocolVersion is the manifest's runtime_protocol_version.
+	// +kubebuilder:validation:MaxLength=64
+	RuntimeProtocolVersion string `json:"runtimeProtocolVersion"`
+	// exports are the manifest's export IDs, sorted: what the runtime's
+	// handshake must name, and what a call's export may be.
+	// +listType=atomic
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:items:MaxLength=96
+	Exports []string `json:"exports"`
 }
 
 // Deadlines are the manifest's deadlines.

@@ -173,6 +173,13 @@ func TestAPackageRuntimeIsAppliedCalledCutOverAndDeleted(t *testing.T) {
 	if err := c.client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name + "-prompt-system-g1-1"}, &old); err != nil {
 		t.Fatal(err)
 	}
+	var current iteronv1.Generation
+	if err := c.client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: gen}, &current); err != nil {
+		t.Fatal(err)
+	}
+	if pr := current.Spec.Implementation.PackageRuntime; pr == nil || strings.Join(pr.Exports, ",") != "get,put,watch" || current.Spec.Implementation.ID != "seed-kv-1" {
+		t.Fatalf("%s's implementation: %+v; want the seed runtime's revision and exports", gen, current.Spec.Implementation)
+	}
 	t.Logf("cutover: %v → %s; old Generation %s phase %s step %s", pidsBefore, gen, old.Name, old.Status.Phase, old.Status.Step)
 
 	pids := c.generationPids(t, a)
