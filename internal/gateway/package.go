@@ -362,7 +362,7 @@ func (s *Server) relayPackageWatch(ctx context.Context, id string, w *pkgruntime
 			}
 			continue
 		}
-		if ctx.Err() != nil {
+		if callerEnded(ctx, err) {
 			return fail(reasons.DeadlineExceeded, fmt.Sprintf("the caller stopped watching %s: %v", id, ctx.Err())), false
 		}
 		if s.ctx.Err() != nil {
@@ -379,6 +379,33 @@ func (s *Server) relayPackageWatch(ctx context.Context, id string, w *pkgruntime
 			return nil, false
 		}
 		return callFailure(err, route.Lineage), false
+	}
+}
+
+// callerEnded reports whether the caller's context ended the Watch. The
+// runtime gets the caller's deadline too (gRPC carries it), and its end of
+// the stream can report it a moment before the deadline fires here: such
+// an error waits for the deadline (it is due) rather than being taken for
+// the runtime's failure.
+func callerEnded(ctx context.Context, err error) bool {
+	if ctx.Err() != nil {
+		return true
+	}
+	var pe *pkgruntime.Error
+	if !errors.As(err, &pe) || pe.Code != reasons.DeadlineExceeded {
+		return false
+	}
+	dl, ok := ctx.Deadline()
+	if !ok || time.Until(dl) > time.Second {
+		return false
+	}
+	t := time.NewTimer(time.Until(dl) + 50*time.Millisecond)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return true
+	case <-t.C:
+		return ctx.Err() != nil
 	}
 }
 
