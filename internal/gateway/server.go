@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	goruntime "runtime"
 	"sort"
 	"strconv"
 	"sync"
@@ -163,7 +164,12 @@ func New(cfg Config) (*Server, error) {
 		table: newInvocationTable(InvocationTTL, MaxInvocations, MaxInvocationBytes, cfg.Now),
 		ctx:   ctx, cancel: cancel,
 	}
-	s.grpc = grpc.NewServer(grpc.Creds(PeerCredentials()), grpc.MaxRecvMsgSize(maxRequestBytes))
+	// Stream workers serve a call on a goroutine that is already running
+	// instead of a new one per stream (grpc-go starts one anyway when all
+	// are busy, so a long Watch never holds a call back): measured, the
+	// package-runtime Invoke through the gateway ÷ direct went from 2.01-2.05
+	// to 1.88-1.94 (BenchmarkPackageInvoke, medians of 5, alternating runs).
+	s.grpc = grpc.NewServer(grpc.Creds(PeerCredentials()), grpc.MaxRecvMsgSize(maxRequestBytes), grpc.NumStreamWorkers(uint32(goruntime.NumCPU())))
 	gatewayv1.RegisterGatewayServer(s.grpc, s)
 	return s, nil
 }
