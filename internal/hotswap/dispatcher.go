@@ -248,11 +248,7 @@ func (d *Dispatcher) Invoke(ctx context.Context, call Call) (Result, error) {
 	}
 	d.queue = append(d.queue, p)
 	d.mu.Unlock()
-	// Dispatch from here when a slot is free (one hand-off fewer than
-	// waking the loop); the loop still dispatches whatever this cannot.
-	if !d.dispatchOne() {
-		d.poke()
-	}
+	d.poke()
 
 	timer := time.NewTimer(time.Until(call.Deadline))
 	defer timer.Stop()
