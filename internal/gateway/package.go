@@ -114,9 +114,8 @@ func fillPackageResponse(resp *gatewayv1.InvokeResponse, obs hotswap.Observation
 // its invocation_id.
 type packageWatch struct {
 	mu      sync.Mutex
-	backend hotswap.PackageBackend
 	watchID string
-	route   hotswap.Route
+	route   hotswap.Route // route.Package is the runtime it is open on (nil before)
 	// watch is the runtime's open stream; cancelled is set by
 	// CancelInvocation, after which the Watch ends (cancelled) and never
 	// moves.
@@ -147,7 +146,7 @@ func (w *packageWatch) isCancelled() bool {
 func (w *packageWatch) current() (hotswap.PackageBackend, string, hotswap.Route) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.backend, w.watchID, w.route
+	return w.route.Package, w.watchID, w.route
 }
 
 // packageWatches are the open package-runtime Watches by namespace and
@@ -268,7 +267,7 @@ func (s *Server) watchPackage(req *gatewayv1.WatchRequest, d *hotswap.Dispatcher
 			return fail(reasons.StaleGeneration, fmt.Sprintf("watch %s could not be opened again on generation %s: %v", id, route.Name, err))
 		}
 		entry.mu.Lock()
-		entry.backend, entry.watchID, entry.route, entry.watch = route.Package, call.InvocationID, *route, w
+		entry.watchID, entry.route, entry.watch = call.InvocationID, *route, w
 		cancelled := entry.cancelled
 		entry.mu.Unlock()
 		if cancelled { // cancelled while it was being opened
@@ -438,11 +437,7 @@ func callFailure(err error, generation int64) error {
 	}
 	var pe *pkgruntime.Error
 	if errors.As(err, &pe) {
-		msg := pe.Detail
-		if pe.Field != "" {
-			msg = pe.Field + ": " + pe.Detail
-		}
-		return failure(reasons.GRPCCode(pe.Code), pe.Code, msg, generation)
+		return failure(reasons.GRPCCode(pe.Code), pe.Code, pe.Message(), generation)
 	}
 	return failure(reasons.GRPCCode(reasons.ProviderFailed), reasons.ProviderFailed, err.Error(), generation)
 }

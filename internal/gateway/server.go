@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash"
 	"net"
 	goruntime "runtime"
 	"sort"
@@ -388,7 +389,7 @@ func (s *Server) Watch(req *gatewayv1.WatchRequest, stream grpc.ServerStreamingS
 	if d := s.packageDispatcher(req.GetNamespace(), req.GetActivation(), req.GetModule()); d != nil {
 		return s.watchPackage(req, d, stream)
 	}
-	inv, replayed, err := s.begin(ctx, callRequest{
+	inv, replayed, err := s.beginAuthorized(ctx, callRequest{
 		namespace: req.GetNamespace(), activation: req.GetActivation(), module: req.GetModule(),
 		invocationID: req.GetInvocationId(), input: req.GetInputJson(), deadlineMs: req.GetDeadlineMs(),
 		pinned: req.PinnedGeneration,
@@ -461,6 +462,12 @@ func (s *Server) begin(ctx context.Context, req callRequest, streaming bool) (*i
 	if _, err := s.authorize(ctx, req.namespace); err != nil {
 		return nil, false, err
 	}
+	return s.beginAuthorized(ctx, req, streaming)
+}
+
+// beginAuthorized is begin for a caller already authorized for
+// req.namespace.
+func (s *Server) beginAuthorized(ctx context.Context, req callRequest, streaming bool) (*invocation, bool, error) {
 	if err := validName(req.activation); err != nil {
 		return nil, false, fail(reasons.InvalidRequest, "activation: "+err.Error())
 	}
@@ -644,27 +651,12 @@ func fingerprint(activation, module string, pinned *int64, canonicalInput []byte
 		// Only calls that name package-runtime fields hash them, so the
 		// fingerprints of every other call stay as they were.
 		h.Write([]byte("package\x00"))
-		for _, part := range []string{pkg.export, pkg.objectID, pkg.sessionID} {
-			var n [8]byte
-			binary.BigEndian.PutUint64(n[:], uint64(len(part)))
-			h.Write(n[:])
-			h.Write([]byte(part))
-		}
+		writeLengthPrefixed(h, pkg.export, pkg.objectID, pkg.sessionID)
 		for _, d := range pkg.dependencies {
-			for _, part := range []string{d.GetKind(), d.GetObjectId(), d.GetAttachmentId(), d.GetProjectionId(), d.GetValueJson()} {
-				var n [8]byte
-				binary.BigEndian.PutUint64(n[:], uint64(len(part)))
-				h.Write(n[:])
-				h.Write([]byte(part))
-			}
+			writeLengthPrefixed(h, d.GetKind(), d.GetObjectId(), d.GetAttachmentId(), d.GetProjectionId(), d.GetValueJson())
 		}
 	}
-	for _, part := range []string{activation, module} {
-		var n [8]byte
-		binary.BigEndian.PutUint64(n[:], uint64(len(part)))
-		h.Write(n[:])
-		h.Write([]byte(part))
-	}
+	writeLengthPrefixed(h, activation, module)
 	var pin [9]byte
 	if pinned != nil {
 		pin[0] = 1
@@ -675,6 +667,17 @@ func fingerprint(activation, module string, pinned *int64, canonicalInput []byte
 	var out [32]byte
 	h.Sum(out[:0])
 	return out
+}
+
+// writeLengthPrefixed writes each part after its length (8 bytes, big
+// endian), so that no two lists of parts hash alike.
+func writeLengthPrefixed(h hash.Hash, parts ...string) {
+	for _, part := range parts {
+		var n [8]byte
+		binary.BigEndian.PutUint64(n[:], uint64(len(part)))
+		h.Write(n[:])
+		h.Write([]byte(part))
+	}
 }
 
 // started records the generation that took the call.
@@ -907,7 +910,7 @@ func (s *Server) CancelInvocation(ctx context.Context, req *gatewayv1.Invocation
 	if rt := inv.runningOn(); rt != nil {
 		// A package runtime answers the cancellation itself: its state
 		// (cancellation-requested while the run winds down) is returned.
-		_, state, err := inv.dispatcher.CancelRunningWithState(ctx, inv.runID)
+		state, err := rt.CancelInvocation(ctx, inv.runID)
 		st := inv.status()
 		if err == nil {
 			st.RuntimeState = state

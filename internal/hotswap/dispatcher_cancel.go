@@ -44,21 +44,6 @@ func (d *Dispatcher) CancelRunning(ctx context.Context, callID, reason string) (
 	return true, inflight.Route.Backend.Cancel(ctx, callID, reason)
 }
 
-// CancelRunningWithState is CancelRunning for a package runtime's run: the
-// runtime answers CancelInvocation with its state of the run, returned
-// here. It reports false when that call is not running or its route has no
-// package runtime.
-func (d *Dispatcher) CancelRunningWithState(ctx context.Context, callID string) (bool, string, error) {
-	d.mu.Lock()
-	inflight, ok := d.running[callID]
-	d.mu.Unlock()
-	if !ok || inflight.Route.Package == nil {
-		return false, "", nil
-	}
-	state, err := inflight.Route.Package.CancelInvocation(ctx, callID)
-	return true, state, err
-}
-
 // Running returns the oldest call in a run slot, if any.
 func (d *Dispatcher) Running() (InFlight, bool) {
 	d.mu.Lock()

@@ -266,11 +266,7 @@ func observationOfResponse(resp *runtimepb.InvokeResponse) (Observation, error) 
 func runtimeCallError(err error) error {
 	var pe *pkgruntime.Error
 	if errors.As(err, &pe) {
-		msg := pe.Detail
-		if pe.Field != "" {
-			msg = pe.Field + ": " + pe.Detail
-		}
-		return &CallError{Code: pe.Code, Message: msg, Err: err}
+		return &CallError{Code: pe.Code, Message: pe.Message(), Err: err}
 	}
 	return err
 }
@@ -278,8 +274,8 @@ func runtimeCallError(err error) error {
 // Cancel asks the runtime to cancel a run (CancelInvocation, within its
 // cancel_ms).
 func (p *packageProvider) Cancel(ctx context.Context, runID, reason string) error {
-	_, err := p.r.Conn().Cancel(ctx, runID)
-	return runtimeCallError(err)
+	_, err := p.CancelInvocation(ctx, runID)
+	return err
 }
 
 // CancelInvocation asks the runtime to cancel an invocation and returns

@@ -50,11 +50,15 @@ type Error struct {
 	Err error
 }
 
-func (e *Error) Error() string {
+func (e *Error) Error() string { return e.Code + ": " + e.Message() }
+
+// Message is the error without its reason code: "<field>: <detail>", or the
+// detail alone.
+func (e *Error) Message() string {
 	if e.Field == "" {
-		return e.Code + ": " + e.Detail
+		return e.Detail
 	}
-	return e.Code + ": " + e.Field + ": " + e.Detail
+	return e.Field + ": " + e.Detail
 }
 
 // Unwrap returns the underlying error.
