@@ -259,7 +259,11 @@ func (s *Server) watchPackage(req *gatewayv1.WatchRequest, d *hotswap.Dispatcher
 		if moves > 0 {
 			call.InvocationID = runID + "-m" + strconv.Itoa(moves)
 		}
-		w, err := route.Package.Watch(ctx, call, payload)
+		// The runtime's stream does not inherit the caller's deadline: the
+		// gateway ends the Watch at that deadline itself (and then closes the
+		// runtime's stream), so the runtime cannot end it a moment earlier and
+		// make the caller's deadline look like the runtime's own end.
+		w, err := route.Package.Watch(context.WithoutCancel(ctx), call, payload)
 		if err != nil {
 			if last == nil {
 				return callFailure(err, route.Lineage)
@@ -361,7 +365,7 @@ func (s *Server) relayPackageWatch(ctx context.Context, id string, w *pkgruntime
 			}
 			continue
 		}
-		if callerEnded(ctx, err) {
+		if ctx.Err() != nil {
 			return fail(reasons.DeadlineExceeded, fmt.Sprintf("the caller stopped watching %s: %v", id, ctx.Err())), false
 		}
 		if s.ctx.Err() != nil {
@@ -378,33 +382,6 @@ func (s *Server) relayPackageWatch(ctx context.Context, id string, w *pkgruntime
 			return nil, false
 		}
 		return callFailure(err, route.Lineage), false
-	}
-}
-
-// callerEnded reports whether the caller's context ended the Watch. The
-// runtime gets the caller's deadline too (gRPC carries it), and its end of
-// the stream can report it a moment before the deadline fires here: such
-// an error waits for the deadline (it is due) rather than being taken for
-// the runtime's failure.
-func callerEnded(ctx context.Context, err error) bool {
-	if ctx.Err() != nil {
-		return true
-	}
-	var pe *pkgruntime.Error
-	if !errors.As(err, &pe) || pe.Code != reasons.DeadlineExceeded {
-		return false
-	}
-	dl, ok := ctx.Deadline()
-	if !ok || time.Until(dl) > time.Second {
-		return false
-	}
-	t := time.NewTimer(time.Until(dl) + 50*time.Millisecond)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return true
-	case <-t.C:
-		return ctx.Err() != nil
 	}
 }
 
