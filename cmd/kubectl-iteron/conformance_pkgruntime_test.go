@@ -7,7 +7,6 @@ import (
 	"strings"
 	"testing"
 
-	"iteron.dev/operator/examples/providers/artifacts"
 	"iteron.dev/operator/examples/providers/providertest"
 	"iteron.dev/operator/test/pkgruntimetest"
 )
@@ -18,17 +17,7 @@ import (
 func runtimeManifest(t *testing.T, binary, revision string) string {
 	t.Helper()
 	dir := providertest.Dir(t)
-	b, err := os.ReadFile(binary)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "runtime"), b, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	digest, err := artifacts.FileSHA256(filepath.Join(dir, "runtime"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	digest := pkgruntimetest.Install(t, dir, binary)
 	m := fmt.Sprintf(`{"schema_id":"iteron-package-runtime/1","package_revision_id":%q,"runtime_protocol_version":"quixos.runtime/1",`+
 		`"module":"prompt_system","export_ids":["get","put","watch"],"executable":"runtime","artifact_sha256":%q,`+
 		`"deadlines":{"handshake_ms":10000,"invoke_ms":10000,"cancel_ms":1000},`+

@@ -36,7 +36,7 @@ import (
 // the seed's revision.
 func faultPlan(tb testing.TB, module, fault string, edit ...func(*catalog.PackageRuntimeManifest)) activation.LaunchPlan {
 	tb.Helper()
-	return runtimePlan(tb, module, seedWithFault(tb, fault), runtimeRevisions[pkgruntimetest.Seed], edit...)
+	return pkgruntimetest.Plan(tb, module, seedWithFault(tb, fault), runtimeRevisions[pkgruntimetest.Seed], edit...)
 }
 
 // runtimeProcesses are the live runtime and provider processes of this
@@ -76,26 +76,13 @@ func runtimeProcesses() []int {
 // runtimeSockets are the launcher's per-runtime socket directories.
 func runtimeSockets(tb testing.TB) []string {
 	tb.Helper()
-	return dirNames(tb, runtimeSocketDir)
+	return pkgruntimetest.DirNames(tb, runtimeSocketDir)
 }
 
 // runtimeRecords are the launcher's group records.
 func runtimeRecords(tb testing.TB) []string {
 	tb.Helper()
-	return dirNames(tb, filepath.Join(runtimeDir, "records"))
-}
-
-func dirNames(tb testing.TB, dir string) []string {
-	tb.Helper()
-	es, err := os.ReadDir(dir)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	var out []string
-	for _, e := range es {
-		out = append(out, e.Name())
-	}
-	return out
+	return pkgruntimetest.DirNames(tb, filepath.Join(runtimeDir, "records"))
 }
 
 // watchGoroutines counts the goroutines serving or reading a package

@@ -4,7 +4,6 @@ import (
 	"context"
 	"os"
 	"path/filepath"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -77,23 +76,16 @@ func withPackageRuntimes(tb testing.TB) harnessOption {
 // runtimeRevisions are the package_revision_id each runtime answers with.
 var runtimeRevisions = map[string]string{pkgruntimetest.KV: "kv-1.0.0", pkgruntimetest.Seed: "seed-kv-1"}
 
-// runtimePlan lays binary out in a fresh artifact root and mints the plan
-// of a package runtime filling module, answering as revision.
-func runtimePlan(tb testing.TB, module, binary, revision string, edit ...func(*catalog.PackageRuntimeManifest)) activation.LaunchPlan {
-	tb.Helper()
-	return pkgruntimetest.Plan(tb, module, binary, revision, edit...)
-}
-
 // kvPlan is the SDK's kv runtime filling module.
 func kvPlan(tb testing.TB, module string) activation.LaunchPlan {
 	bins, _ := packageRuntimes(tb)
-	return runtimePlan(tb, module, bins[pkgruntimetest.KV], runtimeRevisions[pkgruntimetest.KV])
+	return pkgruntimetest.Plan(tb, module, bins[pkgruntimetest.KV], runtimeRevisions[pkgruntimetest.KV])
 }
 
 // seedPlan is the proto-only runtime filling module.
 func seedPlan(tb testing.TB, module string) activation.LaunchPlan {
 	bins, _ := packageRuntimes(tb)
-	return runtimePlan(tb, module, bins[pkgruntimetest.Seed], runtimeRevisions[pkgruntimetest.Seed])
+	return pkgruntimetest.Plan(tb, module, bins[pkgruntimetest.Seed], runtimeRevisions[pkgruntimetest.Seed])
 }
 
 // put stores value (JSON) at key through the gateway.
@@ -306,7 +298,7 @@ func seedWithFault(tb testing.TB, fault string) string {
 func TestInvokesRunUpToTheRuntimesConcurrencyBoundAndACancelIsAnsweredByTheRuntime(t *testing.T) {
 	h := newHarness(t, withPackageRuntimes(t))
 	a := newActivation("default", "stack")
-	plan := runtimePlan(t, module, seedWithFault(t, "hang-invoke"), runtimeRevisions[pkgruntimetest.Seed], func(m *catalog.PackageRuntimeManifest) {
+	plan := pkgruntimetest.Plan(t, module, seedWithFault(t, "hang-invoke"), runtimeRevisions[pkgruntimetest.Seed], func(m *catalog.PackageRuntimeManifest) {
 		m.Limits.MaxConcurrentInvocations = 2
 		m.Deadlines.InvokeMs = 60_000
 	})
@@ -404,7 +396,7 @@ func TestARelaunchAfterTheRuntimeCrashesMovesItsOpenWatch(t *testing.T) {
 func BenchmarkPackageWatchEvents(b *testing.B) {
 	h := newHarness(b, withPackageRuntimes(b))
 	a := newActivation("default", "bench")
-	t := h.deployPlan(a, runtimePlan(b, module, seedWithFault(b, "flood-watch"), runtimeRevisions[pkgruntimetest.Seed]), hotswap.SwapPolicy{})
+	t := h.deployPlan(a, pkgruntimetest.Plan(b, module, seedWithFault(b, "flood-watch"), runtimeRevisions[pkgruntimetest.Seed]), hotswap.SwapPolicy{})
 	h.settle(a, t)
 	const events = 5000
 	open := func(ctx context.Context, key string) grpc.ServerStreamingClient[gatewayv1.WatchEvent] {
@@ -446,14 +438,8 @@ func BenchmarkPackageWatchEvents(b *testing.B) {
 		cancel()
 		<-done
 	}
-	ma, mb := medianFloat(alone), medianFloat(beside)
+	ma, mb := pkgruntimetest.Median(alone), pkgruntimetest.Median(beside)
 	b.ReportMetric(ma, "alone-events/s")
 	b.ReportMetric(mb, "beside-a-slow-caller-events/s")
 	b.ReportMetric(mb/ma, "ratio")
-}
-
-func medianFloat(v []float64) float64 {
-	s := append([]float64(nil), v...)
-	sort.Float64s(s)
-	return s[len(s)/2]
 }

@@ -2,7 +2,6 @@ package pkgruntime
 
 import (
 	"context"
-	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -119,9 +118,7 @@ func BenchmarkWatchEvents(b *testing.B) {
 		<-done
 		slow.Close()
 	}
-	slices.Sort(alone)
-	slices.Sort(shared)
-	ma, ms := alone[len(alone)/2], shared[len(shared)/2]
+	ma, ms := pkgruntimetest.Median(alone), pkgruntimetest.Median(shared)
 	b.ReportMetric(ma, "alone-events/s")
 	b.ReportMetric(ms, "beside-a-slow-reader-events/s")
 	b.ReportMetric(ms/ma, "ratio")

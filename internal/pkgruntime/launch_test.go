@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"iteron.dev/operator/examples/providers/artifacts"
 	"iteron.dev/operator/examples/providers/providertest"
 	"iteron.dev/operator/test/pkgruntimetest"
 )
@@ -20,17 +19,7 @@ import (
 func laidOut(t *testing.T, name, binary string) (string, Pin) {
 	t.Helper()
 	root := providertest.Dir(t)
-	b, err := os.ReadFile(binary)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(root, "runtime"), b, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	digest, err := artifacts.FileSHA256(filepath.Join(root, "runtime"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	digest := pkgruntimetest.Install(t, root, binary)
 	pin := pinFor(name)
 	pin.Manifest.Executable, pin.Manifest.ArtifactSHA256 = "runtime", digest
 	return root, pin
@@ -55,19 +44,6 @@ func shortDir(t *testing.T) string {
 	}
 	t.Cleanup(func() { os.RemoveAll(d) })
 	return d
-}
-
-func entries(t *testing.T, dir string) []string {
-	t.Helper()
-	es, err := os.ReadDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var names []string
-	for _, e := range es {
-		names = append(names, e.Name())
-	}
-	return names
 }
 
 func procStatus(t *testing.T, pid int, field string) string {
@@ -114,8 +90,8 @@ func TestALaunchedRuntimeRunsSealedAloneAndUnprivilegedAndLeavesNothing(t *testi
 			t.Errorf("fd %d is %q, want %s…", fd, got, want)
 		}
 	}
-	if len(entries(t, l.cfg.RecordDir)) != 1 || len(entries(t, l.cfg.SocketDir)) != 1 {
-		t.Fatalf("records %v, socket dirs %v: want one of each while it runs", entries(t, l.cfg.RecordDir), entries(t, l.cfg.SocketDir))
+	if len(pkgruntimetest.DirNames(t, l.cfg.RecordDir)) != 1 || len(pkgruntimetest.DirNames(t, l.cfg.SocketDir)) != 1 {
+		t.Fatalf("records %v, socket dirs %v: want one of each while it runs", pkgruntimetest.DirNames(t, l.cfg.RecordDir), pkgruntimetest.DirNames(t, l.cfg.SocketDir))
 	}
 	// It serves through the handshaken connection.
 	if resp, _, err := r.Conn().Invoke(ctxT(t), kvCall("put", "k", str("v"))); err != nil || !resp.GetOk() {
@@ -133,7 +109,7 @@ func TestALaunchedRuntimeRunsSealedAloneAndUnprivilegedAndLeavesNothing(t *testi
 	if err := syscall.Kill(-pid, 0); !errors.Is(err, syscall.ESRCH) {
 		t.Fatalf("the group is still there: %v", err)
 	}
-	if rec, socks := entries(t, l.cfg.RecordDir), entries(t, l.cfg.SocketDir); len(rec)+len(socks) != 0 {
+	if rec, socks := pkgruntimetest.DirNames(t, l.cfg.RecordDir), pkgruntimetest.DirNames(t, l.cfg.SocketDir); len(rec)+len(socks) != 0 {
 		t.Fatalf("left behind: records %v, socket dirs %v", rec, socks)
 	}
 	t.Logf("pid %d: uid 65534, NoNewPrivs, empty environment, own group, fds 0-3 as documented; stopped: %v in %v", pid, td.Exit, td.Reaped.Round(time.Millisecond))
@@ -175,7 +151,7 @@ func TestALaunchThatFailsLeavesNothing(t *testing.T) {
 				t.Fatal("launched")
 			}
 			wantError(t, err, c.code, c.field, "")
-			if rec, socks := entries(t, l.cfg.RecordDir), entries(t, l.cfg.SocketDir); len(rec)+len(socks) != 0 {
+			if rec, socks := pkgruntimetest.DirNames(t, l.cfg.RecordDir), pkgruntimetest.DirNames(t, l.cfg.SocketDir); len(rec)+len(socks) != 0 {
 				t.Fatalf("left behind: records %v, socket dirs %v", rec, socks)
 			}
 			for _, pid := range pidsOfUID(t, 65534) {
@@ -246,19 +222,19 @@ func TestARuntimeThatExitsIsSeenAndReaped(t *testing.T) {
 	pid := r.Pid()
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(2 * time.Millisecond) {
 		_, err := os.Stat("/proc/" + strconv.Itoa(pid))
-		if errors.Is(err, os.ErrNotExist) && len(entries(t, l.cfg.RecordDir))+len(entries(t, l.cfg.SocketDir)) == 0 {
+		if errors.Is(err, os.ErrNotExist) && len(pkgruntimetest.DirNames(t, l.cfg.RecordDir))+len(pkgruntimetest.DirNames(t, l.cfg.SocketDir)) == 0 {
 			break
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("30 s after its exit: /proc/%d (%v, state %q), records %v, socket dirs %v", pid, err, procStatusQuiet(pid, "State"),
-				entries(t, l.cfg.RecordDir), entries(t, l.cfg.SocketDir))
+				pkgruntimetest.DirNames(t, l.cfg.RecordDir), pkgruntimetest.DirNames(t, l.cfg.SocketDir))
 		}
 	}
 	td := r.Kill() // the teardown's report, again
 	if !td.Exit.Exited || td.Exit.Code != 3 {
 		t.Fatalf("exit %v, want exit status 3", td.Exit)
 	}
-	if rec := entries(t, l.cfg.RecordDir); len(rec) != 0 {
+	if rec := pkgruntimetest.DirNames(t, l.cfg.RecordDir); len(rec) != 0 {
 		t.Fatalf("records left: %v", rec)
 	}
 }

@@ -16,7 +16,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
-	"iteron.dev/operator/examples/providers/artifacts"
 	"iteron.dev/operator/internal/catalog"
 	"iteron.dev/operator/test/pkgruntimetest"
 )
@@ -29,18 +28,7 @@ func (c *cluster) runtimeSource(t *testing.T, name, binary, revision, module str
 	if err := os.MkdirAll(root, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	b, err := os.ReadFile(binary)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(root, "runtime"), b, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	digest, err := artifacts.FileSHA256(filepath.Join(root, "runtime"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	digest = strings.TrimPrefix(digest, "sha256:")
+	digest := pkgruntimetest.Install(t, root, binary)
 	m := catalog.PackageRuntimeManifest{
 		SchemaID: catalog.PackageRuntimeSchemaID, PackageRevisionID: revision, RuntimeProtocolVersion: catalog.PackageRuntimeProtocol,
 		Module: module, ExportIDs: []string{"get", "put", "watch"}, RequestedCapabilities: []string{"read_only"},

@@ -1,10 +1,12 @@
 package pkgruntimetest
 
 import (
+	"cmp"
 	"context"
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
+	"os"
 	"slices"
 	"strconv"
 	"sync/atomic"
@@ -64,9 +66,23 @@ func (d *Direct) Invoke(ctx context.Context, export string, input map[string]*ca
 	return resp.GetOk(), err
 }
 
-// Median is the median of d (the upper one of an even count).
-func Median(d []time.Duration) time.Duration {
-	s := slices.Clone(d)
+// Median is the median of v (the upper one of an even count).
+func Median[T cmp.Ordered](v []T) T {
+	s := slices.Clone(v)
 	slices.Sort(s)
 	return s[len(s)/2]
+}
+
+// DirNames lists the names in dir (the test fails if it cannot).
+func DirNames(tb testing.TB, dir string) []string {
+	tb.Helper()
+	es, err := os.ReadDir(dir)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var names []string
+	for _, e := range es {
+		names = append(names, e.Name())
+	}
+	return names
 }

@@ -15,14 +15,10 @@ import (
 	"iteron.dev/operator/pkg/strictjson"
 )
 
-// Plan lays binary out in a fresh artifact root (named "runtime") and mints,
-// without verification, the launch plan of a package runtime filling
-// module and answering the handshake as revision: exports get, put and
-// watch, no capabilities, generous deadlines; edit adjusts the manifest
-// before its digest is taken.
-func Plan(tb testing.TB, module, binary, revision string, edit ...func(*catalog.PackageRuntimeManifest)) activation.LaunchPlan {
+// Install copies binary into root as "runtime" (mode 0755) and returns its
+// digest as 64 lowercase hex digits, as a manifest's artifact_sha256 pins it.
+func Install(tb testing.TB, root, binary string) string {
 	tb.Helper()
-	root := providertest.Dir(tb)
 	b, err := os.ReadFile(binary)
 	if err != nil {
 		tb.Fatal(err)
@@ -34,10 +30,22 @@ func Plan(tb testing.TB, module, binary, revision string, edit ...func(*catalog.
 	if err != nil {
 		tb.Fatal(err)
 	}
+	return strings.TrimPrefix(digest, "sha256:")
+}
+
+// Plan lays binary out in a fresh artifact root (named "runtime") and mints,
+// without verification, the launch plan of a package runtime filling
+// module and answering the handshake as revision: exports get, put and
+// watch, no capabilities, generous deadlines; edit adjusts the manifest
+// before its digest is taken.
+func Plan(tb testing.TB, module, binary, revision string, edit ...func(*catalog.PackageRuntimeManifest)) activation.LaunchPlan {
+	tb.Helper()
+	root := providertest.Dir(tb)
+	digest := Install(tb, root, binary)
 	m := catalog.PackageRuntimeManifest{
 		SchemaID: catalog.PackageRuntimeSchemaID, PackageRevisionID: revision, RuntimeProtocolVersion: catalog.PackageRuntimeProtocol,
 		Module: module, ExportIDs: []string{"get", "put", "watch"}, RequestedCapabilities: []string{},
-		Executable: "runtime", ArtifactSHA256: strings.TrimPrefix(digest, "sha256:"),
+		Executable: "runtime", ArtifactSHA256: digest,
 		Deadlines: catalog.PackageRuntimeDeadlines{HandshakeMs: 10_000, InvokeMs: 10_000, CancelMs: 500},
 		Limits:    catalog.PackageRuntimeLimits{MaxMessageBytes: 1 << 20, MaxConcurrentInvocations: 8, MaxWatches: 8},
 	}
@@ -54,7 +62,7 @@ func Plan(tb testing.TB, module, binary, revision string, edit ...func(*catalog.
 	}
 	return activation.NewLaunchPlanForTest(tb, activation.LaunchPlanFields{
 		Module: module, ImplementationID: revision, ProtocolVersion: 1,
-		ManifestSHA256: manifestDigest, ArtifactSHA256: "sha256:" + strings.TrimPrefix(digest, "sha256:"), ArtifactRoot: root, Executable: filepath.Join(root, "runtime"),
+		ManifestSHA256: manifestDigest, ArtifactSHA256: "sha256:" + digest, ArtifactRoot: root, Executable: filepath.Join(root, "runtime"),
 		CandidateSHA256: providertest.CandidateSHA256, AdmittedCapabilities: []string{}, AuthoritySHA256: authority,
 		RuntimeDeadline: 10 * time.Second, CancellationDeadline: 500 * time.Millisecond,
 		EvidenceLimits: activation.EvidenceLimits{StderrBytes: 64 << 10},
