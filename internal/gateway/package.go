@@ -152,9 +152,8 @@ func (w *packageWatch) current() (hotswap.PackageBackend, string, hotswap.Route)
 // packageWatches are the open package-runtime Watches by namespace and
 // invocation_id.
 type packageWatches struct {
-	mu     sync.Mutex
-	byKey  map[string]*packageWatch
-	closed bool
+	mu    sync.Mutex
+	byKey map[string]*packageWatch
 }
 
 func (p *packageWatches) add(key string, w *packageWatch) bool {

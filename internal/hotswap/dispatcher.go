@@ -362,7 +362,7 @@ func (d *Dispatcher) run(p *pendingCall, route Route, deadline time.Duration) {
 	}
 	var terminal Observation
 	var err error
-	if field := p.call.Package.NeedsRuntime(); field != "" && route.Package == nil {
+	if field := p.call.Package.RuntimeOnlyField(); field != "" && route.Package == nil {
 		err = &CallError{Code: reasons.SchemaMismatch, Message: fmt.Sprintf("%s: module %s is served by a line-protocol provider (generation %d); %s applies to package runtimes only", field, d.module, route.Lineage, field)}
 	} else {
 		terminal, err = route.Backend.Run(withPackageCall(ctx, p.call.Package), p.call.ID, p.call.Input, deadline, p.call.Observe)

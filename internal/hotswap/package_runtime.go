@@ -44,9 +44,10 @@ type PackageCall struct {
 	Namespace string
 }
 
-// NeedsRuntime reports whether the call uses something only a package
-// runtime has (a line-protocol provider must refuse it rather than drop it).
-func (c *PackageCall) NeedsRuntime() string {
+// RuntimeOnlyField names the first field of the call that only a package
+// runtime can take ("" when none): a line-protocol provider must refuse it
+// rather than drop it.
+func (c *PackageCall) RuntimeOnlyField() string {
 	switch {
 	case c == nil:
 		return ""
