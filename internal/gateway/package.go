@@ -285,6 +285,20 @@ func (s *Server) watchPackage(req *gatewayv1.WatchRequest, d *hotswap.Dispatcher
 			}
 		}
 		end, movable := s.relayPackageWatch(ctx, id, w, *route, d, &seq, stream, entry.isCancelled)
+		if ctx.Err() != nil {
+			// The caller is gone or its deadline passed: it gets its answer
+			// now, and the runtime's stream is closed behind it (within
+			// cancel_ms, then cut) — its deadline is not the runtime's.
+			s.calls.Add(1)
+			go func() {
+				defer s.calls.Done()
+				w.Close()
+				if route.Scope != nil {
+					route.Scope.Release(resource)
+				}
+			}()
+			return end
+		}
 		closeErr := w.Close()
 		if route.Scope != nil {
 			route.Scope.Release(resource)
