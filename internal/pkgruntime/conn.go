@@ -12,6 +12,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
@@ -115,6 +116,9 @@ func (c *Conn) handshake(ctx context.Context, seen func(string) bool) error {
 // InstanceID is the handshake's instance ID.
 func (c *Conn) InstanceID() string { return c.instanceID }
 
+// closed reports whether the host closed the connection.
+func (c *Conn) closed() bool { return c.cc.GetState() == connectivity.Shutdown }
+
 // Close closes the connection (not the process).
 func (c *Conn) Close() error { return c.cc.Close() }
 
@@ -161,7 +165,7 @@ func acquire(sem chan struct{}, what string, bound int) error {
 
 // callError turns a gRPC failure of a call into the host's error. d is the
 // call's own deadline; 0 for a Watch, which has none but the caller's.
-func callError(op string, d time.Duration, err error) error {
+func callError(connClosed bool, op string, d time.Duration, err error) error {
 	switch status.Code(err) {
 	case codes.DeadlineExceeded:
 		if d == 0 {
@@ -169,6 +173,12 @@ func callError(op string, d time.Duration, err error) error {
 		}
 		return &Error{Code: reasons.DeadlineExceeded, Field: op, Detail: fmt.Sprintf("no answer within %v", d), Err: err}
 	case codes.Canceled:
+		if connClosed {
+			// Not the caller's nor the runtime's doing: the connection was
+			// closed under the call (the runtime exited and its teardown
+			// closed it).
+			return &Error{Code: reasons.ProviderFailed, Field: op, Detail: "the runtime is unreachable: the connection to it was closed", Err: err}
+		}
 		return &Error{Code: reasons.Cancelled, Field: op, Detail: "the caller went away", Err: err}
 	case codes.ResourceExhausted:
 		return &Error{Code: reasons.ProviderFailed, Field: op, Detail: "a message over limits.max_message_bytes: " + status.Convert(err).Message(), Err: err}
@@ -201,7 +211,7 @@ func (c *Conn) Invoke(ctx context.Context, call Call) (*runtimepb.InvokeResponse
 		if status.Code(err) == codes.DeadlineExceeded || status.Code(err) == codes.Canceled {
 			c.cancelQuietly(id)
 		}
-		return nil, id, callError("invoke", d, err)
+		return nil, id, callError(c.closed(), "invoke", d, err)
 	}
 	return resp, id, nil
 }
@@ -222,7 +232,7 @@ func (c *Conn) Status(ctx context.Context, id string) (string, error) {
 	defer cancel()
 	st, err := c.client.GetInvocationStatus(sctx, &runtimepb.InvocationControlRequest{InvocationId: id})
 	if err != nil {
-		return "", callError("status", d, err)
+		return "", callError(c.closed(), "status", d, err)
 	}
 	if err := CheckState(id, st); err != nil {
 		return "", err
@@ -238,7 +248,7 @@ func (c *Conn) Cancel(ctx context.Context, id string) (string, error) {
 	defer cancel()
 	st, err := c.client.CancelInvocation(cctx, &runtimepb.InvocationControlRequest{InvocationId: id})
 	if err != nil {
-		return "", callError("cancel", d, err)
+		return "", callError(c.closed(), "cancel", d, err)
 	}
 	if err := CheckState(id, st); err != nil {
 		return "", err
@@ -282,7 +292,7 @@ func (c *Conn) Watch(ctx context.Context, call Call) (*Watch, error) {
 	if err != nil {
 		cancel()
 		<-c.watches
-		return nil, callError("watch", 0, err)
+		return nil, callError(c.closed(), "watch", 0, err)
 	}
 	w := &Watch{c: c, id: id, cancel: cancel, events: make(chan watchResult), closing: make(chan struct{}), done: make(chan struct{})}
 	go w.read(stream)
@@ -309,7 +319,7 @@ func (w *Watch) read(stream grpc.ServerStreamingClient[runtimepb.WatchEvent]) {
 		case errors.Is(err, io.EOF):
 			return
 		case err != nil:
-			r.err = callError("watch", 0, err)
+			r.err = callError(w.c.closed(), "watch", 0, err)
 		case ev.GetWatchId() != w.id:
 			r.err = errorf(reasons.ProviderFailed, "watch.watch_id", "%q, but this watch is %q", ev.GetWatchId(), w.id)
 		case first && !ev.GetInitial():
