@@ -117,9 +117,9 @@ func reasonOf(ms iteronv1.ModuleStatus) string {
 	return ms.Reason + ": " + ms.Message
 }
 
-func noTmp(t *testing.T) {
+func noTmp(t *testing.T, store string) {
 	t.Helper()
-	if tmp, _ := os.ReadDir(filepath.Join(storeDir, "tmp")); len(tmp) != 0 {
+	if tmp, _ := os.ReadDir(filepath.Join(store, "tmp")); len(tmp) != 0 {
 		var names []string
 		for _, e := range tmp {
 			names = append(names, e.Name())
@@ -133,16 +133,16 @@ func noTmp(t *testing.T) {
 // attempt must leave nothing, so tmp/ is empty in the backoff between two
 // attempts (at least 200 ms). A failed attempt that left a file keeps it
 // non-empty for good.
-func noTmpBetweenAttempts(t *testing.T) {
+func noTmpBetweenAttempts(t *testing.T, store string) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		tmp, _ := os.ReadDir(filepath.Join(storeDir, "tmp"))
+		tmp, _ := os.ReadDir(filepath.Join(store, "tmp"))
 		if len(tmp) == 0 {
 			return
 		}
 		if time.Now().After(deadline) {
-			noTmp(t)
+			noTmp(t, store)
 			return
 		}
 		time.Sleep(2 * time.Millisecond)
@@ -229,7 +229,7 @@ func TestTheRegistryStoppedMidPullKeepsTheOldGenerationServingUntilItIsBack(t *t
 	if mgr.App.ArtifactStore().HasBlob(exe) {
 		t.Error("the half-downloaded executable is in the store")
 	}
-	noTmp(t)
+	noTmp(t, storeDir)
 	contents := storeContents(storeDir, next)
 	if err := pub.Restart(context.Background()); err != nil {
 		t.Fatal(err)
@@ -283,7 +283,7 @@ func TestWrongCredentialsAreRefusedWithoutARetryStormUntilTheyChange(t *testing.
 		t.Fatalf("a refused pull is retried: %d requests to reach the refusal, %d after it\n%v", afterRefusal-before, window, all[before:])
 	}
 	serving := oldServes(t, act, oldGen)
-	noTmp(t)
+	noTmp(t, storeDir)
 	contents := storeContents(storeDir, next)
 	if err := priv.DockerConfig(credFile, "iteron", "right"); err != nil {
 		t.Fatal(err)
@@ -335,7 +335,7 @@ func TestABlobThatDiffersFromItsDescriptorIsRefusedBeforeAnythingIsWrittenOrSpaw
 		t.Errorf("the coordinator knows %d generations; %d before the refused artifact", len(st.Generations), coordBefore)
 	}
 	serving := oldServes(t, act, oldGen)
-	noTmp(t)
+	noTmp(t, storeDir)
 	record(t, row{"blob bytes differ from the descriptor (same size; test handler in front of the registry)", reasonOf(ms), serving,
 		storeContents(storeDir, next) + "; no Generation created, nothing spawned"})
 }
@@ -371,7 +371,7 @@ func TestATruncatedDownloadIsUnavailableRetriedAndNeverStored(t *testing.T) {
 		t.Error("a truncated blob is in the store")
 	}
 	serving := oldServes(t, act, oldGen)
-	noTmpBetweenAttempts(t)
+	noTmpBetweenAttempts(t, storeDir)
 	record(t, row{"truncated download (the connection ends 1000 bytes short)", reasonOf(ms), serving,
 		fmt.Sprintf("%s; retried with backoff (%d attempts seen)", storeContents(storeDir, next), served.Load())})
 }
@@ -411,7 +411,7 @@ func TestALayerOverItsBoundIsRefusedWithoutFetchingIt(t *testing.T) {
 		t.Errorf("want the bound named and no blob fetched; got %q and %d blob requests", ms.Message, blobGets.Load())
 	}
 	serving := oldServes(t, act, oldGen)
-	noTmp(t)
+	noTmp(t, storeDir)
 	record(t, row{"executable layer over its bound (descriptor claims 300 MiB)", reasonOf(ms), serving,
 		fmt.Sprintf("%s; %d blob requests", storeContents(storeDir, next), blobGets.Load())})
 }
