@@ -284,6 +284,13 @@ func (s *Server) watchPackage(req *gatewayv1.WatchRequest, d *hotswap.Dispatcher
 				w.Close()
 			}
 		}
+		closeStream := func() error {
+			err := w.Close()
+			if route.Scope != nil {
+				route.Scope.Release(resource)
+			}
+			return err
+		}
 		end, movable := s.relayPackageWatch(ctx, id, w, *route, d, &seq, stream, entry.isCancelled)
 		if ctx.Err() != nil {
 			// The caller is gone or its deadline passed: it gets its answer
@@ -292,17 +299,11 @@ func (s *Server) watchPackage(req *gatewayv1.WatchRequest, d *hotswap.Dispatcher
 			s.calls.Add(1)
 			go func() {
 				defer s.calls.Done()
-				w.Close()
-				if route.Scope != nil {
-					route.Scope.Release(resource)
-				}
+				closeStream()
 			}()
 			return end
 		}
-		closeErr := w.Close()
-		if route.Scope != nil {
-			route.Scope.Release(resource)
-		}
+		closeErr := closeStream()
 		if !movable {
 			if end == nil && closeErr != nil && ctx.Err() == nil {
 				return callFailure(closeErr, route.Lineage)

@@ -163,9 +163,9 @@ func acquire(sem chan struct{}, what string, bound int) error {
 	}
 }
 
-// callError turns a gRPC failure of a call into the host's error. d is the
-// call's own deadline; 0 for a Watch, which has none but the caller's.
-func callError(connClosed bool, op string, d time.Duration, err error) error {
+// callError turns a gRPC failure of a call on c into the host's error. d is
+// the call's own deadline; 0 for a Watch, which has none but the caller's.
+func (c *Conn) callError(op string, d time.Duration, err error) error {
 	switch status.Code(err) {
 	case codes.DeadlineExceeded:
 		if d == 0 {
@@ -173,7 +173,7 @@ func callError(connClosed bool, op string, d time.Duration, err error) error {
 		}
 		return &Error{Code: reasons.DeadlineExceeded, Field: op, Detail: fmt.Sprintf("no answer within %v", d), Err: err}
 	case codes.Canceled:
-		if connClosed {
+		if c.closed() {
 			// Not the caller's nor the runtime's doing: the connection was
 			// closed under the call (the runtime exited and its teardown
 			// closed it).
@@ -211,7 +211,7 @@ func (c *Conn) Invoke(ctx context.Context, call Call) (*runtimepb.InvokeResponse
 		if status.Code(err) == codes.DeadlineExceeded || status.Code(err) == codes.Canceled {
 			c.cancelQuietly(id)
 		}
-		return nil, id, callError(c.closed(), "invoke", d, err)
+		return nil, id, c.callError("invoke", d, err)
 	}
 	return resp, id, nil
 }
@@ -232,7 +232,7 @@ func (c *Conn) Status(ctx context.Context, id string) (string, error) {
 	defer cancel()
 	st, err := c.client.GetInvocationStatus(sctx, &runtimepb.InvocationControlRequest{InvocationId: id})
 	if err != nil {
-		return "", callError(c.closed(), "status", d, err)
+		return "", c.callError("status", d, err)
 	}
 	if err := CheckState(id, st); err != nil {
 		return "", err
@@ -248,7 +248,7 @@ func (c *Conn) Cancel(ctx context.Context, id string) (string, error) {
 	defer cancel()
 	st, err := c.client.CancelInvocation(cctx, &runtimepb.InvocationControlRequest{InvocationId: id})
 	if err != nil {
-		return "", callError(c.closed(), "cancel", d, err)
+		return "", c.callError("cancel", d, err)
 	}
 	if err := CheckState(id, st); err != nil {
 		return "", err
@@ -292,7 +292,7 @@ func (c *Conn) Watch(ctx context.Context, call Call) (*Watch, error) {
 	if err != nil {
 		cancel()
 		<-c.watches
-		return nil, callError(c.closed(), "watch", 0, err)
+		return nil, c.callError("watch", 0, err)
 	}
 	w := &Watch{c: c, id: id, cancel: cancel, events: make(chan watchResult), closing: make(chan struct{}), done: make(chan struct{})}
 	go w.read(stream)
@@ -319,7 +319,7 @@ func (w *Watch) read(stream grpc.ServerStreamingClient[runtimepb.WatchEvent]) {
 		case errors.Is(err, io.EOF):
 			return
 		case err != nil:
-			r.err = callError(w.c.closed(), "watch", 0, err)
+			r.err = w.c.callError("watch", 0, err)
 		case ev.GetWatchId() != w.id:
 			r.err = errorf(reasons.ProviderFailed, "watch.watch_id", "%q, but this watch is %q", ev.GetWatchId(), w.id)
 		case first && !ev.GetInitial():
