@@ -162,8 +162,18 @@ func summarizeActivation(s *activationScope, reconcileErr error) summary {
 	for _, f := range st.Failures {
 		add(problem{severity: severityFailedTarget, code: f.Code, message: fmt.Sprintf("module %s: %s", f.Module, f.Message), stalled: !f.Retryable})
 	}
+	sourced := map[string]bool{}
+	for _, rm := range s.res.Modules {
+		sourced[rm.Module] = true
+	}
 	for _, ms := range act.Status.Modules {
 		rt, known := st.Modules[ms.Module]
+		if s.resolved && !sourced[ms.Module] {
+			// Being retired (its source left the spec): it is not part of
+			// what the spec asks to serve; the retirement keeps the
+			// activation Reconciling.
+			continue
+		}
 		if ms.Phase != iteronv1.PhaseActive && sum.notReady == "" {
 			sum.notReady = fmt.Sprintf("module %s is not serving its desired generation yet", ms.Module)
 		}

@@ -104,6 +104,7 @@ func (r *ActivationReconciler) reconcilePaused(ctx context.Context, s *activatio
 			target, _, failure := r.committedTarget(ctx, s, ResolvedModule{Module: module}, ms.Committed, gens)
 			if failure != nil {
 				r.Recorder.Eventf(s.act, nil, corev1.EventTypeWarning, reasonOf(failure.Code), "Relaunch", "module %s: %s", module, failure.Message)
+				t.Refused = failure
 			} else {
 				t = *target
 				d.ActivateOrder = append(d.ActivateOrder, module)
@@ -157,12 +158,17 @@ func (r *ActivationReconciler) reconcileGenerations(ctx context.Context, s *acti
 			// before keeps serving while the spec's source cannot be had
 			// (an artifact still being pulled, a registry down).
 			if c := s.status.Modules[rm.Module].Committed; c != nil && r.activeOf(s, rm.Module).name == "" {
-				if target, _, failure := r.committedTarget(ctx, s, rm, c, gens); failure == nil && target != nil && !target.Keep {
+				target, _, failure := r.committedTarget(ctx, s, rm, c, gens)
+				if failure == nil && target != nil && !target.Keep {
 					decisions = append(decisions, decision{rm, target, nil})
 					continue
-				} else if failure != nil {
+				}
+				if failure != nil {
 					r.Recorder.Eventf(s.act, nil, corev1.EventTypeWarning, reasonOf(failure.Code), "Relaunch", "module %s: %s", rm.Module, failure.Message)
 				}
+				// Calls fail at once with why it cannot be relaunched.
+				s.targets[rm.Module] = hotswap.ModuleTarget{Module: rm.Module, Keep: true, Refused: failure}
+				continue
 			}
 			s.targets[rm.Module] = hotswap.ModuleTarget{Module: rm.Module, Keep: true}
 			continue
@@ -177,9 +183,12 @@ func (r *ActivationReconciler) reconcileGenerations(ctx context.Context, s *acti
 	}
 	var creates []decision
 	for _, d := range decisions {
-		if len(s.stalled) > 0 && !d.target.Keep && d.target.GenerationName != r.activeOf(s, d.rm.Module).name {
+		committed := s.status.Modules[d.rm.Module].Committed
+		relaunch := committed != nil && committed.Name == d.target.GenerationName
+		if len(s.stalled) > 0 && !d.target.Keep && d.target.GenerationName != r.activeOf(s, d.rm.Module).name && !relaunch {
 			// A plan is not atomic across modules: after a failure the rest
 			// of it waits until the spec changes or a retry is requested.
+			// What served before a restart is relaunched all the same.
 			s.targets[d.rm.Module] = hotswap.ModuleTarget{Module: d.rm.Module, Keep: true}
 			continue
 		}
@@ -312,7 +321,8 @@ func (r *ActivationReconciler) committedTarget(ctx context.Context, s *activatio
 		}
 	}
 	failure := func(msg string) (*hotswap.ModuleTarget, *iteronv1.Generation, *hotswap.Failure) {
-		return &hotswap.ModuleTarget{Module: rm.Module, Keep: true}, nil, &hotswap.Failure{Module: rm.Module, GenerationName: c.Name, Code: reasons.VerificationFailed, Message: msg}
+		f := &hotswap.Failure{Module: rm.Module, GenerationName: c.Name, Code: reasons.VerificationFailed, Message: msg}
+		return &hotswap.ModuleTarget{Module: rm.Module, Keep: true, Refused: f}, nil, f
 	}
 	if gen == nil || gen.Spec.Implementation.CatalogPath == "" {
 		return failure(fmt.Sprintf("the last committed generation %s cannot be relaunched: its Generation object (with its catalog path) is gone", c.Name))
@@ -737,8 +747,30 @@ func moduleStatuses(s *activationScope) []iteronv1.ModuleStatus {
 		ms.Message = truncate(ms.Message, iteronv1.MaxMessageBytes)
 		out = append(out, ms)
 	}
+	// A module whose source left the spec stays listed while it is retired:
+	// its process still runs until the drain has stopped it.
+	inSpec := map[string]bool{}
+	for _, rm := range s.res.Modules {
+		inSpec[rm.Module] = true
+	}
+	for _, module := range slices.Sorted(maps.Keys(s.status.Modules)) {
+		rt := s.status.Modules[module]
+		if inSpec[module] || rt.Active == "" || len(out) >= maxModuleStatuses {
+			continue
+		}
+		ms := iteronv1.ModuleStatus{Module: module, Phase: rt.Phase, ImplementationID: rt.ImplementationID, Generation: rt.Lineage,
+			GenerationName: rt.Active, Epoch: rt.Epoch, Reason: rt.Reason,
+			Message: truncate(fmt.Sprintf("its source left the spec: %s is retired (drained, then its process stopped)", rt.Active), iteronv1.MaxMessageBytes)}
+		if rt.Message != "" && rt.Reason != "" {
+			ms.Message = truncate(rt.Message, iteronv1.MaxMessageBytes)
+		}
+		out = append(out, ms)
+	}
 	return out
 }
+
+// maxModuleStatuses is status.modules' maxItems.
+const maxModuleStatuses = 64
 
 func failureFor(st hotswap.ActivationStatus, module string) *hotswap.Failure {
 	for _, f := range st.Failures {

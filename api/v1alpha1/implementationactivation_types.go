@@ -388,7 +388,9 @@ type ImplementationActivationStatus struct {
 	// +optional
 	ActiveCount int32 `json:"activeCount,omitempty"`
 	// modules is one entry per source in ModuleId order: the source of truth
-	// for which generation is active.
+	// for which generation is active. A module whose source left the spec
+	// follows, by name, while it is retired (Active, then Draining) until
+	// its process is gone.
 	// +optional
 	// +listType=map
 	// +listMapKey=module

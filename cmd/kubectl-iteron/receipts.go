@@ -95,6 +95,15 @@ type receiptsOutput struct {
 	LastDurableAt string               `json:"lastDurableAt,omitempty"`
 	Generations   []receiptsGeneration `json:"generations"`
 	Receipts      []receiptOutput      `json:"receipts"`
+	// Unreadable are the file's lines that could not be read (skipped).
+	Unreadable []unreadableOutput `json:"unreadable,omitempty"`
+}
+
+// unreadableOutput is a line of the receipts file that could not be read.
+type unreadableOutput struct {
+	Line   int    `json:"line"`
+	Offset int64  `json:"offset"`
+	Why    string `json:"why"`
 }
 
 type receiptsGeneration struct {
@@ -130,6 +139,9 @@ func stamp(t time.Time) string {
 func receiptsView(activation, uid string, l *effects.LoadedReceipts, module string) receiptsOutput {
 	out := receiptsOutput{Activation: activation, UID: uid, File: l.Path, ClosedCleanly: l.Clean, LastDurableAt: stamp(l.LastDurableAt),
 		Generations: []receiptsGeneration{}, Receipts: []receiptOutput{}}
+	for _, u := range l.Unreadable {
+		out.Unreadable = append(out.Unreadable, unreadableOutput{Line: u.Line, Offset: u.Offset, Why: u.Why})
+	}
 	for _, g := range l.Generations {
 		sum := l.Summaries[g]
 		if module != "" && sum.Component != module {
@@ -158,6 +170,9 @@ func printReceipts(w io.Writer, v receiptsOutput) {
 		fmt.Fprintf(w, "open (a running manager writes it, or the last one stopped without closing it); last durable at %s\n", v.LastDurableAt)
 	} else {
 		fmt.Fprintf(w, "open (a running manager writes it, or the last one stopped without closing it); never made durable\n")
+	}
+	for _, u := range v.Unreadable {
+		fmt.Fprintf(w, "unreadable: %s line %d (byte %d): %s; skipped, the receipts it held are lost\n", v.File, u.Line, u.Offset, u.Why)
 	}
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)

@@ -78,3 +78,55 @@ func TestReceiptsPrintEvidenceAndFilterByModule(t *testing.T) {
 		t.Fatalf("--module memory:\n%s", memory.String())
 	}
 }
+
+// TestReceiptsNameAnUnreadableLineAndShowTheOthers: a line that cannot be
+// read is printed with the file, its number, offset and why; the receipts
+// on the other lines are all shown (text and JSON).
+func TestReceiptsNameAnUnreadableLineAndShowTheOthers(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "uid.jsonl")
+	at := time.Date(2026, 12, 2, 3, 0, 0, 0, time.UTC)
+	s, err := effects.OpenReceiptStore(path, func() time.Time { return at })
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := func(id string) {
+		if err := s.Record(effects.Receipt{ID: id, Owner: "team/stack", Generation: "stack-prompt-system-g1-1", Component: "prompt_system",
+			Kind: effects.ReceiptRun, Class: effects.Irreversible, StartedAt: at, FinishedAt: at, Detail: "completed"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rec("run-1")
+	if err := s.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteString("{not json\n"); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	rec("run-2")
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	loaded, err := effects.ReadReceiptsFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	view := receiptsView("team/stack", "uid", loaded, "")
+	var text bytes.Buffer
+	printReceipts(&text, view)
+	t.Logf("output:\n%s", text.String())
+	want := "unreadable: " + path + " line 4 (byte "
+	if !strings.Contains(text.String(), want) || !strings.Contains(text.String(), "not a receipts line") {
+		t.Fatalf("the output lacks %q and why:\n%s", want, text.String())
+	}
+	if !strings.Contains(text.String(), "run-1 ") || !strings.Contains(text.String(), "run-2 ") {
+		t.Fatalf("the receipts around the bad line are not both shown:\n%s", text.String())
+	}
+	if len(view.Unreadable) != 1 || view.Unreadable[0].Line != 4 || len(view.Receipts) != 2 {
+		t.Fatalf("JSON view: unreadable %+v, receipts %d", view.Unreadable, len(view.Receipts))
+	}
+}

@@ -83,6 +83,7 @@ func Diagnose(in *Input, local *Local, opts Options) *Report {
 	d.modules()
 	d.ledger()
 	d.processes()
+	d.receipts()
 	d.events()
 	d.summarize()
 	return d.r
@@ -698,6 +699,29 @@ func (d *diagnosis) ledger() {
 		}
 		d.add(Finding{Code: FindingLedgerCorrupt, Severity: SeverityProblem, Summary: msg,
 			Hint: "Run the doctor on node " + d.act.Spec.NodeName + " with --state-dir to see the broken rule and sequence."})
+	}
+}
+
+// receipts reports a receipts file on the node that could not be read, and
+// each line of it that could not: what those lines held is lost, the other
+// receipts are still cited.
+func (d *diagnosis) receipts() {
+	if d.local == nil || d.local.Err != "" {
+		return
+	}
+	if d.local.ReceiptsErr != "" {
+		d.add(Finding{Code: FindingReceiptsUnreadable, Severity: SeverityProblem,
+			Summary: "the receipts file could not be read: " + d.local.ReceiptsErr,
+			Hint:    "The Generations' status.receipts still count what the manager recorded."})
+		return
+	}
+	if d.local.Receipts == nil {
+		return
+	}
+	for _, u := range d.local.Receipts.Unreadable {
+		d.add(Finding{Code: FindingReceiptsUnreadable, Severity: SeverityProblem,
+			Summary: fmt.Sprintf("receipts file %s, %s: skipped; the receipts it held are lost, the other lines were read", d.local.Receipts.Path, u),
+			Hint:    "A manager that opens the file marks every generation in it incomplete, naming the line."})
 	}
 }
 

@@ -110,7 +110,8 @@ func ReadLocal(stateDir string, act *iteronv1.ImplementationActivation) *Local {
 	loc.Ledger = readLedger(stateDir, act)
 	if path, err := hotswap.ReceiptsPath(stateDir, string(act.UID)); err != nil {
 		loc.ReceiptsErr = err.Error()
-	} else if loc.Receipts, err = effects.ReadReceiptsFile(path); err != nil {
+	} else if loc.Receipts, err = effects.ReadReceiptsFile(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		// No file yet is no problem: nothing recorded a receipt.
 		loc.ReceiptsErr = err.Error()
 	}
 	loc.Processes, err = readProcessRecords(filepath.Join(stateDir, ProcessRecordsDir))

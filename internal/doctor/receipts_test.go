@@ -2,6 +2,7 @@ package doctor
 
 import (
 	"bytes"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -84,4 +85,66 @@ func TestTheDoctorCitesTheReceiptsOfAFailedGeneration(t *testing.T) {
 		}
 		t.Logf("doctor text:\n%s", text.String())
 	})
+}
+
+// TestTheDoctorNamesAnUnreadableReceiptsLineAndStillCitesTheOthers: a
+// line of the receipts file that cannot be read is a problem finding naming
+// the file, the line and why; the failed generation's receipts on the other
+// lines are still cited.
+func TestTheDoctorNamesAnUnreadableReceiptsLineAndStillCitesTheOthers(t *testing.T) {
+	in, bad := failedSwap()
+	stateDir := t.TempDir()
+	path, err := hotswap.ReceiptsPath(stateDir, string(in.Activation.UID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := effects.OpenReceiptStore(path, func() time.Time { return now })
+	if err != nil {
+		t.Fatal(err)
+	}
+	record := func(id string) {
+		if err := s.Record(effects.Receipt{ID: id, Owner: "team/stack", Generation: bad.Name, Component: "prompt_system", Kind: effects.ReceiptRun,
+			Class: effects.Irreversible, StartedAt: now, FinishedAt: now, Detail: "completed"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	record("run-1")
+	if err := s.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteString("{\"type\":\"receipt\",\"id\":\"run-x\",\"class\":\"refundable\"}\n"); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	record("run-2")
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	r := Diagnose(in, ReadLocal(stateDir, in.Activation), Options{Now: now})
+	var found *Finding
+	for i := range r.Findings {
+		if r.Findings[i].Code == FindingReceiptsUnreadable {
+			found = &r.Findings[i]
+		}
+	}
+	if found == nil || found.Severity != SeverityProblem || !strings.Contains(found.Summary, path) ||
+		!strings.Contains(found.Summary, "line 4 (byte ") || !strings.Contains(found.Summary, `unknown class "refundable"`) {
+		t.Fatalf("finding %+v; want a problem naming %s, line 4 and why", found, path)
+	}
+	c := r.Modules[0].Target.Receipts
+	if c == nil || c.Total != 2 || len(c.Recent) != 2 {
+		t.Fatalf("citation %+v; want both readable receipts", c)
+	}
+	var text bytes.Buffer
+	if err := WriteText(&text, r); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(text.String(), "receipts_unreadable") || !strings.Contains(text.String(), "line 4") {
+		t.Fatalf("the text report does not name the unreadable line:\n%s", text.String())
+	}
+	t.Logf("doctor text:\n%s", text.String())
 }

@@ -82,6 +82,10 @@ const (
 	FindingStaleProcessRecord = "stale_process_record"
 	// FindingStateDirUnreadable: --state-dir was given but could not be read.
 	FindingStateDirUnreadable = "state_dir_unreadable"
+	// FindingReceiptsUnreadable: the activation's receipts file, or a line
+	// of it, could not be read: the receipts it held are lost (the others
+	// are still cited).
+	FindingReceiptsUnreadable = "receipts_unreadable"
 	// FindingPartialView: some objects could not be read (RBAC); the
 	// diagnosis may miss something.
 	FindingPartialView = "partial_view"

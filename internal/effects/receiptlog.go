@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 )
 
@@ -139,9 +140,45 @@ type LoadedReceipts struct {
 	LastDurableAt time.Time
 	// DurableBytes is the length of the file up to its last durable point.
 	DurableBytes int64
-	// CutAt is set when the file ended in a torn or unreadable line: what
-	// follows it was ignored.
+	// CutAt is set when the file ended in a torn line (the machine stopped
+	// while it was written): it was ignored.
 	CutAt int64
+	// Unreadable are the whole lines that could not be read (not JSON, an
+	// unknown type or field, a line over the bound …): each was skipped and
+	// the lines after it were still read.
+	Unreadable []UnreadableLine
+}
+
+// UnreadableLine is a line of a receipts file that could not be read.
+type UnreadableLine struct {
+	// Line is its 1-based line number, Offset the byte offset it starts at.
+	Line   int
+	Offset int64
+	// Why says what is wrong with it.
+	Why string
+}
+
+// String is "line N (byte O): why".
+func (u UnreadableLine) String() string {
+	return fmt.Sprintf("line %d (byte %d): %s", u.Line, u.Offset, u.Why)
+}
+
+// unreadableSummary names the unreadable lines for an incompleteness
+// reason (the first three, and how many more).
+func unreadableSummary(path string, lines []UnreadableLine) string {
+	var b bytes.Buffer
+	fmt.Fprintf(&b, "%d unreadable line(s) in %s were skipped, and the receipts they held are lost: ", len(lines), path)
+	for i, u := range lines {
+		if i == 3 {
+			fmt.Fprintf(&b, "; and %d more", len(lines)-3)
+			break
+		}
+		if i > 0 {
+			b.WriteString("; ")
+		}
+		b.WriteString(u.String())
+	}
+	return b.String()
 }
 
 // ReadReceiptsFile reads a receipts file read-only (kubectl iteron
@@ -179,40 +216,48 @@ func (s *ReceiptStore) load(path string, markUnclean bool) (*LoadedReceipts, int
 	var off int64
 	lastType := ""
 	first := true
-	for {
-		line, err := readLine(r)
-		if errors.Is(err, io.EOF) && len(line) == 0 {
+	for n := 1; ; n++ {
+		line, size, err := readLine(r)
+		if errors.Is(err, io.EOF) && size == 0 {
 			break
 		}
 		if err != nil && !errors.Is(err, io.EOF) {
-			if errors.Is(err, errLineTooLong) {
-				out.CutAt = off
-				break
-			}
 			return nil, 0, fmt.Errorf("read %s: %w", path, err)
 		}
-		if errors.Is(err, io.EOF) || !bytes.HasSuffix(line, []byte("\n")) {
+		if errors.Is(err, io.EOF) {
 			// A torn last line: the machine stopped while it was written.
 			out.CutAt = off
 			break
 		}
 		var l receiptLine
-		dec := json.NewDecoder(bytes.NewReader(line))
-		dec.DisallowUnknownFields()
-		if derr := dec.Decode(&l); derr != nil {
-			out.CutAt = off
-			break
+		why := ""
+		if size > maxReceiptLineBytes {
+			why = fmt.Sprintf("%d bytes, over the bound of %d", size, maxReceiptLineBytes)
+		} else {
+			dec := json.NewDecoder(bytes.NewReader(line))
+			dec.DisallowUnknownFields()
+			if derr := dec.Decode(&l); derr != nil {
+				why = "not a receipts line: " + derr.Error()
+			}
 		}
 		if first {
-			if l.Type != lineOpen || l.Format != ReceiptsFormat {
+			if why != "" || l.Type != lineOpen || l.Format != ReceiptsFormat {
 				return nil, 0, fmt.Errorf("%s: the first line must be {\"type\":\"open\",\"format\":%q,…}, not %s", path, ReceiptsFormat, bytes.TrimSpace(line))
 			}
 			first = false
 		}
-		if aerr := s.apply(l); aerr != nil {
-			return nil, 0, fmt.Errorf("%s at byte %d: %w", path, off, aerr)
+		if why == "" {
+			if aerr := s.apply(l); aerr != nil {
+				why = aerr.Error()
+			}
 		}
-		off += int64(len(line))
+		if why != "" {
+			// One bad line loses what it held, never the lines after it.
+			out.Unreadable = append(out.Unreadable, UnreadableLine{Line: n, Offset: off, Why: why})
+			off += size
+			continue
+		}
+		off += size
 		lastType = l.Type
 		switch l.Type {
 		case lineSync, lineClosed:
@@ -224,13 +269,24 @@ func (s *ReceiptStore) load(path string, markUnclean bool) (*LoadedReceipts, int
 		return nil, 0, fmt.Errorf("%s is empty: not a receipts file", path)
 	}
 	out.Clean = lastType == lineClosed && out.CutAt == 0
-	if !out.Clean && markUnclean {
+	if !markUnclean {
+		return out, off, nil
+	}
+	var whys []string
+	if len(out.Unreadable) > 0 {
+		whys = append(whys, unreadableSummary(path, out.Unreadable))
+	}
+	if !out.Clean {
 		why := "the manager stopped without closing the receipts file"
 		if out.LastDurableAt.IsZero() {
 			why += " and it was never made durable: any receipt may be lost"
 		} else {
 			why += fmt.Sprintf(": receipts recorded after it was last made durable (%s) may be lost", out.LastDurableAt.Format(time.RFC3339Nano))
 		}
+		whys = append(whys, why)
+	}
+	if len(whys) > 0 {
+		why := strings.Join(whys, "; ")
 		for _, g := range append([]string(nil), s.order...) {
 			s.markIncompleteLocked(g, why)
 		}
@@ -238,21 +294,25 @@ func (s *ReceiptStore) load(path string, markUnclean bool) (*LoadedReceipts, int
 	return out, off, nil
 }
 
-var errLineTooLong = errors.New("line too long")
-
-// readLine reads one line (with its newline) of at most maxReceiptLineBytes.
-func readLine(r *bufio.Reader) ([]byte, error) {
+// readLine reads one line with its newline, and its size: io.EOF when the
+// file ends before a newline (a torn line). Of a line over
+// maxReceiptLineBytes only the size is kept (the rest is read and dropped,
+// so the next line is found).
+func readLine(r *bufio.Reader) ([]byte, int64, error) {
 	var buf []byte
+	var size int64
 	for {
 		chunk, err := r.ReadSlice('\n')
-		buf = append(buf, chunk...)
-		if len(buf) > maxReceiptLineBytes {
-			return buf, errLineTooLong
+		size += int64(len(chunk))
+		if size <= maxReceiptLineBytes {
+			buf = append(buf, chunk...)
+		} else {
+			buf = nil
 		}
 		if errors.Is(err, bufio.ErrBufferFull) {
 			continue
 		}
-		return buf, err
+		return buf, size, err
 	}
 }
 
@@ -335,7 +395,7 @@ func OpenReceiptStore(path string, now func() time.Time) (*ReceiptStore, error) 
 			s.file.synced[g] = gr.reversible
 		}
 		s.file.lines = s.countLinesLocked()
-		if !loaded.Clean {
+		if !loaded.Clean || len(loaded.Unreadable) > 0 {
 			// The incompleteness found is kept in the file too, so that a
 			// clean stop later does not make it complete again.
 			for _, g := range s.order {

@@ -21,7 +21,6 @@ import (
 	"google.golang.org/grpc"
 
 	gatewayv1 "iteron.dev/operator/api/gateway/v1"
-	iteronv1 "iteron.dev/operator/api/v1alpha1"
 	"iteron.dev/operator/internal/hotswap"
 	"iteron.dev/operator/internal/procexec"
 	"iteron.dev/operator/internal/reasons"
@@ -538,12 +537,8 @@ func (s *Server) beginAuthorized(ctx context.Context, req callRequest, streaming
 			}
 			return fail(reason, message)
 		}
-		// A module that cannot serve is reported at once (not recorded: the
-		// call never ran), unless it is being activated: then the call
-		// waits.
-		if d.Route() == nil {
-			return s.moduleUnavailable(req.namespace, req.activation, req.module)
-		}
+		// What a module that nothing serves answers — wait, recovering,
+		// or its reason at once — is the dispatcher's rule (hotswap.Dispatcher).
 		return nil
 	})
 	if err != nil {
@@ -595,9 +590,15 @@ func (s *Server) beginAuthorized(ctx context.Context, req callRequest, streaming
 		}
 		res, err := d.Invoke(s.ctx, call)
 		var ce *hotswap.CallError
-		if errors.As(err, &ce) && ce.Code == reasons.QueueFull {
-			// Refused at the door: it never ran, so a retry under the same
-			// invocation_id may run it.
+		inv.mu.Lock()
+		neverRan := err != nil && !inv.started
+		inv.mu.Unlock()
+		if neverRan && !(errors.As(err, &ce) && (ce.Code == reasons.Cancelled || ce.Code == reasons.StaleGeneration)) {
+			// Refused before it was dispatched (a full queue, a module that
+			// cannot serve, a recovery that outlasted its deadline): it
+			// never ran, so a retry under the same invocation_id may run it.
+			// What no retry changes stays its outcome: the client cancelled
+			// it, or it pins a generation that no longer serves.
 			s.table.abandon(inv)
 		}
 		s.finish(inv, res, err)
@@ -793,53 +794,6 @@ func (s *Server) outcomeOf(inv *invocation, err error) (reason, message string, 
 		code = reasons.RunGRPCCode(reason)
 	}
 	return reason, message, failure(code, reason, message, generation)
-}
-
-// moduleUnavailable explains why a module without an active generation
-// cannot take a call now, or returns nil when it is being activated (the
-// call waits in its queue).
-func (s *Server) moduleUnavailable(namespace, activation, module string) error {
-	var st hotswap.ActivationStatus
-	found := false
-	for _, key := range s.cfg.Coordinator.Activations() {
-		if key.Namespace == namespace && key.Name == activation {
-			st, found = s.cfg.Coordinator.Status(key.UID)
-			break
-		}
-	}
-	if !found {
-		return fail(reasons.NotFound, fmt.Sprintf("no activation %s/%s on this node", namespace, activation))
-	}
-	if st.LedgerError != "" {
-		return fail(reasons.LedgerCorrupt, fmt.Sprintf("activation %s/%s: %s", namespace, activation, st.LedgerError))
-	}
-	if st.Busy {
-		return nil
-	}
-	ms := st.Modules[module]
-	if ms.Active == "" && ms.Committed != nil && st.AppliedSpecGeneration == 0 && !st.Removing {
-		// Known from the ledger's replay after the manager started, and not
-		// handed its plan yet: the module's last committed generation is
-		// about to be relaunched. Retry; nothing failed.
-		return fail(reasons.Recovering, fmt.Sprintf("activation %s/%s is still being recovered: module %s's last committed generation %s is not relaunched yet: retry", namespace, activation, module, ms.Committed.Name))
-	}
-	if ms.Reason != "" {
-		return fail(ms.Reason, fmt.Sprintf("module %s has no active generation: %s", module, ms.Message))
-	}
-	for _, f := range st.Failures {
-		if f.Module == module {
-			return fail(f.Code, fmt.Sprintf("module %s has no active generation: %s failed: %s", module, f.GenerationName, f.Message))
-		}
-	}
-	if ms.Phase == iteronv1.PhaseFailed {
-		return fail(reasons.ProviderFailed, fmt.Sprintf("module %s has failed", module))
-	}
-	if st.LedgerUnwritable != "" {
-		// Nothing can be prepared until the ledger accepts appends again
-		// (a first activation cut short by the ledger waits for it).
-		return fail(reasons.LedgerUnwritable, fmt.Sprintf("module %s has no active generation: %s", module, st.LedgerUnwritable))
-	}
-	return fail(reasons.ActivationFailed, fmt.Sprintf("module %s has no active generation", module))
 }
 
 // GetInvocationStatus implements gatewayv1.GatewayServer.

@@ -55,6 +55,10 @@ type moduleDurability struct {
 	// refused is a relaunch refused for a reason that does not pass by
 	// itself; cleared by a new spec or a retry request.
 	refused *Failure
+	// recoveryRefused is why the controller could not hand the committed
+	// generation a target after a restart (ModuleTarget.Refused): calls
+	// fail at once with it until a target comes.
+	recoveryRefused *Failure
 }
 
 // durabilityWork runs one due relaunch, renewal or checkpoint (only a

@@ -35,6 +35,12 @@ type Config struct {
 	// has stopped (before the drain record). Tests use it to act at an exact
 	// point of a transaction (a call after the switch, a SIGKILL mid-swap).
 	AfterPhase func(key ActivationKey, module, phase string)
+	// BeforeRecovery, when set, is called by the activation's worker just
+	// before it re-attaches or relaunches a module's last committed
+	// generation after a restart, or relaunches a generation whose process
+	// ended; it may block. Tests hold a recovery there to make calls
+	// inside its window.
+	BeforeRecovery func(key ActivationKey, module string)
 	// Owner, when set, is the survivor that owns the provider processes
 	// across manager restarts (docs/survivor.md): Launch defaults to it, a
 	// module's last committed generation is re-attached rather than
@@ -102,8 +108,14 @@ type ModuleTarget struct {
 	DependsOn []string
 	// Keep leaves the module as it runs: its source is still in the spec
 	// but has no runnable target now (verification failed, a dependency is
-	// unsatisfied, its failed target is not retried). Only Module is read.
+	// unsatisfied, its failed target is not retried). Only Module and
+	// Refused are read.
 	Keep bool
+	// Refused, with Keep, says why the module's last committed generation
+	// cannot be relaunched after a restart (its source no longer verifies):
+	// while nothing serves the module, calls fail at once with it instead
+	// of waiting for a recovery that will not come.
+	Refused *Failure
 }
 
 // Desired is what the activation controller wants for one activation.

@@ -162,6 +162,23 @@ type InFlight struct {
 // (quiesce) and an atomic switch of the route. The
 // gateway is a thin adapter over it. Calls arriving during a swap wait in the
 // queue — bounded by their own deadlines — instead of failing.
+//
+// What a call gets while no generation of the module serves is decided here
+// and nowhere else (docs/gateway.md, "Errors"); the coordinator only says
+// which case holds:
+//
+//	case                                                  the call                  at its deadline
+//	a generation is activated or swapped (SetAvailable)   waits in the queue        deadline_exceeded
+//	the ledger's committed generation is recovered:       waits in the queue        recovering (retry)
+//	  re-attached or relaunched after a manager restart,
+//	  relaunched after a crash (SetRecovering)
+//	nothing serves and nothing is prepared                fails at once with the reason (queued calls too)
+//	  (SetUnavailable: verification_failed, authority_changed, ledger_corrupt,
+//	  ledger_unwritable, a failed activation, a spent crash budget …)
+//	the module is retired (Close)                         not_found (queued calls too)
+//
+// A call that fails before it was dispatched (Call.OnStart never called)
+// never ran: the gateway then forgets its invocation ID, so a retry runs it.
 type Dispatcher struct {
 	module     string
 	queueLimit int
@@ -178,9 +195,13 @@ type Dispatcher struct {
 	// and nothing is being prepared, so waiting out a deadline would only
 	// hide the reason.
 	unavailable *CallError
-	kick        chan struct{}
-	stop        chan struct{}
-	stopped     chan struct{}
+	// recovering, when set, is what a call that waited out its deadline
+	// gets instead of deadline_exceeded: the module's committed generation
+	// is being recovered (re-attached, relaunched), so retrying is right.
+	recovering *CallError
+	kick       chan struct{}
+	stop       chan struct{}
+	stopped    chan struct{}
 }
 
 // NewDispatcher returns a paused dispatcher with no route; Switch installs
@@ -233,7 +254,7 @@ func (d *Dispatcher) Invoke(ctx context.Context, call Call) (Result, error) {
 	switch {
 	case d.closed:
 		d.mu.Unlock()
-		return Result{}, &CallError{Code: reasons.ActivationFailed, Message: fmt.Sprintf("module %s is retired", d.module), Err: ErrDispatcherClosed}
+		return Result{}, &CallError{Code: reasons.NotFound, Message: fmt.Sprintf("module %s was retired: it is no longer on this node", d.module), Err: ErrDispatcherClosed}
 	case d.unavailable != nil:
 		err := *d.unavailable
 		d.mu.Unlock()
@@ -264,10 +285,24 @@ func (d *Dispatcher) Invoke(ctx context.Context, call Call) (Result, error) {
 		if ctx.Err() != nil {
 			return Result{}, &CallError{Code: reasons.DeadlineExceeded, Message: "the caller gave up while the call was queued", Err: ctx.Err()}
 		}
-		return Result{}, &CallError{Code: reasons.DeadlineExceeded, Message: fmt.Sprintf("the deadline passed after %s in module %s's queue", time.Since(p.enqueued).Round(time.Millisecond), d.module)}
+		return Result{}, d.expiredInQueue(p)
 	}
 	<-p.done
 	return p.result, p.err
+}
+
+// expiredInQueue is the answer to a call whose deadline passed while it
+// waited: recovering while the module's committed generation is being
+// recovered (a retry will find it serving), else deadline_exceeded.
+func (d *Dispatcher) expiredInQueue(p *pendingCall) *CallError {
+	waited := time.Since(p.enqueued).Round(time.Millisecond)
+	d.mu.Lock()
+	recovering := d.recovering
+	d.mu.Unlock()
+	if recovering != nil {
+		return &CallError{Code: reasons.Recovering, Message: fmt.Sprintf("%s; the call waited %s in module %s's queue: retry", recovering.Message, waited, d.module)}
+	}
+	return &CallError{Code: reasons.DeadlineExceeded, Message: fmt.Sprintf("the deadline passed after %s in module %s's queue", waited, d.module)}
 }
 
 func (d *Dispatcher) withdraw(p *pendingCall) bool {
@@ -324,7 +359,7 @@ func (d *Dispatcher) dispatchOne() bool {
 	if remaining <= 0 {
 		d.queue = d.queue[1:]
 		d.mu.Unlock()
-		p.err = &CallError{Code: reasons.DeadlineExceeded, Message: "the deadline passed in the queue"}
+		p.err = d.expiredInQueue(p)
 		close(p.done)
 		return true
 	}
@@ -535,6 +570,8 @@ func (d *Dispatcher) Switch(route Route) (previous *Route, err error) {
 		return previous, nil
 	}
 	d.route = &route
+	// A generation serves again: what was being recovered is.
+	d.recovering = nil
 	return previous, nil
 }
 
@@ -554,10 +591,11 @@ func (d *Dispatcher) WithdrawRoute(backend Backend) bool {
 
 // SetUnavailable makes calls fail at once with code and message, the queued
 // ones included: the module has no generation able to serve and none is
-// being prepared. SetAvailable (or a generation becoming active) ends it.
+// being prepared. SetAvailable or SetRecovering ends it.
 func (d *Dispatcher) SetUnavailable(code, message string) {
 	d.mu.Lock()
 	d.unavailable = &CallError{Code: code, Message: message}
+	d.recovering = nil
 	queue := d.queue
 	d.queue = nil
 	d.mu.Unlock()
@@ -569,11 +607,35 @@ func (d *Dispatcher) SetUnavailable(code, message string) {
 }
 
 // SetAvailable lets calls wait in the queue again (a generation is being
-// prepared, or serves).
+// prepared, or serves). A recovery in progress stays one (SetRecovering).
 func (d *Dispatcher) SetAvailable() {
 	d.mu.Lock()
 	d.unavailable = nil
 	d.mu.Unlock()
+}
+
+// SetRecovering lets calls wait in the queue while the module's committed
+// generation is being recovered — re-attached or relaunched after a manager
+// restart, relaunched after a crash — and makes a call whose deadline passes
+// first get recovering (retry), with message saying what is being
+// recovered. It ends when a route is switched in (the generation serves) or
+// SetUnavailable (the recovery concluded the module cannot serve).
+func (d *Dispatcher) SetRecovering(message string) {
+	d.mu.Lock()
+	d.unavailable = nil
+	d.recovering = &CallError{Code: reasons.Recovering, Message: message}
+	d.mu.Unlock()
+}
+
+// Recovering reports the recovery calls wait for, or nil.
+func (d *Dispatcher) Recovering() *CallError {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.recovering == nil {
+		return nil
+	}
+	err := *d.recovering
+	return &err
 }
 
 // Unavailable reports why calls fail at once, or nil when they wait or run.
@@ -599,7 +661,7 @@ func (d *Dispatcher) Resume() {
 // example after a backend's remaining lifetime changed).
 func (d *Dispatcher) Wake() { d.poke() }
 
-// Close fails every queued call (activation_failed: module retired), waits
+// Close fails every queued call (not_found: the module was retired), waits
 // for the in-flight run to finish, and stops the dispatcher. Idempotent.
 func (d *Dispatcher) Close() {
 	d.mu.Lock()
@@ -609,12 +671,13 @@ func (d *Dispatcher) Close() {
 		return
 	}
 	d.closed = true
+	d.recovering = nil
 	queue := d.queue
 	d.queue = nil
 	idle := d.idle
 	d.mu.Unlock()
 	for _, p := range queue {
-		p.err = &CallError{Code: reasons.ActivationFailed, Message: fmt.Sprintf("module %s was retired while the call waited", d.module), Err: ErrDispatcherClosed}
+		p.err = &CallError{Code: reasons.NotFound, Message: fmt.Sprintf("module %s was retired while the call waited: it is no longer on this node", d.module), Err: ErrDispatcherClosed}
 		close(p.done)
 	}
 	<-idle

@@ -1,6 +1,8 @@
 package hotswap
 
 import (
+	"fmt"
+
 	"iteron.dev/operator/internal/effects"
 	"iteron.dev/operator/internal/ledger"
 )
@@ -46,7 +48,7 @@ func (a *activationRuntime) firstActivation(d *Desired, t ModuleTarget) {
 			r.markFailed(pf, "failed")
 			// Nothing serves the module and nothing is being prepared
 			// until the controller hands a new attempt: calls fail at once.
-			m.dispatcher.SetUnavailable(string(pf.code), r.gen.message)
+			m.dispatcher.SetUnavailable(string(pf.code), fmt.Sprintf("module %s has no active generation: %s", m.name, r.gen.message))
 		},
 	})
 }

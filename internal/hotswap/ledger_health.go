@@ -63,6 +63,14 @@ func (a *activationRuntime) ledgerUnwritable(err error) {
 			h.probes = 0
 		}
 		h.probeAt = now.Add(probeBackoff(h.probes))
+		// Nothing can be prepared until the ledger accepts appends: a
+		// module nothing serves answers with that at once.
+		_, msg := a.ledgerProblem()
+		for _, m := range a.modules {
+			if notServing(m.active) && m.dispatcher.Unavailable() == nil {
+				m.dispatcher.SetUnavailable(reasons.LedgerUnwritable, fmt.Sprintf("module %s has no generation that can serve: %s", m.name, msg))
+			}
+		}
 	}
 	a.mu.Unlock()
 	if first {
@@ -119,6 +127,7 @@ func (a *activationRuntime) probeLedger() bool {
 	if err != nil && errors.Is(err, ledger.ErrCorrupt) {
 		// The replay found the ledger corrupt: that needs an operator.
 		a.ledgerErr, h.unwritable, h.pending = err, nil, nil
+		a.failCallsWhileLedgerIsCorrupt()
 		a.log("the ledger replay after an append failure found it corrupt", "error", err.Error())
 		return false
 	}
@@ -138,7 +147,9 @@ func (a *activationRuntime) probeLedger() bool {
 			// A relaunch that waited for the ledger runs now.
 			g.message = truncateMessage(fmt.Sprintf("%s is relaunched now that the ledger accepts appends again", g.name))
 			m.dur.relaunchAt = now
-			m.dispatcher.SetAvailable()
+		}
+		if ce := m.dispatcher.Unavailable(); ce != nil && ce.Code == reasons.LedgerUnwritable {
+			a.callsWait(m)
 		}
 	}
 	return true

@@ -22,7 +22,7 @@ type PhaseEdge struct {
 // the edges the coordinator takes on purpose. A generation is created
 // Preparing (for a transaction) or, recovered from the ledger without a
 // process for its retirement, Inactive; setting the phase it already has
-// is no change. Every other change is a bug, reported by setPhase.
+// is no change. Every other change is a bug, refused by setPhase.
 var PhaseEdges = []PhaseEdge{
 	{iteronv1.PhasePreparing, iteronv1.PhaseActive, "its transaction switched to it: a first activation, a swap, a relaunch or a re-attach after a restart"},
 	{iteronv1.PhaseActive, iteronv1.PhaseDraining, "a swap switched to its successor, or its module's retirement quiesces it"},
@@ -55,30 +55,44 @@ func LegalPhaseEdge(from, to iteronv1.ModulePhase) (string, bool) {
 	return "", false
 }
 
-// illegalPhaseEdges counts phase changes outside PhaseEdges. It is not per
-// activation (and not forgotten with one): a non-zero value is a bug of the
-// coordinator, whichever activation showed it.
+// illegalPhaseEdges counts phase changes outside PhaseEdges, by edge
+// ("Active->Inactive"). It is not per activation (and not forgotten with
+// one): a non-zero value is a bug of the coordinator, whichever activation
+// showed it.
 var illegalPhaseEdges = prometheus.NewCounterVec(prometheus.CounterOpts{
-	Namespace: "iteron", Name: "generation_illegal_phase_transitions_total",
-	Help: "Generation phase changes outside the coordinator's table of legal edges (a bug: the log names the generation); from and to are the phases.",
-}, []string{"from", "to"})
+	Namespace: "iteron", Name: "generation_illegal_transitions_total",
+	Help: "Generation phase changes outside the coordinator's table of legal edges, refused (a bug: the log names the generation); edge is from->to.",
+}, []string{"edge"})
 
-// setPhase changes g's phase. An edge outside PhaseEdges is a bug: it is
-// logged as an error naming the generation and both phases and counted in
-// iteron_generation_illegal_phase_transitions_total, and the change is
-// still made — the rest of the coordinator's state (process, route,
-// active generation) has moved already, so refusing only the phase would
-// make the status lie about what runs. Caller holds a.mu.
-func (a *activationRuntime) setPhase(g *generationRuntime, to iteronv1.ModulePhase) {
-	if _, ok := LegalPhaseEdge(g.phase, to); !ok {
-		reportIllegalPhaseEdge(a.c.cfg.Log, a.key, g.name, g.phase, to)
+// phaseEdgeLabel names an edge for the metric: "from->to", "(none)" for a
+// generation that had no phase yet.
+func phaseEdgeLabel(from, to iteronv1.ModulePhase) string {
+	name := func(p iteronv1.ModulePhase) string {
+		if p == "" {
+			return "(none)"
+		}
+		return string(p)
 	}
-	g.phase = to
+	return name(from) + "->" + name(to)
 }
 
-// reportIllegalPhaseEdge logs and counts an illegal phase change.
+// setPhase changes g's phase and reports whether it did. An edge outside
+// PhaseEdges is refused: the phase stays as it was (a status never shows a
+// transition the lifecycle does not have), and the refusal is logged as an
+// error naming the generation and both phases and counted in
+// iteron_generation_illegal_transitions_total. Caller holds a.mu.
+func (a *activationRuntime) setPhase(g *generationRuntime, to iteronv1.ModulePhase) bool {
+	if _, ok := LegalPhaseEdge(g.phase, to); !ok {
+		reportIllegalPhaseEdge(a.c.cfg.Log, a.key, g.name, g.phase, to)
+		return false
+	}
+	g.phase = to
+	return true
+}
+
+// reportIllegalPhaseEdge logs and counts a refused phase change.
 func reportIllegalPhaseEdge(log logr.Logger, key ActivationKey, generation string, from, to iteronv1.ModulePhase) {
-	illegalPhaseEdges.WithLabelValues(string(from), string(to)).Inc()
-	log.Error(nil, "illegal generation phase transition (a coordinator bug): the change is made, and counted in iteron_generation_illegal_phase_transitions_total",
+	illegalPhaseEdges.WithLabelValues(phaseEdgeLabel(from, to)).Inc()
+	log.Error(nil, "illegal generation phase transition refused (a coordinator bug): the phase is kept, and the refusal counted in iteron_generation_illegal_transitions_total",
 		"namespace", key.Namespace, "activation", key.Name, "generation", generation, "from", string(from), "to", string(to))
 }

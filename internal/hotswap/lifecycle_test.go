@@ -27,12 +27,12 @@ func phaseRecorder() (*activationRuntime, *[]string) {
 	return a, &lines
 }
 
-// TestIllegalPhaseEdgesAreCaughtAndReported: one row per change of a
-// Generation's phase that PhaseEdges does not allow. The coordinator makes
-// the change (its other state has moved already) and reports it: an error
-// log naming the generation and both phases, and the illegal-transition
-// counter.
-func TestIllegalPhaseEdgesAreCaughtAndReported(t *testing.T) {
+// TestIllegalPhaseEdgesAreRefusedAndReported: one row per change of a
+// Generation's phase that PhaseEdges does not allow. The coordinator
+// refuses it (the phase stays) and reports it: an error log naming the
+// generation and both phases, and the illegal-transition counter labelled
+// by the edge.
+func TestIllegalPhaseEdgesAreRefusedAndReported(t *testing.T) {
 	tests := []struct {
 		name     string
 		from, to iteronv1.ModulePhase
@@ -52,14 +52,17 @@ func TestIllegalPhaseEdgesAreCaughtAndReported(t *testing.T) {
 			}
 			a, lines := phaseRecorder()
 			g := &generationRuntime{name: "stack-prompt-system-g3-1", phase: tc.from}
-			counter := illegalPhaseEdges.WithLabelValues(string(tc.from), string(tc.to))
+			edge := phaseEdgeLabel(tc.from, tc.to)
+			counter := illegalPhaseEdges.WithLabelValues(edge)
 			before := testutil.ToFloat64(counter)
-			a.setPhase(g, tc.to)
-			if g.phase != tc.to {
-				t.Errorf("phase = %q, want %q: the change is made and reported, not refused", g.phase, tc.to)
+			if a.setPhase(g, tc.to) {
+				t.Errorf("setPhase reported the illegal change %s as made", edge)
+			}
+			if g.phase != tc.from {
+				t.Errorf("phase = %q, want %q kept: an illegal change is refused", g.phase, tc.from)
 			}
 			if got := testutil.ToFloat64(counter) - before; got != 1 {
-				t.Errorf("iteron_generation_illegal_phase_transitions_total{from=%q,to=%q} rose by %v, want 1", tc.from, tc.to, got)
+				t.Errorf("iteron_generation_illegal_transitions_total{edge=%q} rose by %v, want 1", edge, got)
 			}
 			if len(*lines) != 1 {
 				t.Fatalf("log lines %q, want one", *lines)
@@ -83,9 +86,9 @@ func TestLegalPhaseEdgesAreSilent(t *testing.T) {
 	for _, e := range edges {
 		a, lines := phaseRecorder()
 		g := &generationRuntime{name: "g", phase: e.From}
-		before := testutil.ToFloat64(illegalPhaseEdges.WithLabelValues(string(e.From), string(e.To)))
-		a.setPhase(g, e.To)
-		if g.phase != e.To || len(*lines) != 0 || testutil.ToFloat64(illegalPhaseEdges.WithLabelValues(string(e.From), string(e.To))) != before {
+		before := testutil.ToFloat64(illegalPhaseEdges.WithLabelValues(phaseEdgeLabel(e.From, e.To)))
+		made := a.setPhase(g, e.To)
+		if !made || g.phase != e.To || len(*lines) != 0 || testutil.ToFloat64(illegalPhaseEdges.WithLabelValues(phaseEdgeLabel(e.From, e.To))) != before {
 			t.Errorf("legal edge %s → %s (%s): phase %q, log %q", e.From, e.To, e.Why, g.phase, *lines)
 		}
 	}

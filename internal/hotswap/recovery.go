@@ -2,6 +2,7 @@ package hotswap
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
@@ -30,6 +31,9 @@ func (a *activationRuntime) openLedgerAnchored(anchor *ledger.Anchor) error {
 		return err
 	}
 	err := a.openAndRecover(anchor)
+	if a.ledgerErr != nil {
+		a.failCallsWhileLedgerIsCorrupt()
+	}
 	a.mu.Unlock()
 	if err != nil && !errors.Is(err, ledger.ErrCorrupt) {
 		// Not corrupt: the file system refused (disk full, I/O error). The
@@ -92,6 +96,8 @@ func (a *activationRuntime) recoverFromLedger(led *ledger.Ledger) error {
 			ImplementationID: c.ImplementationID, ArtifactSHA256: c.ArtifactSHA256, AuthoritySHA256: c.AuthoritySHA256,
 			TransactionID: c.TransactionID,
 		}
+		// Calls wait for its re-attach or relaunch (retry at their deadline).
+		m.dispatcher.SetRecovering(a.recoveryOf(m))
 	}
 	if st.Records == 0 {
 		return nil
@@ -122,4 +128,47 @@ func (a *activationRuntime) recoverFromLedger(led *ledger.Ledger) error {
 		return nil
 	})
 	return err
+}
+
+// recoveryOf says what is being recovered of module m — its committed
+// generation re-attached or relaunched after a manager restart, or its
+// active generation relaunched after its process ended — or "" when nothing
+// is: what a call that waited out its deadline is told (recovering).
+// Caller holds a.mu.
+func (a *activationRuntime) recoveryOf(m *moduleRuntime) string {
+	if c := m.dur.committed; c != nil && m.active == nil {
+		return fmt.Sprintf("activation %s/%s is being recovered: module %s's last committed generation %s is being re-attached or relaunched", a.key.Namespace, a.key.Name, m.name, c.Name)
+	}
+	if g := m.active; g != nil && g.proc == nil && g.phase != iteronv1.PhaseFailed {
+		cause := g.relaunchCause
+		if cause == "" {
+			cause = "the manager restarted"
+		}
+		return fmt.Sprintf("module %s's generation %s is being relaunched (%s)", m.name, g.name, cause)
+	}
+	return ""
+}
+
+// callsWait lets calls to m wait in its queue again after an answer that
+// failed them at once passed (a ledger that accepts appends again, a new
+// spec for a refused relaunch): as a recovery when one is under way.
+// Caller holds a.mu.
+func (a *activationRuntime) callsWait(m *moduleRuntime) {
+	if why := a.recoveryOf(m); why != "" {
+		m.dispatcher.SetRecovering(why)
+		return
+	}
+	m.dispatcher.SetAvailable()
+}
+
+// failCallsWhileLedgerIsCorrupt makes every module's calls fail at once with
+// ledger_corrupt: nothing is done for the activation until an operator
+// resolves its ledger. Caller holds a.mu.
+func (a *activationRuntime) failCallsWhileLedgerIsCorrupt() {
+	code, msg := a.ledgerProblem()
+	for _, m := range a.modules {
+		if m.active == nil || m.active.proc == nil {
+			m.dispatcher.SetUnavailable(code, fmt.Sprintf("module %s cannot serve: %s", m.name, msg))
+		}
+	}
 }

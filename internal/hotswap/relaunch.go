@@ -69,7 +69,7 @@ func (a *activationRuntime) watchProcess(m *moduleRuntime, g *generationRuntime,
 			g.relaunchCause = "the survivor that owned its process went away at " + a.c.cfg.Now().UTC().Format(time.RFC3339)
 			m.dur.relaunchAt = a.c.cfg.Now()
 			m.dispatcher.PauseNow()
-			m.dispatcher.SetAvailable()
+			m.dispatcher.SetRecovering(a.recoveryOf(m))
 			a.log("provider process lost with its survivor; relaunching", "module", m.name, "generation", g.name)
 		case crashed:
 			g.stderrTail, g.stderrDropped = tail, dropped
@@ -127,7 +127,10 @@ func (a *activationRuntime) noteCrash(m *moduleRuntime, g *generationRuntime, wh
 	a.setPhase(g, iteronv1.PhasePreparing)
 	g.reason = reasons.ProviderFailed
 	g.message = truncateMessage(fmt.Sprintf("%s (crash %d of %d allowed in %s); relaunching in %s", what, len(d.crashes), CrashBudget, CrashWindow, backoff))
-	m.dispatcher.SetAvailable()
+	if g.relaunchCause == "" {
+		g.relaunchCause = what
+	}
+	m.dispatcher.SetRecovering(a.recoveryOf(m))
 	a.log("provider crashed", "module", m.name, "generation", g.name, "relaunchIn", backoff)
 }
 
@@ -159,6 +162,9 @@ func (a *activationRuntime) relaunch(d *Desired, m *moduleRuntime) {
 	if d == nil {
 		d = &Desired{Key: a.key, Swap: SwapPolicy{Deadline: 30 * time.Second}}
 	}
+	if hook := a.c.cfg.BeforeRecovery; hook != nil {
+		hook(a.key, m.name)
+	}
 	a.runRelaunch(d, m, g, g.committedAuthority)
 }
 
@@ -173,11 +179,15 @@ func (a *activationRuntime) relaunchCommitted(d *Desired, m *moduleRuntime, t Mo
 	m.register(g)
 	m.active = g // so a crash of the relaunched process is seen as one
 	m.dur.committed = nil
+	m.dispatcher.SetRecovering(fmt.Sprintf("activation %s/%s is being recovered: module %s's last committed generation %s is being re-attached or relaunched", a.key.Namespace, a.key.Name, m.name, g.name))
 	a.mu.Unlock()
 	if a.receiptsLoss != "" {
 		// Its receipts survive in the receipts file — unless the last
 		// manager did not close it: then what it recorded last may be lost.
 		a.receipts.MarkIncomplete(g.name, a.receiptsLoss)
+	}
+	if hook := a.c.cfg.BeforeRecovery; hook != nil {
+		hook(a.key, m.name)
 	}
 	if a.c.cfg.Owner != nil {
 		proc, why := a.reattach(m, g, t, c, d)
@@ -211,7 +221,9 @@ func (a *activationRuntime) runRelaunch(d *Desired, m *moduleRuntime, g *generat
 		return
 	}
 	plan := g.target.Plan
-	m.dispatcher.SetAvailable() // being prepared: calls wait for it
+	a.mu.Lock()
+	a.callsWait(m) // being relaunched: calls wait for it
+	a.mu.Unlock()
 	r.fresh = func() *effects.EffectScope { return g.scope }
 	var snap State
 	var stored StoredSnapshot

@@ -63,10 +63,13 @@ func (a *activationRuntime) retire(swap SwapPolicy, candidate string, m *moduleR
 			phase{name: ledger.PhaseDrain, final: true,
 				work: func() error {
 					a.mu.Lock()
-					m.active = nil
+					m.active, m.retiring = nil, g
 					a.mu.Unlock()
 					g.drainNote = a.drain(g, "retirement")
 					m.dispatcher.Close()
+					a.mu.Lock()
+					m.retiring = nil
+					a.mu.Unlock()
 					return nil
 				},
 				record: func() error {

@@ -75,8 +75,12 @@ type moduleRuntime struct {
 	name       string
 	dispatcher *Dispatcher
 	active     *generationRuntime
-	gens       map[string]*generationRuntime
-	order      []string // generation names, oldest first
+	// retiring is the generation a retirement is draining once it is no
+	// longer active: status shows the module Draining until its process is
+	// gone.
+	retiring *generationRuntime
+	gens     map[string]*generationRuntime
+	order    []string // generation names, oldest first
 	// waiting explains why the module's target is not being activated yet.
 	waitingCode, waitingMessage string
 	// activateIndex is the module's position in the last activate order,
@@ -179,7 +183,7 @@ func (a *activationRuntime) setDesired(d Desired) {
 				m.dur.refused = nil
 				m.dur.relaunchAt = a.c.cfg.Now()
 				a.setPhase(m.active, iteronv1.PhasePreparing)
-				m.dispatcher.SetAvailable()
+				a.callsWait(m)
 			}
 		}
 	}
@@ -188,7 +192,21 @@ func (a *activationRuntime) setDesired(d Desired) {
 		if !t.Keep {
 			// Calls for a module about to be activated wait for it instead
 			// of being told it does not exist.
-			a.module(t.Module)
+			m := a.module(t.Module)
+			if m.dur.recoveryRefused != nil {
+				// An earlier spec could not relaunch its committed
+				// generation; this one hands it a target.
+				m.dur.recoveryRefused = nil
+				a.callsWait(m)
+			}
+			continue
+		}
+		if m, ok := a.modules[t.Module]; ok && t.Refused != nil && m.dur.committed != nil && m.active == nil {
+			// The recovery concluded the committed generation cannot be
+			// relaunched (its source no longer verifies): calls fail at
+			// once with why, until a spec or a retry hands it a target.
+			m.dur.recoveryRefused = t.Refused
+			m.dispatcher.SetUnavailable(t.Refused.Code, fmt.Sprintf("module %s cannot serve: the relaunch of its last committed generation %s was refused: %s", t.Module, m.dur.committed.Name, t.Refused.Message))
 		}
 	}
 	a.desired = &d
@@ -208,7 +226,8 @@ func sameDesired(x, y Desired) bool {
 	}
 	for i := range x.Modules {
 		a, b := x.Modules[i], y.Modules[i]
-		if a.Module != b.Module || a.Keep != b.Keep || a.GenerationName != b.GenerationName || a.Epoch != b.Epoch ||
+		if a.Module != b.Module || a.Keep != b.Keep || (a.Refused == nil) != (b.Refused == nil) || a.Refused != nil && *a.Refused != *b.Refused ||
+			a.GenerationName != b.GenerationName || a.Epoch != b.Epoch ||
 			a.Lineage != b.Lineage || a.Attempt != b.Attempt || !slices.Equal(a.DependsOn, b.DependsOn) ||
 			a.Plan.ManifestSHA256() != b.Plan.ManifestSHA256() || a.Plan.ArtifactSHA256() != b.Plan.ArtifactSHA256() ||
 			a.Plan.AuthoritySHA256() != b.Plan.AuthoritySHA256() {
@@ -471,6 +490,10 @@ func (a *activationRuntime) module(name string) *moduleRuntime {
 	if !ok {
 		m = &moduleRuntime{name: name, gens: map[string]*generationRuntime{}, dispatcher: NewDispatcher(name, a.c.cfg.QueueLimit)}
 		a.modules[name] = m
+		if a.ledgerErr != nil {
+			code, msg := a.ledgerProblem()
+			m.dispatcher.SetUnavailable(code, fmt.Sprintf("module %s cannot serve: %s", name, msg))
+		}
 	}
 	return m
 }
@@ -695,7 +718,11 @@ func (a *activationRuntime) status() ActivationStatus {
 			cc := *c
 			ms.Committed = &cc
 		}
-		if g := m.active; g != nil {
+		g := m.active
+		if g == nil {
+			g = m.retiring
+		}
+		if g != nil {
 			ms.Active, ms.ImplementationID, ms.Lineage, ms.Epoch = g.name, g.target.Plan.ImplementationID(), g.lineage, g.target.Epoch
 			ms.AdmittedCapabilities = g.target.Plan.AdmittedCapabilities()
 			ms.AuthoritySHA256, ms.Attempt = g.target.Plan.AuthoritySHA256(), g.attempt

@@ -70,8 +70,10 @@ const (
 	LedgerUnwritable = "ledger_unwritable"
 	// QueueFull: a module's call queue is full.
 	QueueFull = "queue_full"
-	// Recovering: the manager restarted and has not yet recovered this
-	// node's activations; the call may be retried.
+	// Recovering: the module's committed generation is being recovered
+	// (re-attached or relaunched after a restart or a crash), or the
+	// manager has not replayed this node's activations yet; the call never
+	// ran and may be retried.
 	Recovering = "recovering"
 	// ArtifactUnavailable: an OCI source could not be pulled for a reason
 	// that may pass (registry unreachable, 5xx, timeout, a truncated
@@ -178,7 +180,7 @@ var table = []Reason{
 	{Code: QueueFull, GRPC: codes.ResourceExhausted,
 		Meaning: "the module's bounded call queue is full"},
 	{Code: Recovering, GRPC: codes.Unavailable,
-		Meaning: "the manager restarted and has not yet recovered this node's activations; retry"},
+		Meaning: "the module's committed generation is being recovered (re-attached or relaunched after a manager restart, relaunched after a crash) and the call's deadline ended first, or the manager has not replayed this node's activations yet; retry under the same invocation_id (the call never ran)"},
 	{Code: ArtifactUnavailable, GRPC: codes.Unavailable,
 		Meaning: "an OCI source could not be pulled for a reason that may pass (registry unreachable, 5xx, timeout, truncated download, artifact store full); retried with backoff, what served keeps serving; the message names the registry error"},
 	{Code: ArtifactRefused, GRPC: codes.FailedPrecondition, Stalling: true,

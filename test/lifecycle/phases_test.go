@@ -4,6 +4,7 @@ import (
 	"context"
 	"slices"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -126,6 +127,78 @@ func TestAHotSwapTakesItsGenerationsThroughEveryPhase(t *testing.T) {
 		t.Logf("%s went through %v", gen, got)
 		if !slices.Equal(got, phases) {
 			t.Errorf("%s went through %v, want %v", gen, got, phases)
+		}
+	}
+}
+
+// TestARetiredModuleStaysInStatusAsDrainingUntilItsProcessIsGone removes
+// one of two modules' sources while the real manager serves both. The
+// retirement is held after its quiesce: the activation's status.modules
+// still lists the module, Draining, with the generation whose process still
+// runs; once the retirement goes on, the module leaves status.modules only
+// when its process is gone.
+func TestARetiredModuleStaysInStatusAsDrainingUntilItsProcessIsGone(t *testing.T) {
+	const name = "retire-status"
+	gen := name + "-store-g1-1"
+	keep := operatortest.Source(t, artifacts.CounterV2, "swapper", "counter-v2")
+	gone := operatortest.Source(t, artifacts.CounterV2, "store", "store-counter")
+	act := newActivationNamed(t, name, keep, gone)
+	var pid int64
+	operatortest.WaitFor(t, env.Client, act, "both modules Active", func(a *iteronv1.ImplementationActivation) bool {
+		st := operatortest.ModuleStatus(a, "store")
+		return operatortest.ModuleStatus(a, "swapper").Phase == iteronv1.PhaseActive && st.Phase == iteronv1.PhaseActive
+	})
+	var g iteronv1.Generation
+	if err := env.Client.Get(context.Background(), client.ObjectKey{Namespace: "default", Name: gen}, &g); err != nil {
+		t.Fatal(err)
+	}
+	pid = g.Status.Pid
+	if pid <= 0 {
+		t.Fatalf("generation %s shows no pid: %+v", gen, g.Status)
+	}
+
+	released := make(chan struct{})
+	seen := make(chan iteronv1.ModuleStatus, 1)
+	holdAt("default", name, "store", "quiesce", func() {
+		// The retirement stands still here, its process running, until the
+		// status shows the module Draining (or the gate times out).
+		var last iteronv1.ModuleStatus
+		deadline := time.Now().Add(gateTimeout)
+		for time.Now().Before(deadline) {
+			var a iteronv1.ImplementationActivation
+			if err := env.Client.Get(context.Background(), client.ObjectKeyFromObject(act), &a); err == nil {
+				last = operatortest.ModuleStatus(&a, "store")
+				if last.Phase == iteronv1.PhaseDraining {
+					break
+				}
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		seen <- last
+		<-released
+	})
+	operatortest.UpdateSpec(t, env.Client, act, func(a *iteronv1.ImplementationActivation) { a.Spec.Sources = []iteronv1.ActivationSource{keep} })
+	var during iteronv1.ModuleStatus
+	select {
+	case during = <-seen:
+	case <-time.After(2 * gateTimeout):
+		t.Fatal("the retirement never reached its quiesce")
+	}
+	alive := syscall.Kill(int(pid), 0) == nil
+	close(released)
+	t.Logf("during the retirement: status.modules[store] = phase %s, generation %s, message %q; process %d alive: %v", during.Phase, during.GenerationName, during.Message, pid, alive)
+	if during.Phase != iteronv1.PhaseDraining || during.GenerationName != gen || !alive {
+		t.Fatalf("while its process (pid %d, alive %v) is being retired, status.modules[store] = %+v; want it listed Draining on %s", pid, alive, during, gen)
+	}
+	after := operatortest.WaitFor(t, env.Client, act, "store gone from status.modules", func(a *iteronv1.ImplementationActivation) bool {
+		return operatortest.ModuleStatus(a, "store").Module == ""
+	})
+	if syscall.Kill(int(pid), 0) == nil {
+		t.Fatalf("store left status.modules while its process %d still runs", pid)
+	}
+	for _, c := range after.Status.Conditions {
+		if c.Type == iteronv1.ConditionReady {
+			t.Logf("after the retirement: %d module(s) listed, Ready %s (%s)", len(after.Status.Modules), c.Status, c.Message)
 		}
 	}
 }
