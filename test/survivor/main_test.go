@@ -97,6 +97,7 @@ func testMain(m *testing.M) int {
 	}
 	code := m.Run()
 	printSummary()
+	printRestartTable()
 	return code
 }
 
