@@ -156,6 +156,13 @@ func TestTheManagerRunsAsADaemonSetPodOnARealNode(t *testing.T) {
 	}
 	c.probesAndMetricsAnswer(t)
 
+	// 7c. The restart table: a caller retrying each failed call under its
+	// invocation ID across a hot swap, a manager pod deleted, the manager
+	// SIGKILLed, a provider SIGKILLed and a relaunch refused; only true
+	// reasons, each retried call answered once.
+	c.restartTable(t, name, ctxImpl)
+	c.state(t, "7c. the restart table ran")
+
 	// 8. Deleting the activation reaps every provider.
 	c.deleteActivationReapsProviders(t, name)
 	c.state(t, "8. the activation is deleted: no provider left")
