@@ -82,9 +82,10 @@ func decodeRequest(d *decoder) (*Request, error) {
 	return &r, nil
 }
 
-// DecodeFrame decodes one provider → host line (the host side): a response
-// if it is an object with request_id, otherwise an observation (spec/wire.md
-// §4). It checks shape only; Correlate and CheckObservation check values.
+// DecodeFrame decodes one provider → host line (the host side): a response if
+// it is an object with request_id, otherwise an observation
+// (docs/reference/protocol.md). It checks shape only; Correlate and
+// CheckObservation check values.
 func DecodeFrame(frame []byte) (Frame, error) {
 	if len(frame) > MaxFrameBytes {
 		return Frame{}, errorf(ErrTooLarge, "", "frame of %d bytes exceeds %d", len(frame), MaxFrameBytes)

@@ -9,10 +9,10 @@ import (
 )
 
 // The encoders below write frames by hand, members in the order of
-// spec/wire.md §4, compact, strings in their minimal form (no escaping of
-// '<', '>', '&', U+2028 or U+2029). Raw JSON values (inputs, observations,
-// states) are copied as they are, never decoded and re-encoded: only a value
-// that spans lines is compacted, because a frame is one line.
+// docs/reference/protocol.md, compact, strings in their minimal form (no
+// escaping of '<', '>', '&', U+2028 or U+2029). Raw JSON values (inputs,
+// observations, states) are copied as they are, never decoded and re-encoded:
+// only a value that spans lines is compacted, because a frame is one line.
 
 // MarshalRequest validates r for a provider speaking v against the module's
 // contracts (Validate; nil skips the contract comparison) and returns

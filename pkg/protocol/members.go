@@ -4,11 +4,11 @@ import (
 	"github.com/go-json-experiment/json/jsontext"
 )
 
-// Every payload and the state object are declared once below: their
-// members in wire order (spec/wire.md §4), each a name and the field that
+// Every payload and the state object are declared once below: their members in
+// wire order (docs/reference/protocol.md), each a name and the field that
 // holds its value. The encoder writes the members in that order and the
-// decoder reads them by these names (any order, each exactly once), both
-// from the same declaration: a new field is one line here.
+// decoder reads them by these names (any order, each exactly once), both from
+// the same declaration: a new field is one line here.
 
 // member is one member of a message of type T.
 type member[T any] struct {
@@ -223,7 +223,7 @@ var responseCodecs = map[Result]codec{
 		member[Failed]{"message", func(r *Failed) any { return &r.Message }}),
 }
 
-// stateCodec is a State object (spec/wire.md §4), untagged.
+// stateCodec is a State object (docs/reference/protocol.md), untagged.
 var stateCodec = declare("",
 	member[State]{"module", func(s *State) any { return &s.Module }},
 	member[State]{"implementation_id", func(s *State) any { return &s.ImplementationID }},
