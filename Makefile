@@ -44,6 +44,10 @@ manifests: ## Generate CRDs (config/crd/bases), the node manager's RBAC (config/
 verify-generated: ## Fail when committed generated files differ from what `make generate` writes.
 	hack/verify-generated.sh
 
+.PHONY: verify-tidy
+verify-tidy: ## Fail when a go.mod (the root module's, or a wrapper module's under hack/) is not tidy (`go mod tidy -diff` in each; builds nothing).
+	hack/verify-tidy.sh
+
 .PHONY: fmt
 fmt: ## Run gofmt on the tree.
 	gofmt -w $$(git ls-files '*.go')
@@ -76,7 +80,7 @@ image: ## Build the manager's and the survivor's images (and the local node's pa
 ##@ Test
 
 .PHONY: test
-test: controlplane node registry verify-generated vet ## Unit tests, envtest suites against the real API server, the e2e suite and the DaemonSet on a real node (test/node).
+test: controlplane node registry verify-generated verify-tidy vet ## Unit tests, envtest suites against the real API server, the e2e suite and the DaemonSet on a real node (test/node).
 	@gofmt_out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$gofmt_out" ]; then echo "gofmt would change: $$gofmt_out"; exit 1; fi
 	GO_TEST_FLAGS="$(GO_TEST_FLAGS)" hack/test.sh ./...
 
