@@ -38,7 +38,7 @@ table=(
   "api/v1alpha1      3m       serial"   # 6.8-9.5s
   "cmd/manager       3m       serial"   # 11.6-17.0s
   "controllers       6m       serial"   # 30-35s passing; 87s and 109s when one test failed after a 60s wait
-  "test/crash        9m       serial"   # 159-170s (6 runs, load 14-17: the ledger-fault subset 72-81s, SIGKILL at 11 points 56-66s)
+  "test/crash        9m       serial"   # 159-170s (6 runs, load 14-17: the ledger-fault subset 72-81s, SIGKILL at 11 points 56-66s); 182s on 5 Dec with the lifetime case (20s) and the renewal cell's call
   "test/docs         4m       serial"   # 13-44s before docs/fleet.md, 65.6s with it (the fleet guide 19-30s) (runs the guides: its own local control plane, managers and providers)
   "test/doctor       3m       serial"   # 11.5-16.7s
   "test/e2e          3m       serial"   # 16.7-32.1s
@@ -48,7 +48,7 @@ table=(
   "test/gitops       3m       serial"   # 8.1-8.5s
   "test/kubeapi      3m       serial"   # 3.0-3.5s (a control plane started in a child test binary that panics: nothing of it may outlive the child)
   "test/localnode    5m       serial"   # 10.5-18.1s (a real node started, killed, cleaned up)
-  "test/node         8m       serial"   # 34-55s warm, 132s on a cold build cache (a real node: kubelet, containerd, the DaemonSet scenario; it builds the image of the code under test); with the survivor DaemonSet and the three manager restarts under a caller loop (the survivor): 47-128s over 8 runs (2 Dec 2026, load from other real-node runs)
+  "test/node         8m       serial"   # 157s on 5 Dec after a change to cmd/manager (the image rebuilt); 34-55s warm, 132s on a cold build cache (a real node: kubelet, containerd, the DaemonSet scenario; it builds the image of the code under test); with the survivor DaemonSet and the three manager restarts under a caller loop (the survivor): 47-128s over 8 runs (2 Dec 2026, load from other real-node runs)
   "test/survivor     4m       serial"   # 33-74s (9 runs, 2 Dec 2026, load from another real-node run; a control plane, the manager and survivor binaries killed and restarted under calls)
   "test/oci          5m       serial"   # 32.0-51.0s (12 runs, 2 Dec 2026; two registries, the control plane, the manager in-process and the manager binary built and SIGKILLed mid-pull: a cold build cache adds the manager's build)
   "test/lifecycle    3m       serial"   # 21.9-36.0s (3 runs, 2 Dec 2026; a control plane, the manager in-process with a custom seam graph, nine requirement activations and one hot swap held at two phases)
