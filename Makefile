@@ -44,6 +44,10 @@ manifests: ## Generate CRDs (config/crd/bases), the node manager's RBAC (config/
 verify-generated: ## Fail when committed generated files differ from what `make generate` writes.
 	hack/verify-generated.sh
 
+.PHONY: verify-tidy
+verify-tidy: ## Fail when a go.mod (the root module's, or a wrapper module's under hack/) is not tidy (`go mod tidy -diff` in each; builds nothing).
+	hack/verify-tidy.sh
+
 .PHONY: fmt
 fmt: ## Run gofmt on the tree.
 	gofmt -w $$(git ls-files '*.go')
@@ -76,7 +80,7 @@ image: ## Build the manager's and the survivor's images (and the local node's pa
 ##@ Test
 
 .PHONY: test
-test: controlplane node registry verify-generated vet ## Unit tests, envtest suites against the real API server, the e2e suite and the DaemonSet on a real node (test/node).
+test: controlplane node registry verify-generated verify-tidy vet ## Unit tests, envtest suites against the real API server, the e2e suite and the DaemonSet on a real node (test/node).
 	@gofmt_out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$gofmt_out" ]; then echo "gofmt would change: $$gofmt_out"; exit 1; fi
 	GO_TEST_FLAGS="$(GO_TEST_FLAGS)" hack/test.sh ./...
 
@@ -92,19 +96,19 @@ faults: controlplane ## The full ledger-fault tables (root, /dev/fuse): every ph
 
 BENCH_COUNT ?= 5
 .PHONY: bench-activation
-bench-activation: ## Parallel activation (issue 17): apply → all 28 family modules Active, --max-parallel-activations=1 ÷ the default, and plan computation for 28 and 64 modules; medians of BENCH_COUNT runs.
-	$(GO) test -count=$(BENCH_COUNT) -run '^$$' -bench '^BenchmarkFamilyApply$$' -benchtime 3x -timeout 15m ./bench/ | tee /dev/stderr | $(GO) run ./bench/benchmed
-	$(GO) test -count=$(BENCH_COUNT) -run '^$$' -bench '^BenchmarkPlan$$' -benchtime 2000x -timeout 5m ./internal/graph/ | tee /dev/stderr | $(GO) run ./bench/benchmed
+bench-activation: ## Parallel activation: apply → all 28 family modules Active, --max-parallel-activations=1 ÷ the default, and plan computation for 28 and 64 modules; medians of BENCH_COUNT runs.
+	$(GO) test -count=$(BENCH_COUNT) -run '^$$' -bench '^BenchmarkFamilyApply$$' -benchtime 3x -timeout 15m ./bench/ | $(GO) run ./bench/benchmed
+	$(GO) test -count=$(BENCH_COUNT) -run '^$$' -bench '^BenchmarkPlan$$' -benchtime 2000x -timeout 5m ./internal/graph/ | $(GO) run ./bench/benchmed
 
 .PHONY: bench-pkgruntime
-bench-pkgruntime: ## Package runtimes (issue 16): Invoke to the kv runtime through the gateway ÷ a bare grpc-go call to the same runtime binary, and a flooding Watch's events per second through the gateway alone and beside a slow caller; medians of BENCH_COUNT runs.
-	$(GO) test -count=$(BENCH_COUNT) -run '^$$' -bench '^BenchmarkPackageInvoke$$' -benchtime 2000x -timeout 10m ./internal/gateway/ | tee /dev/stderr | $(GO) run ./bench/benchmed
-	$(GO) test -count=$(BENCH_COUNT) -run '^$$' -bench '^BenchmarkPackageWatchEvents$$' -benchtime 3x -timeout 10m ./internal/gateway/ | tee /dev/stderr | $(GO) run ./bench/benchmed
+bench-pkgruntime: ## Package runtimes: Invoke to the kv runtime through the gateway ÷ a bare grpc-go call to the same runtime binary, and a flooding Watch's events per second through the gateway alone and beside a slow caller; medians of BENCH_COUNT runs.
+	$(GO) test -count=$(BENCH_COUNT) -run '^$$' -bench '^BenchmarkPackageInvoke$$' -benchtime 2000x -timeout 10m ./internal/gateway/ | $(GO) run ./bench/benchmed
+	$(GO) test -count=$(BENCH_COUNT) -run '^$$' -bench '^BenchmarkPackageWatchEvents$$' -benchtime 3x -timeout 10m ./internal/gateway/ | $(GO) run ./bench/benchmed
 
 BENCH_APPLY_COUNT ?= 3
 .PHONY: bench-apply
-bench-apply: controlplane ## Apply latency on one manager (issue 17): 11 activations × 28 counter providers, apply → Ready of the first and the eleventh, API requests per module, RSS with 280 providers; BENCH_APPLY_COUNT runs, each its own test binary, control plane and manager (≈ 1 min each, ~300 providers and ~2 GiB at the peak).
-	for i in $$(seq $(BENCH_APPLY_COUNT)); do $(GO) test -count=1 -run '^$$' -bench '^BenchmarkApplyScale$$' -benchtime 1x -v -timeout 5m ./test/applyscale/ || exit 1; done | grep -v '^{"level"' | tee /dev/stderr | $(GO) run ./bench/benchmed
+bench-apply: controlplane ## Apply latency on one manager: 11 activations × 28 counter providers, apply → Ready of the first and the eleventh, API requests per module, RSS with 280 providers; BENCH_APPLY_COUNT runs, each its own test binary, control plane and manager (≈ 1 min each, ~300 providers and ~2 GiB at the peak).
+	for i in $$(seq $(BENCH_APPLY_COUNT)); do $(GO) test -count=1 -run '^$$' -bench '^BenchmarkApplyScale$$' -benchtime 1x -v -timeout 5m ./test/applyscale/ || exit 1; done | grep -v '^{"level"' | $(GO) run ./bench/benchmed
 
 .PHONY: e2e
 e2e: controlplane ## The end-to-end suite (against $$KUBECONFIG when set, else the local control plane).

@@ -34,7 +34,8 @@ type ResolvedModule struct {
 	Plan *activation.LaunchPlan
 	// CatalogPath is the canonical catalog the plan was verified from.
 	CatalogPath string
-	// Epoch is the module's epoch (DESIGN §6).
+	// Epoch is the module's epoch (docs/concepts.md, identity, epoch and
+	// plan).
 	Epoch string
 	// Identity is module|implementation_id|version|artifact_sha256.
 	Identity string

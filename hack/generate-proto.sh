@@ -31,7 +31,7 @@ protoc \
   --go-grpc_out=api/gateway/v1 --go-grpc_opt=paths=source_relative \
   gateway.proto
 
-# The package-runtime service of seed 004 (quixos.runtime.PackageRuntime),
+# The package-runtime service of the Quixos seed (quixos.runtime.PackageRuntime),
 # verbatim, and the two files it imports (ours). The seed's files carry no
 # go_package option and must stay verbatim, so the Go import paths are given
 # here with M mappings.

@@ -23,7 +23,7 @@
 #      host paths in the mounted directory, and checks the DaemonSet, a swap,
 #      pod deletion and rollout restart, probes and metrics);
 #   3. builds the example providers and their catalogs with hack/catalog (the
-#      generator of issue 3) and copies them into the node's
+#      catalog generator) and copies them into the node's
 #      /var/lib/iteron/providers, which the DaemonSet mounts (hostPath);
 #   4. deploys config/default (CRDs, RBAC, admission policy, DaemonSet) and
 #      waits for the manager to be ready;
@@ -156,7 +156,7 @@ step "2b/6 running the DaemonSet test (test/node) against $cluster"
   go test -count=1 -v -timeout 20m ./test/node/)
 
 step "3/6 building the example providers and catalogs into $node:$provider_root"
-[ -d "$root/hack/catalog" ] || die "hack/catalog (the catalog generator of issue 3) is missing from this checkout"
+[ -d "$root/hack/catalog" ] || die "hack/catalog (the catalog generator) is missing from this checkout"
 case "$(docker exec "$node" uname -m)" in
   x86_64) node_arch=amd64 ;;
   aarch64 | arm64) node_arch=arm64 ;;

@@ -6,7 +6,8 @@
 # suite ran against. On failure it prints the log without the noise.
 #
 # Light packages run first, in parallel as `go test` runs them (one `go test`
-# per timeout value). The heavy end-to-end packages (those that start a
+# per timeout value, and one more for those that always run: see rerun
+# below). The heavy end-to-end packages (those that start a
 # control plane or the real manager) then run one at a time. A package whose
 # test binary links controller-runtime's envtest starts a control plane, so it
 # runs one at a time even when the table below does not name it.
@@ -37,7 +38,7 @@ table=(
   "api/v1alpha1      3m       serial"   # 6.8-9.5s
   "cmd/manager       3m       serial"   # 11.6-17.0s
   "controllers       6m       serial"   # 30-35s passing; 87s and 109s when one test failed after a 60s wait
-  "test/crash        9m       serial"   # 159-170s (6 runs, load 14-17: the ledger-fault subset 72-81s, SIGKILL at 11 points 56-66s)
+  "test/crash        9m       serial"   # 159-170s (6 runs, load 14-17: the ledger-fault subset 72-81s, SIGKILL at 11 points 56-66s); 182s on 5 Dec with the lifetime case (20s) and the renewal cell's call
   "test/docs         4m       serial"   # 13-44s before docs/fleet.md, 65.6s with it (the fleet guide 19-30s) (runs the guides: its own local control plane, managers and providers)
   "test/doctor       3m       serial"   # 11.5-16.7s
   "test/e2e          3m       serial"   # 16.7-32.1s
@@ -47,13 +48,33 @@ table=(
   "test/gitops       3m       serial"   # 8.1-8.5s
   "test/kubeapi      3m       serial"   # 3.0-3.5s (a control plane started in a child test binary that panics: nothing of it may outlive the child)
   "test/localnode    5m       serial"   # 10.5-18.1s (a real node started, killed, cleaned up)
-  "test/node         8m       serial"   # 34-55s warm, 132s on a cold build cache (a real node: kubelet, containerd, the DaemonSet scenario; it builds the image of the code under test); with the survivor DaemonSet and the three manager restarts under a caller loop (issue 19): 47-128s over 8 runs (2 Dec 2026, load from other real-node runs)
+  "test/node         8m       serial"   # 157s on 5 Dec after a change to cmd/manager (the image rebuilt); 34-55s warm, 132s on a cold build cache (a real node: kubelet, containerd, the DaemonSet scenario; it builds the image of the code under test); with the survivor DaemonSet and the three manager restarts under a caller loop (the survivor): 47-128s over 8 runs (2 Dec 2026, load from other real-node runs)
   "test/survivor     4m       serial"   # 33-74s (9 runs, 2 Dec 2026, load from another real-node run; a control plane, the manager and survivor binaries killed and restarted under calls)
   "test/oci          5m       serial"   # 32.0-51.0s (12 runs, 2 Dec 2026; two registries, the control plane, the manager in-process and the manager binary built and SIGKILLed mid-pull: a cold build cache adds the manager's build)
   "test/lifecycle    3m       serial"   # 21.9-36.0s (3 runs, 2 Dec 2026; a control plane, the manager in-process with a custom seam graph, nine requirement activations and one hot swap held at two phases)
   "internal/gateway  5m       parallel" # 35-47s (2 Dec 2026, idle and beside two CPU hogs; with the package-runtime fault table, which links the seed runtime once per fault: a cold build cache adds those links)
   "internal/artifacts 3m      parallel" # 4.1-7.4s (a registry of its own; a puller re-executed and SIGKILLed)
 )
+
+# Packages whose tests build a binary of this repository with `go build` or
+# `go run` at run time and run it (the manager, the survivor, the plugin, the
+# node's image, hack/catalog, the guides' commands) run every time
+# (-count=1): the build is a child process, so go test's cache does not know
+# those sources, and a cached result would stand for code that has changed
+# since. (A test that builds a provider through examples/providers/artifacts,
+# or the plugin through test/operatortest, needs no row: they stat the
+# sources, which makes them part of the cache key.)
+rerun=(
+  test/crash     # the manager and survivor binaries, SIGKILLed
+  test/docs      # the guides build and run the manager, the plugin and the providers
+  test/e2e       # the manager and the plugin, hack/catalog
+  test/fleet     # the manager and the plugin
+  test/localnode # the pause image from hack/image
+  test/node      # the image of the manager and the survivor, the plugin, hack/catalog
+  test/oci       # the manager binary, SIGKILLed mid-pull
+  test/survivor  # the manager and survivor binaries
+)
+reruns() { local p; for p in "${rerun[@]}"; do [ "$1" = "$p" ] && return 0; done; return 1; }
 
 # rule <relative package> prints "<timeout> <mode> <row>" for the first row
 # that matches, or the default.
@@ -81,8 +102,8 @@ fi
 envtest=$(go list -e -test -f '{{if eq .Name "main"}}{{.ImportPath}}{{range .Deps}} {{.}}{{end}}{{end}}' "$@" |
   awk '$1 ~ /\.test$/ { for (i = 2; i <= NF; i++) if ($i == "sigs.k8s.io/controller-runtime/pkg/envtest") { sub(/\.test$/, "", $1); print $1; break } }')
 
-declare -A light=()  # timeout -> packages (space-separated)
-serial=()            # "timeout package"
+declare -A light=()  # "timeout count" -> packages (space-separated)
+serial=()            # "timeout count package"
 declare -A matched=() # table row -> 1
 n=0
 say "== packages and their -timeout (a row of hack/test.sh, else the default $default_timeout):"
@@ -96,10 +117,16 @@ for pkg in $pkgs; do
     mode=serial
     note=" (links envtest: one at a time; give it a row in hack/test.sh)"
   fi
+  count=cache
+  if reruns "$rel"; then
+    count=1
+    note+=" (runs every time: -count=1)"
+    matched[rerun:$rel]=1
+  fi
   if [ "$mode" = serial ]; then
-    serial+=("$timeout $pkg")
+    serial+=("$timeout $count $pkg")
   else
-    light[$timeout]+=" $pkg"
+    light["$timeout $count"]+=" $pkg"
   fi
   say "   $(printf '%-6s %-8s %s' "$timeout" "$mode" "$rel")$note"
   n=$((n + 1))
@@ -109,6 +136,9 @@ if [ "$*" = ./... ]; then
   for row in "${table[@]}"; do
     read -r pattern _ <<<"$row"
     [ -n "${matched[$pattern]:-}" ] || say "   warning: the table row for $pattern matches no package (renamed? removed?)"
+  done
+  for pattern in "${rerun[@]}"; do
+    [ -n "${matched[rerun:$pattern]:-}" ] || say "   warning: the rerun entry $pattern matches no package (renamed? removed?)"
   done
 fi
 
@@ -141,16 +171,22 @@ packages() { if [ "$1" -eq 1 ]; then echo "1 package"; else echo "$1 packages"; 
 parts=$(mktemp -d)
 trap 'rm -rf "$parts"' EXIT
 i=0
-for timeout in $(printf '%s\n' "${!light[@]}" | sort -V); do
+while read -r timeout count; do
+  [ -n "$timeout" ] || continue
   i=$((i + 1))
   # shellcheck disable=SC2086 # lists of packages and of flags
-  set -- ${light[$timeout]}
+  set -- ${light["$timeout $count"]}
   what="$(packages $#), in parallel"
   [ "$#" -gt 1 ] || what=${1#"$module"/}
+  flags=(-timeout "$timeout")
+  if [ "$count" = 1 ]; then
+    flags+=(-count=1)
+    what+=", -count=1"
+  fi
   # shellcheck disable=SC2086
   run "$parts/$(printf 'light%03d' $i)" "-timeout $timeout: $what" \
-    -timeout "$timeout" ${GO_TEST_FLAGS:-} "$@" &
-done
+    "${flags[@]}" ${GO_TEST_FLAGS:-} "$@" &
+done < <(printf '%s\n' "${!light[@]}" | sort -V)
 wait
 for part in "$parts"/light*.rc; do
   [ -e "$part" ] && cat "${part%.rc}" >>"$log"
@@ -158,9 +194,15 @@ done
 # The heavy packages, one at a time, straight into the log.
 for entry in "${serial[@]}"; do
   i=$((i + 1))
-  read -r timeout pkg <<<"$entry"
+  read -r timeout count pkg <<<"$entry"
+  flags=(-timeout "$timeout")
+  what="${pkg#"$module"/}, alone"
+  if [ "$count" = 1 ]; then
+    flags+=(-count=1)
+    what+=", -count=1"
+  fi
   # shellcheck disable=SC2086
-  run "$log" "-timeout $timeout: ${pkg#"$module"/}, alone" -timeout "$timeout" ${GO_TEST_FLAGS:-} "$pkg"
+  run "$log" "-timeout $timeout: $what" "${flags[@]}" ${GO_TEST_FLAGS:-} "$pkg"
   mv "$log.rc" "$parts/$(printf 'serial%03d' $i).rc"
 done
 

@@ -8,7 +8,7 @@ import (
 // +kubebuilder:validation:Enum=verify;shadow_load;quiesce;snapshot;migrate;restore;readiness;atomic_switch;drain;committed;rolled_back
 type GenerationStep string
 
-// Transaction steps, in ledger order (spec/wire.md §5).
+// Transaction steps, in ledger order (docs/reference/ledger.md).
 const (
 	StepVerify       GenerationStep = "verify"
 	StepShadowLoad   GenerationStep = "shadow_load"

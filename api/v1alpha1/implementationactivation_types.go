@@ -219,8 +219,8 @@ type ImplementationActivationSpec struct {
 // +kubebuilder:validation:Enum=Inactive;Preparing;Active;Draining;Failed
 type ModulePhase string
 
-// Generation phases (DESIGN §8): Inactive → Preparing → Active → Draining →
-// Inactive, and Failed.
+// Generation phases (docs/concepts.md, the generation lifecycle): Inactive →
+// Preparing → Active → Draining → Inactive, and Failed.
 const (
 	PhaseInactive  ModulePhase = "Inactive"
 	PhasePreparing ModulePhase = "Preparing"

@@ -1,6 +1,10 @@
 // Command benchmed reads `go test -bench` output on stdin and prints, for
 // each benchmark, the median of each reported metric over its runs
-// (-count=N), so that results are medians over several runs.
+// (-count=N), so that results are medians over several runs. It copies its
+// input to stderr as it reads it, so the runs themselves are seen as they
+// come: through the file descriptor it inherits, unlike a `tee /dev/stderr`
+// in front of it, which opens the file again and, when stderr is a file
+// (`make bench-activation > log 2>&1`), truncates what came before.
 //
 //	go test -run='^$' -bench . -count 5 ./bench/ | go run ./bench/benchmed
 package main
@@ -19,7 +23,9 @@ func main() {
 	values := map[key][]float64{}
 	var order []key
 	sc := bufio.NewScanner(os.Stdin)
+	sc.Buffer(make([]byte, 0, 64<<10), 4<<20)
 	for sc.Scan() {
+		fmt.Fprintln(os.Stderr, sc.Text())
 		f := strings.Fields(sc.Text())
 		if len(f) < 4 || !strings.HasPrefix(f[0], "Benchmark") {
 			continue

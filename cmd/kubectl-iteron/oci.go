@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -92,9 +93,13 @@ func newPullCmd() *cobra.Command {
 through exactly the manager's pull-and-verify path (digests checked while
 streaming, size bounds, temp file + fsync + rename), lay it out as a
 source (DIR/sources/sha256/<hex>/catalog.json and impl/<implementation_id>/)
-and verify every implementation it carries with the manager's verifier.
-Exit 1 names the reason (artifact_refused, artifact_unavailable,
-verification_failed) and the digest that did not match.`,
+and verify every implementation it carries with the manager's verifier, each
+on its own, as the one source of its module that an activation names (an
+artifact may carry several implementations of one module). It prints each
+implementation verified and, for each, the source to paste into an
+activation. Exit 1 names the reason (artifact_refused, artifact_unavailable,
+verification_failed), each implementation that does not verify and the
+digest that did not match.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if dir == "" {
@@ -136,30 +141,47 @@ verification_failed) and the digest that did not match.`,
 			if err != nil {
 				return invalid(err)
 			}
-			doc := &activation.Document{Form: activation.FormDocument, CandidateSHA256: "sha256:" + fmt.Sprintf("%064x", 0)}
-			for _, id := range slices.Sorted(mapsKeys(layout.Roots)) {
+			// An activation names one source per module, so an artifact that
+			// carries several implementations of one module (counter v1 and v2
+			// of prompt_system, say) is verified one implementation at a time,
+			// each as the only source of its own document: what the manager
+			// checks when an activation names that implementation.
+			ids := slices.Sorted(mapsKeys(layout.Roots))
+			if len(ids) == 0 {
+				return invalid(fmt.Errorf("%s carries no implementation", args[0]))
+			}
+			var verified []*activation.VerifiedSource
+			var failed []error
+			for _, id := range ids {
 				m, _ := cat.Lookup(id)
 				md, err := catalog.ManifestDigest(m)
 				if err != nil {
 					return invalid(err)
 				}
-				doc.Sources = append(doc.Sources, activation.Source{Module: m.Module, ImplementationID: id, OCIRef: args[0], ManifestSHA256: md, ArtifactSHA256: "sha256:" + m.ArtifactSHA256})
-			}
-			res, err := v.Verify(doc)
-			if err != nil {
-				return invalid(err)
+				doc := &activation.Document{Form: activation.FormDocument, CandidateSHA256: "sha256:" + fmt.Sprintf("%064x", 0),
+					Sources: []activation.Source{{Module: m.Module, ImplementationID: id, OCIRef: args[0], ManifestSHA256: md, ArtifactSHA256: "sha256:" + m.ArtifactSHA256}}}
+				res, err := v.Verify(doc)
+				if err != nil {
+					return invalid(fmt.Errorf("implementation %s: %w", id, err))
+				}
+				for _, f := range res.Failed() {
+					failed = append(failed, implementationFailure(id, f.Err))
+				}
+				verified = append(verified, res.Verified()...)
 			}
 			out := cmd.OutOrStdout()
 			fmt.Fprintf(out, "pulled %s into %s\n", args[0], layout.Dir)
-			if err := res.Err(); err != nil {
-				return invalid(fmt.Errorf("%s does not verify: %w", args[0], err))
+			if len(verified) > 0 {
+				fmt.Fprintf(out, "verified (%d implementations):\n", len(verified))
+				for _, vs := range verified {
+					fmt.Fprintf(out, "  %s %s: catalog %s, root %s\n", vs.Module, vs.ImplementationID, vs.CatalogPath, vs.ArtifactRoot)
+				}
 			}
-			fmt.Fprintf(out, "verified (%d implementations):\n", len(res.Verified()))
-			for _, vs := range res.Verified() {
-				fmt.Fprintf(out, "  %s %s: catalog %s, root %s\n", vs.Module, vs.ImplementationID, vs.CatalogPath, vs.ArtifactRoot)
+			if len(failed) > 0 {
+				return invalid(fmt.Errorf("%s does not verify (%d of %d implementations): %w", args[0], len(failed), len(ids), errors.Join(failed...)))
 			}
 			fmt.Fprintf(out, "sources:\n")
-			for _, vs := range res.Verified() {
+			for _, vs := range verified {
 				printOCISource(out, args[0], vs.Module, vs.ImplementationID, vs.ManifestSHA256, vs.ArtifactSHA256)
 			}
 			return nil
@@ -169,6 +191,21 @@ verification_failed) and the digest that did not match.`,
 	cmd.Flags().StringVar(&dir, "to", "", "the content-addressed store to pull into (created if needed)")
 	cmd.Flags().StringVar(&vf.ceiling, "capability-ceiling", catalog.DefaultCeiling, "the node's capability ceiling, comma-separated")
 	return cmd
+}
+
+// implementationFailure names the implementation and the reason in front of
+// the verifier's error, with the field relative to the implementation: the
+// verifier names it in the one-source document made for it (sources[0].…).
+func implementationFailure(id string, err error) error {
+	var ae *activation.Error
+	if !errors.As(err, &ae) {
+		return fmt.Errorf("implementation %s: %w", id, err)
+	}
+	detail := ae.Detail
+	if field := strings.TrimPrefix(ae.Field, "sources[0]."); field != "" {
+		detail = field + ": " + detail
+	}
+	return fmt.Errorf("implementation %s: %s: %s", id, ae.Code, detail)
 }
 
 func mapsKeys(m map[string]string) func(func(string) bool) {

@@ -88,7 +88,7 @@ func supervise() int {
 	signal.Notify(signals, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 
 	// Pdeathsig fires when the thread that forked the child exits, not the
-	// process (Go issue 27505): fork from this goroutine, locked to its
+	// process (golang/go#27505): fork from this goroutine, locked to its
 	// thread for the rest of the process's life.
 	runtime.LockOSThread()
 	self, err := os.Executable()

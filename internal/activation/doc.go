@@ -1,7 +1,7 @@
 // Package activation verifies an activation — a raw JSON document
-// (spec/wire.md §3) or an ImplementationActivation spec, both converted to
-// one Document first — against the files on this node, and mints a
-// LaunchPlan for every source that passes. It is the only minter of real
+// (docs/reference/activation.md) or an ImplementationActivation spec, both
+// converted to one Document first — against the files on this node, and mints
+// a LaunchPlan for every source that passes. It is the only minter of real
 // plans: a LaunchPlan's fields are unexported, so a plan in hand is proof that
 // its bytes, manifest and capability ceiling were checked.
 //
@@ -22,10 +22,10 @@
 //
 // Errors are *Error: the field path as the user wrote it
 // (sources[2].catalog_path: /var/lib/x is a symlink for a raw document,
-// spec.sources[2].catalogPath for a spec), the detail, a sentinel to test
-// with errors.Is, and ReasonCode, the DESIGN §8 reason. Document-level
-// failures (size, strict JSON, schema version, candidate digest, duplicate
-// modules or implementation IDs, too many sources) fail the whole document;
-// a per-source failure fails that source alone and never hides the other
-// sources' results. Results and plans come out in ModuleId order.
+// spec.sources[2].catalogPath for a spec), the detail, a sentinel to test with
+// errors.Is, and ReasonCode, the reason (docs/reference/reasons.md).
+// Document-level failures (size, strict JSON, schema version, candidate
+// digest, duplicate modules or implementation IDs, too many sources) fail the
+// whole document; a per-source failure fails that source alone and never hides
+// the other sources' results. Results and plans come out in ModuleId order.
 package activation

@@ -14,7 +14,7 @@ import (
 	"iteron.dev/operator/pkg/strictjson"
 )
 
-// Bounds of an activation document (spec/wire.md §3).
+// Bounds of an activation document (docs/reference/activation.md).
 const (
 	// MaxDocumentBytes bounds a raw activation document (128 KiB).
 	MaxDocumentBytes = 128 << 10
@@ -31,7 +31,8 @@ const (
 type Form int
 
 const (
-	// FormDocument is the raw JSON document of spec/wire.md §3 (snake_case).
+	// FormDocument is the raw JSON document of docs/reference/activation.md
+	// (snake_case).
 	FormDocument Form = iota
 	// FormSpec is an ImplementationActivation's spec (camelCase, under "spec.").
 	FormSpec
@@ -52,7 +53,7 @@ type Source struct {
 	// ArtifactSHA256 pins the executable's bytes ("sha256:…").
 	ArtifactSHA256 string
 	// OCIRef, instead of CatalogPath and ArtifactRoot, names the provider
-	// artifact to pull by digest (our extension, spec/wire.md §3).
+	// artifact to pull by digest (oci_ref, docs/reference/activation.md).
 	OCIRef string
 }
 
@@ -139,13 +140,13 @@ func (d *Document) candidateField() string {
 	return "candidate_sha256"
 }
 
-// ParseDocument parses a raw activation document strictly (spec/wire.md §3)
-// and applies the document-level rules: at most 128 KiB (checked first),
-// no duplicate names, unknown members, trailing data or null, schema version
-// 1, a candidate digest, at most 64 sources, at most one source per module
-// and unique implementation IDs. Per-source rules (paths, patterns, files,
-// digests) are the verifier's, so that one bad source does not hide the
-// others.
+// ParseDocument parses a raw activation document strictly
+// (docs/reference/activation.md) and applies the document-level rules: at most
+// 128 KiB (checked first), no duplicate names, unknown members, trailing data
+// or null, schema version 1, a candidate digest, at most 64 sources, at most
+// one source per module and unique implementation IDs. Per-source rules
+// (paths, patterns, files, digests) are the verifier's, so that one bad source
+// does not hide the others.
 func ParseDocument(data []byte) (*Document, error) {
 	var w documentWire
 	if cerr := catalog.DecodeStrict(data, &w, MaxDocumentBytes, ""); cerr != nil {
@@ -313,7 +314,7 @@ func (d *Document) Check() error {
 }
 
 // documentOut is the raw document as written by MarshalDocument, members in
-// the order of spec/wire.md §3.
+// the order of docs/reference/activation.md.
 type documentOut struct {
 	SchemaVersion   uint32      `json:"schema_version"`
 	CandidateSHA256 string      `json:"candidate_sha256"`
@@ -334,9 +335,10 @@ type ociOut struct {
 	Ref string `json:"ref"`
 }
 
-// MarshalDocument writes d as a raw activation document (spec/wire.md §3),
-// indented for people; ParseDocument reads it back to an equal document. A
-// capability ceiling has no place in the raw form and is not written.
+// MarshalDocument writes d as a raw activation document
+// (docs/reference/activation.md), indented for people; ParseDocument reads it
+// back to an equal document. A capability ceiling has no place in the raw form
+// and is not written.
 func (d *Document) MarshalDocument() ([]byte, error) {
 	out := documentOut{SchemaVersion: DocumentSchemaVersion, CandidateSHA256: d.CandidateSHA256, Sources: make([]sourceOut, len(d.Sources))}
 	for i, s := range d.Sources {

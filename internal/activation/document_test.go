@@ -39,9 +39,9 @@ func marshal(t testing.TB, v any) []byte {
 	return b
 }
 
-// TestDocumentRejections has one row per document-level rule of spec/wire.md
-// §3 and of the strict JSON rules; each fails the whole document and names
-// the field.
+// TestDocumentRejections has one row per document-level rule of
+// docs/reference/activation.md and of the strict JSON rules; each fails the
+// whole document and names the field.
 func TestDocumentRejections(t *testing.T) {
 	many := func(n int) []map[string]any {
 		out := make([]map[string]any, n)

@@ -13,7 +13,8 @@ import (
 var (
 	// ErrTooLarge: a document, catalog or executable exceeds its bound.
 	ErrTooLarge = errors.New("exceeds its bound")
-	// ErrInvalidValue: a member breaks a pattern or rule of spec/wire.md §3.
+	// ErrInvalidValue: a member breaks a pattern or rule of
+	// docs/reference/activation.md.
 	ErrInvalidValue = errors.New("invalid value")
 	// ErrDuplicate: a second source for one module, or a repeated implementation ID.
 	ErrDuplicate = errors.New("duplicate")
@@ -63,7 +64,8 @@ const (
 
 // Error is a verification failure: the field path as the user wrote it
 // (sources[2].catalog_path in a raw document, spec.sources[2].catalogPath in
-// an ImplementationActivation), what is wrong, and the DESIGN §8 reason code.
+// an ImplementationActivation), what is wrong, and the reason code
+// (docs/reference/reasons.md).
 type Error struct {
 	// Field is the offending member; "" for the document as a whole.
 	Field string
@@ -85,7 +87,8 @@ func (e *Error) Error() string {
 // Unwrap returns the sentinel or cause.
 func (e *Error) Unwrap() error { return e.Err }
 
-// ReasonCode is the DESIGN §8 reason code (status reason, ledger reason).
+// ReasonCode is the reason code (docs/reference/reasons.md): the status reason
+// and the ledger reason.
 func (e *Error) ReasonCode() string { return e.Code }
 
 func failf(field string, sentinel error, format string, args ...any) *Error {

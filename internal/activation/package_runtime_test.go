@@ -139,10 +139,10 @@ func mustReadFile(t *testing.T, path string) []byte {
 }
 
 // TestPackageRuntimeSourceRejections has one row per check of a
-// package-runtime source (spec/wire.md §6). Each row edits a valid
-// two-source fixture (a: a catalog source for prompt_system, b: a package
-// runtime for context_assembly) and expects source 1 (b) to fail with the
-// named field while source 0 still verifies.
+// package-runtime source (docs/reference/package-runtimes.md). Each row edits
+// a valid two-source fixture (a: a catalog source for prompt_system, b: a
+// package runtime for context_assembly) and expects source 1 (b) to fail with
+// the named field while source 0 still verifies.
 func TestPackageRuntimeSourceRejections(t *testing.T) {
 	type env struct {
 		f *fixture

@@ -87,8 +87,9 @@ func NewVerifier(cfg Config) (*Verifier, error) {
 // Graph is the seam graph the verifier checks modules against.
 func (v *Verifier) Graph() *catalog.SeamGraph { return v.graph }
 
-// VerifiedSource is one source that passed every check of spec/wire.md §3,
-// with what was verified. Its Plan is the only way to launch it.
+// VerifiedSource is one source that passed every check of
+// docs/reference/activation.md, with what was verified. Its Plan is the only
+// way to launch it.
 type VerifiedSource struct {
 	// Module is the module the source fills.
 	Module string
@@ -108,8 +109,9 @@ type VerifiedSource struct {
 	// Manifest is the selected catalog manifest, defaults written out; zero
 	// for a package runtime (see PackageRuntime).
 	Manifest catalog.Manifest
-	// PackageRuntime is the verified package-runtime manifest when the
-	// source names one (spec/wire.md §6), nil for a catalog source.
+	// PackageRuntime is the verified package-runtime manifest when the source
+	// names one (docs/reference/package-runtimes.md), nil for a catalog
+	// source.
 	PackageRuntime *catalog.PackageRuntimeManifest
 	// ManifestSHA256 is the verified canonical manifest digest ("sha256:…").
 	ManifestSHA256 string
@@ -232,7 +234,8 @@ func (v *Verifier) VerifySpec(spec *v1alpha1.ImplementationActivationSpec) (*Res
 }
 
 // Verify checks every source of doc against the files on this node
-// (spec/wire.md §3) and mints a LaunchPlan for each one that passes.
+// (docs/reference/activation.md) and mints a LaunchPlan for each one that
+// passes.
 func (v *Verifier) Verify(doc *Document) (*Result, error) {
 	if err := doc.Check(); err != nil {
 		return nil, err
@@ -347,7 +350,7 @@ func (v *Verifier) verifySource(doc *Document, i int, ceiling []string, token st
 
 	// The file at catalog_path: a regular file, reached through no symlink,
 	// bounded. A catalog, or a package-runtime manifest (told apart by its
-	// schema_id, spec/wire.md §6).
+	// schema_id, docs/reference/package-runtimes.md).
 	data, ferr := readSourceFile(s.CatalogPath)
 	if ferr != nil {
 		return nil, ferr.at(pathField(keyCatalogPath))

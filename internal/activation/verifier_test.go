@@ -183,10 +183,10 @@ func expectVerifyError(t *testing.T, err error, field, code string, sentinel err
 	}
 }
 
-// TestSourceRejections has one row per per-source rule of spec/wire.md §3.
-// Each row edits a valid two-source fixture (a: prompt_system, b:
-// context_assembly) and expects source 1 (b) to fail with the named field,
-// while source 0 still verifies.
+// TestSourceRejections has one row per per-source rule of
+// docs/reference/activation.md. Each row edits a valid two-source fixture (a:
+// prompt_system, b: context_assembly) and expects source 1 (b) to fail with
+// the named field, while source 0 still verifies.
 func TestSourceRejections(t *testing.T) {
 	type env struct {
 		f    *fixture

@@ -21,7 +21,7 @@ const (
 	// ArtifactType is the image manifest's artifactType.
 	ArtifactType = "application/vnd.iteron.provider.v1"
 	// MediaTypeCatalog is the catalog layer: the catalog JSON of
-	// spec/wire.md §2, byte for byte.
+	// docs/reference/catalog.md, byte for byte.
 	MediaTypeCatalog = "application/vnd.iteron.provider.catalog.v1+json"
 	// MediaTypeExecutable is an executable layer: one implementation's
 	// executable, byte for byte (its digest is the manifest's

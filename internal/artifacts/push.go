@@ -20,7 +20,7 @@ import (
 
 // A provider directory, what Pack reads:
 //
-//	DIR/catalog.json             the catalog (spec/wire.md §2)
+//	DIR/catalog.json             the catalog (docs/reference/catalog.md)
 //	DIR/<implementation_id>/     the artifact root of each implementation carried
 //
 // Implementations of the catalog without a directory are not carried (an

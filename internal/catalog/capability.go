@@ -7,8 +7,8 @@ import (
 	"iteron.dev/operator/pkg/strictjson"
 )
 
-// The five capabilities of spec/wire.md §1. A capability set on the wire is a
-// JSON array of these strings, sorted byte-wise, without duplicates.
+// The five capabilities (docs/reference/catalog.md). A capability set on the
+// wire is a JSON array of these strings, sorted byte-wise, without duplicates.
 const (
 	CapabilityCodeExecuting        = "code_executing"
 	CapabilityIrreversibleExternal = "irreversible_external"

@@ -5,7 +5,7 @@ import (
 	"slices"
 )
 
-// Bounds of a catalog file (spec/wire.md §2).
+// Bounds of a catalog file (docs/reference/catalog.md).
 const (
 	// MaxCatalogBytes bounds a catalog file (512 KiB), checked before parsing.
 	MaxCatalogBytes = 512 << 10
@@ -21,9 +21,9 @@ type catalogWire struct {
 }
 
 // ParseCatalog parses a catalog file strictly and checks every rule of
-// spec/wire.md §2: the size bound before parsing, schema version 1, at most
-// 256 manifests with unique implementation IDs, each manifest within every
-// bound, and dependency closure — a manifest that depends on an
+// docs/reference/catalog.md: the size bound before parsing, schema version 1,
+// at most 256 manifests with unique implementation IDs, each manifest within
+// every bound, and dependency closure — a manifest that depends on an
 // implementation the catalog lacks rejects the whole catalog. Absent argv,
 // requested_capabilities and dependencies come back as empty lists.
 func ParseCatalog(data []byte) (*Catalog, error) {

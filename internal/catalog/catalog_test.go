@@ -95,9 +95,9 @@ func TestAbsentListsDefaultToEmptyAndDigestAsWrittenOut(t *testing.T) {
 	}
 }
 
-// TestCatalogRejections has one row per rule of spec/wire.md §2 (and the
-// strict JSON rules as they apply to a catalog); each row asserts the field
-// its error names and the reason code.
+// TestCatalogRejections has one row per rule of docs/reference/catalog.md (and
+// the strict JSON rules as they apply to a catalog); each row asserts the
+// field its error names and the reason code.
 func TestCatalogRejections(t *testing.T) {
 	set := func(key string, v any) func(map[string]any) {
 		return func(m map[string]any) { m[key] = v }

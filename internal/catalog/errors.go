@@ -23,7 +23,8 @@ var (
 	ErrMalformed = errors.New("malformed")
 	// ErrMissingField: a required member is absent.
 	ErrMissingField = errors.New("required field missing")
-	// ErrInvalidValue: a member is present but breaks a rule of spec/wire.md.
+	// ErrInvalidValue: a member is present but breaks a rule of its format
+	// (docs/reference/catalog.md).
 	ErrInvalidValue = errors.New("invalid value")
 	// ErrDuplicate: a value that must be unique is repeated.
 	ErrDuplicate = errors.New("duplicate")
@@ -36,9 +37,10 @@ var (
 	ErrCycle = errors.New("dependency cycle")
 )
 
-// Error is a rejection of a catalog, manifest or seam graph: the field path
-// in the document's own spelling (implementations[3].argv[2]; "" for the
-// document as a whole), why, and the DESIGN §8 reason code it maps to.
+// Error is a rejection of a catalog, manifest or seam graph: the field path in
+// the document's own spelling (implementations[3].argv[2]; "" for the document
+// as a whole), why, and the reason code it maps to
+// (docs/reference/reasons.md).
 type Error struct {
 	// Field is the offending member, e.g. "implementations[3].argv[2]".
 	Field string
@@ -60,7 +62,8 @@ func (e *Error) Error() string {
 // Unwrap returns the sentinel or cause.
 func (e *Error) Unwrap() error { return e.Err }
 
-// ReasonCode is the DESIGN §8 reason code the rejection is reported under.
+// ReasonCode is the reason code the rejection is reported under
+// (docs/reference/reasons.md).
 func (e *Error) ReasonCode() string { return e.Code }
 
 func invalidf(field string, sentinel error, format string, args ...any) *Error {

@@ -2,7 +2,8 @@ package catalog
 
 import "strings"
 
-// Bounds of spec/wire.md §1–2.
+// Bounds of the identifiers of docs/reference/encoding.md and
+// docs/reference/catalog.md.
 const (
 	// MaxModuleIDBytes bounds a module ID (^[a-z][a-z0-9_]{0,47}$).
 	MaxModuleIDBytes = 48

@@ -10,7 +10,7 @@ import (
 )
 
 // Catalog is a catalog file: {"schema_version":1,"implementations":[…]}
-// (spec/wire.md §2).
+// (docs/reference/catalog.md).
 type Catalog struct {
 	// SchemaVersion is 1.
 	SchemaVersion uint32 `json:"schema_version"`
@@ -87,7 +87,7 @@ func ManifestDigest(m Manifest) (string, error) {
 	return strictjson.DigestOf(m)
 }
 
-// Bounds of a manifest (spec/wire.md §2).
+// Bounds of a manifest (docs/reference/catalog.md).
 const (
 	// MaxExecutablePathBytes bounds the manifest's executable path.
 	MaxExecutablePathBytes = 512
@@ -112,7 +112,7 @@ const (
 )
 
 // Failure policies a manifest may request. The host treats every one as
-// fail_closed: it owns fallback and quarantine (DESIGN §8).
+// fail_closed: it owns fallback and quarantine (docs/reference/catalog.md).
 const (
 	FailurePolicyFailClosed                = "fail_closed"
 	FailurePolicyRequestHostFallback       = "request_host_fallback"
@@ -242,10 +242,10 @@ func nonNil[T any](s []T) []T {
 	return s
 }
 
-// ParseManifest parses one manifest document strictly (spec/wire.md §2:
-// every bound, defaults written out). A manifest normally arrives inside a
-// catalog (ParseCatalog); a lone one is what `kubectl iteron digest manifest
-// --manifest` reads.
+// ParseManifest parses one manifest document strictly
+// (docs/reference/catalog.md: every bound, defaults written out). A manifest
+// normally arrives inside a catalog (ParseCatalog); a lone one is what
+// `kubectl iteron digest manifest --manifest` reads.
 func ParseManifest(data []byte) (Manifest, error) {
 	var w manifestWire
 	if err := DecodeStrict(data, &w, MaxManifestBytes, ""); err != nil {
@@ -258,9 +258,9 @@ func ParseManifest(data []byte) (Manifest, error) {
 	return m, nil
 }
 
-// ValidateManifest checks every value rule of spec/wire.md §2 on a manifest
-// built in memory (a catalog generator's output, say). Field paths in its
-// errors are relative to the manifest.
+// ValidateManifest checks every value rule of docs/reference/catalog.md on a
+// manifest built in memory (a catalog generator's output, say). Field paths in
+// its errors are relative to the manifest.
 func ValidateManifest(m Manifest) error {
 	if err := validateManifest("", m); err != nil {
 		return err

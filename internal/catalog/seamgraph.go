@@ -15,7 +15,8 @@ import (
 	"iteron.dev/operator/pkg/protocol"
 )
 
-// Bounds and constants of the capability seam graph (spec/wire.md §1).
+// Bounds and constants of the capability seam graph
+// (docs/reference/catalog.md).
 const (
 	// SeamGraphSchemaVersion is the family's seam graph schema version (the
 	// built-in graph's; SeamGraphRequirementsVersion extends it).
@@ -116,8 +117,9 @@ var builtinGraph = sync.OnceValue(func() *SeamGraph {
 	return g
 })
 
-// BuiltinSeamGraph returns the built-in graph of spec/wire.md §1: 28 modules
-// in ModuleId order, each with the contracts protocol.BuiltinContracts gives.
+// BuiltinSeamGraph returns the built-in graph of docs/reference/catalog.md: 28
+// modules in ModuleId order, each with the contracts protocol.BuiltinContracts
+// gives.
 func BuiltinSeamGraph() *SeamGraph { return builtinGraph() }
 
 // ParseSeamGraph parses and validates a custom graph (our extension): at most

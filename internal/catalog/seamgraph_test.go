@@ -14,10 +14,10 @@ import (
 	"iteron.dev/operator/pkg/protocol"
 )
 
-var updateBuiltin = flag.Bool("update-builtin", false, "rewrite seamgraph.json from the spec/wire.md §1 table")
+var updateBuiltin = flag.Bool("update-builtin", false, "rewrite seamgraph.json from the seam graph table of docs/reference/catalog.md")
 
-// specTable is spec/wire.md §1, typed out by hand: the embedded graph must
-// equal it, in this order.
+// specTable is the seam graph table of docs/reference/catalog.md, typed out by
+// hand: the embedded graph must equal it, in this order.
 var specTable = []struct {
 	module string
 	deps   []string
@@ -88,7 +88,7 @@ func TestBuiltinGraphIsTheSpecTable(t *testing.T) {
 		t.Skip("seamgraph.json rewritten; run the tests again to check the embedded copy")
 	}
 	if !bytes.Equal(builtinSeamGraph, want) {
-		t.Fatalf("seamgraph.json differs from the spec/wire.md §1 table; run go test -run TestBuiltinGraphIsTheSpecTable -update-builtin")
+		t.Fatalf("seamgraph.json differs from the seam graph table of docs/reference/catalog.md; run go test -run TestBuiltinGraphIsTheSpecTable -update-builtin")
 	}
 	g := BuiltinSeamGraph()
 	if !g.IsBuiltin() || g.Len() != 28 {
@@ -178,8 +178,8 @@ func TestCustomGraphLoadsFromAFile(t *testing.T) {
 	}
 }
 
-// TestSeamGraphRejections has one row per graph rule of spec/wire.md §1; each
-// asserts the field the error names.
+// TestSeamGraphRejections has one row per graph rule of
+// docs/reference/catalog.md; each asserts the field the error names.
 func TestSeamGraphRejections(t *testing.T) {
 	many := func(n int) []ModuleEntry {
 		entries := make([]ModuleEntry, n)

@@ -1,7 +1,6 @@
-// Package doctor explains why an ImplementationActivation is not serving:
-// the diagnosis behind `kubectl iteron doctor <activation>` (DESIGN §10,
-// §12; docs/troubleshooting.md says what each finding means and what to
-// do).
+// Package doctor explains why an ImplementationActivation is not serving: the
+// diagnosis behind `kubectl iteron doctor <activation>`
+// (docs/troubleshooting.md says what each finding means and what to do).
 //
 // It is split so that the judgement is testable without a cluster:
 //   - Gather reads the objects (the activation, its Generations, the Node
@@ -17,8 +16,8 @@
 //     clears it.
 //
 // Nothing here changes anything: the doctor prints commands, a person runs
-// them. It sits at the top of the internal packages (DESIGN §3): it reads
-// the ledger (internal/ledger), the process records (internal/procexec's
-// Record) and the seam graph (internal/catalog), and nothing imports it but
-// the CLI.
+// them. It sits at the top of the internal packages
+// (docs/reference/layering.md): it reads the ledger (internal/ledger), the
+// process records (internal/procexec's Record) and the seam graph
+// (internal/catalog), and nothing imports it but the CLI.
 package doctor

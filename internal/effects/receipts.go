@@ -8,7 +8,7 @@ import (
 	"time"
 )
 
-// Retention bounds of the receipt store (DESIGN §8).
+// Retention bounds of the receipt store (docs/reference/receipts.md).
 const (
 	// MaxReceiptGenerations is the number of generations whose receipts are kept.
 	MaxReceiptGenerations = 32

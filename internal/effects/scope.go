@@ -1,5 +1,5 @@
 // Package effects tracks the live resources of a generation and the receipts
-// of effects that cannot simply be undone (DESIGN §8).
+// of effects that cannot simply be undone (docs/reference/receipts.md).
 //
 // An EffectScope owns every live resource a generation creates — its process,
 // its dispatcher route, watches, goroutines — and disposes each exactly once,

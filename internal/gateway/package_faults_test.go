@@ -25,12 +25,12 @@ import (
 	"iteron.dev/operator/test/pkgruntimetest"
 )
 
-// The fault table of package runtimes (issue 16, item 7) through the whole
-// stack: the coordinator's transactions and ledger, the launcher, and the
-// gateway. Each runtime is test/seedruntime built with one fault as its
-// default. Every test ends by showing that nothing of the fault is left: no
-// process, socket directory or group record beyond the serving runtime's,
-// and no goroutine of a Watch.
+// The fault table of package runtimes through the whole stack: the
+// coordinator's transactions and ledger, the launcher, and the gateway. Each
+// runtime is test/seedruntime built with one fault as its default. Every test
+// ends by showing that nothing of the fault is left: no process, socket
+// directory or group record beyond the serving runtime's, and no goroutine of
+// a Watch.
 
 // faultPlan is the seed runtime with fault filling module, answering as
 // the seed's revision.

@@ -59,8 +59,8 @@ func TestEveryReasonMapsToTheCodeOfDesignTable(t *testing.T) {
 			}
 		})
 	}
-	// Every reason the ledger knows (DESIGN §8) is in the table but
-	// cleanup_failed, which never reaches a caller.
+	// Every reason the ledger knows (docs/reference/reasons.md) is in the
+	// table but cleanup_failed, which never reaches a caller.
 	for _, r := range []ledger.ReasonCode{reasons.UnsupportedVersion, reasons.VerificationFailed, reasons.SchemaMismatch,
 		reasons.DependencyUnsatisfied, reasons.DependencyCycle, reasons.StaleGeneration, reasons.AuthorityChanged,
 		reasons.PermissionDenied, reasons.ActivationFailed, reasons.ProviderFailed, reasons.DeadlineExceeded,

@@ -1,8 +1,9 @@
 // Package graph orders verified sources and plans the change between two
-// activations (DESIGN §6). It is pure computation over plain data: its input
-// is what verification produced, its output (module statuses, orders,
-// identities, epochs, a RuntimePlan) holds no live handle, so the hot-swap
-// coordinator and the activation controller can keep, compare and print it.
+// activations (docs/concepts.md, identity, epoch and plan). It is pure
+// computation over plain data: its input is what verification produced, its
+// output (module statuses, orders, identities, epochs, a RuntimePlan) holds no
+// live handle, so the hot-swap coordinator and the activation controller can
+// keep, compare and print it.
 //
 // Dependencies. A module's direct dependencies are
 //   - its seam-graph dependencies that have a source in the activation, and

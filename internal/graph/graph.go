@@ -38,7 +38,7 @@ type Rejected struct {
 	Module string
 	// ImplementationID is the implementation ID as written.
 	ImplementationID string
-	// Reason is the DESIGN §8 reason code of the failure.
+	// Reason is the reason code of the failure (docs/reference/reasons.md).
 	Reason string
 	// Message is the failure, naming the field.
 	Message string
@@ -90,7 +90,7 @@ type ModuleStatus struct {
 	// DependsOn are the direct dependencies present in the activation, in
 	// ModuleId order.
 	DependsOn []string `json:"dependsOn,omitempty"`
-	// Reason is the DESIGN §8 reason code when not admitted.
+	// Reason is the reason code when not admitted (docs/reference/reasons.md).
 	Reason string `json:"reason,omitempty"`
 	// Message explains Reason (at most 1 KiB).
 	Message string `json:"message,omitempty"`

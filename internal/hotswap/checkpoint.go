@@ -10,7 +10,8 @@ import (
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
 )
 
-// Renewal and checkpoint policy (DESIGN §7, §8).
+// Renewal and checkpoint policy (docs/operations.md, checkpoints and
+// renewals).
 const (
 	// renewalStdinReserve and renewalStateOpsReserve: a process is renewed
 	// before its stdin or state-operation budget falls below these (a frame

@@ -95,7 +95,8 @@ type ModuleTarget struct {
 	Module string
 	// Plan is the verified launch plan.
 	Plan activation.LaunchPlan
-	// Epoch is the module's epoch (DESIGN §6).
+	// Epoch is the module's epoch (docs/concepts.md, identity, epoch and
+	// plan).
 	Epoch string
 	// GenerationName is the Generation object of this target.
 	GenerationName string

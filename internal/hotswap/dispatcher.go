@@ -122,7 +122,8 @@ type Result struct {
 	QueuedFor time.Duration
 }
 
-// CallError is a call that failed, with its DESIGN §8 reason code.
+// CallError is a call that failed, with its reason code
+// (docs/reference/reasons.md).
 type CallError struct {
 	// Code is the reason code (queue_full, stale_generation, deadline_exceeded,
 	// provider_failed, activation_failed, …).

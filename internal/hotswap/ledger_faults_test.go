@@ -2,6 +2,7 @@ package hotswap
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -167,8 +168,9 @@ func runLedgerFaultCell(t *testing.T, cell ledgerFaultCell) {
 	case "renewal":
 		// A 20 s lifetime with a 6 s renewal margin: the renewal is due 14 s
 		// after the start, leaving 6 s to heal the disk before the process
-		// reaches its end of life. Within the margin no call fits the
-		// process, so none is made while the disk is full.
+		// reaches its end of life. Within the margin a call does not fit
+		// the old process: made while the disk is full, it waits for the
+		// renewal, which waits for the ledger (below).
 		old = h.target(providertest.Implement(t, artifacts.Spec{Binary: artifacts.CounterV2, RuntimeDeadlineMs: 20_000}))
 		h.applyWith(SwapPolicy{Deadline: 5 * time.Second, QuiesceTimeout: time.Second}, 0, old)
 		st := h.settle()
@@ -196,14 +198,42 @@ func runLedgerFaultCell(t *testing.T, cell ledgerFaultCell) {
 	failedTxn := id.String()
 
 	// While the disk is full: what serves, and what is left.
+	var waiting chan error // a call that waits for the disk to be freed
 	switch {
 	case cell.kind == "renewal" && cell.forward:
 		if ms.Pid == oldPid || !ms.Serving || !processGone(oldPid) {
 			t.Fatalf("a renewal past its drain must leave the fresh process serving and the old (pid %d) gone: %+v", oldPid, ms)
 		}
+		count++
+		if out := h.count("prompt_system", "a", 1); out["count"] != float64(count) {
+			t.Fatalf("while the disk is full the renewed process answered %v; want a=%d", out, count)
+		}
 	case cell.kind == "renewal":
 		if ms.Pid != oldPid || !ms.Serving {
 			t.Fatalf("the renewal must leave the old process (pid %d) serving: %+v", oldPid, ms)
+		}
+		// A call does not fit the old process (within its renewal margin):
+		// it waits for the renewal, neither answered nor refused while the
+		// disk is full, and is answered by the renewed process once it is
+		// freed.
+		count++
+		want := count
+		waiting = make(chan error, 1)
+		go func() {
+			r, err := h.invoke("prompt_system", `{"key":"a","add":1}`)
+			var out struct{ Count int }
+			if err == nil {
+				err = json.Unmarshal(r.Terminal.Body, &out)
+			}
+			if err == nil && out.Count != want {
+				err = fmt.Errorf("answered %s; want a=%d", r.Terminal.Body, want)
+			}
+			waiting <- err
+		}()
+		select {
+		case err := <-waiting:
+			t.Fatalf("a call within the old process's renewal margin ended while the disk is full (%v); want it to wait for the renewal", err)
+		case <-time.After(time.Second):
 		}
 	case cell.kind == "first activation" && !cell.forward, cell.kind == "relaunch" && !cell.forward:
 		// Nothing serves and nothing can be prepared: calls fail at once
@@ -255,6 +285,11 @@ func runLedgerFaultCell(t *testing.T, cell ledgerFaultCell) {
 
 	// Free the disk: the coordinator replays the ledger by itself.
 	fsys.Heal()
+	if waiting != nil {
+		if err := <-waiting; err != nil {
+			t.Fatalf("the call that waited for the renewal: %v", err)
+		}
+	}
 	st = h.waitStatus("the ledger writable again", func(st ActivationStatus) bool { return st.LedgerUnwritable == "" })
 	var tx []recordBrief
 	for _, r := range h.ledgerRecords() { // verifies

@@ -6,9 +6,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// Metrics labels are namespace, activation, module and code only — never a
-// run or invocation ID (DESIGN §10), so cardinality stays bounded by the
-// objects on the node.
+// Metrics labels are namespace, activation, module and code only — never a run
+// or invocation ID (docs/operations.md, metrics), so cardinality stays bounded
+// by the objects on the node.
 var (
 	transactionsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "iteron", Name: "transactions_total",

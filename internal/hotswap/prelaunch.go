@@ -11,17 +11,17 @@ import (
 	"iteron.dev/operator/internal/survivor"
 )
 
-// Parallel activation (DESIGN §6, seed 003: "independent components may
-// activate in parallel"). The slow part of a first activation is spawning
-// and loading its process; the ledger rules do not move: one transaction
-// at a time per activation, each record appended as its phase completes.
-// So what runs concurrently is only that slow part: when the worker reaches
-// a first activation, every module of the plan that is ready at the same
-// time (its dependencies Active, nothing of its own running or committed)
-// has its process spawned and loaded at once, at most
-// Config.MaxParallelActivations together. The transactions then run one
-// after the other in activate order, each shadow_load taking the process
-// already launched for its generation instead of starting one.
+// Parallel activation (docs/concepts.md, identity, epoch and plan: the modules
+// of a plan that are ready together start together). The slow part of a first
+// activation is spawning and loading its process; the ledger rules do not
+// move: one transaction at a time per activation, each record appended as its
+// phase completes. So what runs concurrently is only that slow part: when the
+// worker reaches a first activation, every module of the plan that is ready at
+// the same time (its dependencies Active, nothing of its own running or
+// committed) has its process spawned and loaded at once, at most
+// Config.MaxParallelActivations together. The transactions then run one after
+// the other in activate order, each shadow_load taking the process already
+// launched for its generation instead of starting one.
 //
 // A process launched ahead is owned by the worker until a transaction takes
 // it; every path that will not use it closes it: a failed launch in the

@@ -50,7 +50,8 @@ type Provider interface {
 	SetRenewalMargin(time.Duration)
 }
 
-// Budget is what remains of a process's per-process bounds (DESIGN §7).
+// Budget is what remains of a process's per-process bounds
+// (docs/operations.md, renewals).
 type Budget struct {
 	// Lifetime is what remains of runtime_deadline_ms.
 	Lifetime time.Duration
@@ -64,8 +65,9 @@ type Budget struct {
 // loaded).
 type Launcher func(ctx context.Context, plan activation.LaunchPlan) (Provider, error)
 
-// reasonCoder is implemented by errors that carry a DESIGN §8 reason code
-// (the executor's faults, verification errors, dispatcher call errors).
+// reasonCoder is implemented by errors that carry a reason code of
+// docs/reference/reasons.md: the executor's faults, verification errors,
+// dispatcher call errors.
 type reasonCoder interface{ ReasonCode() string }
 
 // codeOf returns the reason code of err: its own when it carries one,

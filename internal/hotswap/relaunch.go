@@ -11,7 +11,7 @@ import (
 	"iteron.dev/operator/internal/reasons"
 )
 
-// Crash policy (DESIGN §8).
+// Crash policy (docs/concepts.md, failure handling).
 const (
 	// CrashBudget crashes within CrashWindow make a generation Failed.
 	CrashBudget = 5

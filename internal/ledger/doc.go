@@ -1,5 +1,5 @@
 // Package ledger is the hash-chained durable ledger of hot-swap transactions
-// (spec/wire.md §5, DESIGN §8 and §10): the evidence of every phase of every
+// (docs/reference/ledger.md): the evidence of every phase of every
 // transaction, durable before the next phase starts, replayable, and
 // tamper-evident.
 //

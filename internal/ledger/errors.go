@@ -6,8 +6,8 @@ import (
 	"strings"
 )
 
-// Rule names one rejection rule of spec/wire.md §5. The strings are stable:
-// `kubectl iteron ledger verify` prints them and tests match on them.
+// Rule names one rejection rule of docs/reference/ledger.md. The strings are
+// stable: `kubectl iteron ledger verify` prints them and tests match on them.
 type Rule string
 
 // The rejection rules, in the order a record is checked.
@@ -84,7 +84,7 @@ const (
 )
 
 // ErrCorrupt is matched (errors.Is) by every *RuleError: the ledger broke a
-// rule of spec/wire.md §5. Status reason: ledger_corrupt.
+// rule of docs/reference/ledger.md. Status reason: ledger_corrupt.
 var ErrCorrupt = errors.New("ledger corrupt")
 
 // RuleError is a broken rule: which rule, at which sequence, where in which

@@ -7,8 +7,8 @@ import (
 	"unicode/utf8"
 )
 
-// Kind is a transaction kind of DESIGN §8. The record layout has no kind
-// field: a reader infers the kind from the generations and the
+// Kind is a transaction kind (docs/reference/ledger.md). The record layout has
+// no kind field: a reader infers the kind from the generations and the
 // transaction_id (see kindsOf), so every kind is distinguishable on the wire
 // except hot swap from cold replace before the phase after quiesce.
 type Kind int
@@ -50,7 +50,7 @@ func (k Kind) String() string {
 }
 
 // sequences lists, per kind, every complete phase sequence of SchemaOperator
-// (spec/wire.md §5); optional steps appear as two sequences.
+// (docs/reference/ledger.md); optional steps appear as two sequences.
 var sequences = map[Kind][][]Phase{
 	KindFirstActivation: {
 		{PhaseVerify, PhaseShadowLoad, PhaseAtomicSwitch, PhaseCommitted},
@@ -235,8 +235,9 @@ func BlockKindOf(code ReasonCode) (BlockKind, bool) {
 }
 
 // RecoveryMessage is the message of the blocked record with which recovery
-// closes a transaction interrupted before its switch (spec/wire.md §5: the
-// block kind is provider, the message "host restarted").
+// closes a transaction interrupted before its switch
+// (docs/reference/ledger.md: the block kind is provider, the message "host
+// restarted").
 const RecoveryMessage = "host restarted"
 
 // FormatReason returns "<code>: <message>" as a ledger reason: 1..1024 bytes

@@ -14,7 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Layout under the manager's state directory (DESIGN §10):
+// Layout under the manager's state directory (docs/reference/state.md):
 //
 //	<state-dir>/ledgers/<activation-uid>/ledger-000001.jsonl, …   one ledger per activation
 //	<state-dir>/ledgers/archive/<activation-uid>-<unix-ms>/         archived ledgers

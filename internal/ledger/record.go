@@ -13,7 +13,8 @@ import (
 )
 
 // Schema names a record grammar. Both schemas share one record layout and one
-// hash construction (spec/wire.md §5); a file holds records of one schema.
+// hash construction (docs/reference/ledger.md); a file holds records of one
+// schema.
 type Schema string
 
 const (
@@ -21,8 +22,8 @@ const (
 	// all ten phases, every digest set from the first record.
 	SchemaFamily Schema = "iteron-hotswap-ledger/1"
 	// SchemaOperator is the schema this operator writes: the family's layout
-	// with the transaction kinds of DESIGN §8, write-once state digests,
-	// rollback_failed, the cleanup_failed drain note and an open last
+	// with the transaction kinds of docs/reference/ledger.md, write-once state
+	// digests, rollback_failed, the cleanup_failed drain note and an open last
 	// transaction that recovery closes forward.
 	SchemaOperator Schema = "iteron-operator-ledger/1"
 )
@@ -80,7 +81,7 @@ const (
 // BlockKind classifies why a transaction was blocked.
 type BlockKind string
 
-// The block kinds of spec/wire.md §5.
+// The block kinds (docs/reference/ledger.md).
 const (
 	BlockValidation BlockKind = "validation"
 	BlockDependency BlockKind = "dependency"
@@ -156,7 +157,7 @@ type Record struct {
 // ZeroSHA256 is the PreviousSHA256 of a ledger's first record.
 const ZeroSHA256 = "sha256:0000000000000000000000000000000000000000000000000000000000000000"
 
-// Bounds of spec/wire.md §5.
+// Bounds of a ledger (docs/reference/ledger.md).
 const (
 	// MaxRecordBytes bounds one record's canonical encoding, the newline
 	// excluded.

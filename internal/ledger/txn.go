@@ -395,13 +395,14 @@ func (l *Ledger) Resume() (*Txn, error) {
 	return t, nil
 }
 
-// Recover closes the open transaction a replay found (spec/wire.md §5)
-// forward: a blocked one with rolled_back; one whose atomic_switch (or, for
-// a retirement, drain) is durable with drain (if missing) and committed;
-// any other with blocked(<next phase>, provider, "provider_failed: host
-// restarted") and rolled_back. It returns nil when nothing is open. The
-// processes of the interrupted transaction are gone with the manager that
-// ran them; the caller relaunches from State.LastCommitted afterwards.
+// Recover closes the open transaction a replay found
+// (docs/reference/ledger.md) forward: a blocked one with rolled_back; one
+// whose atomic_switch (or, for a retirement, drain) is durable with drain (if
+// missing) and committed; any other with blocked(<next phase>, provider,
+// "provider_failed: host restarted") and rolled_back. It returns nil when
+// nothing is open. The processes of the interrupted transaction are gone with
+// the manager that ran them; the caller relaunches from State.LastCommitted
+// afterwards.
 func (l *Ledger) Recover() (*Recovery, error) {
 	return l.CloseOpen(func(t *Txn) error {
 		switch {

@@ -146,7 +146,8 @@ func validModule(s string) bool {
 	return true
 }
 
-// validID matches an ID of spec/wire.md: 1–128 bytes of [A-Za-z0-9._\-/:@+].
+// validID matches an ID (docs/reference/encoding.md): 1–128 bytes of
+// [A-Za-z0-9._\-/:@+].
 func validID(s string) bool {
 	if len(s) == 0 || len(s) > MaxTransactionIDBytes {
 		return false

@@ -412,7 +412,7 @@ func (v *validator) checkFields(r *Record, known *Record) *RuleError {
 			kind, blocks := BlockKindOf(code)
 			switch {
 			case !ok:
-				return v.fail(RuleReason, r, "reason %q is not \"<code>: <message>\" with a code of DESIGN §8", *r.Reason)
+				return v.fail(RuleReason, r, "reason %q is not \"<code>: <message>\" with a code of docs/reference/reasons.md", *r.Reason)
 			case !blocks:
 				return v.fail(RuleReason, r, "reason code %s cannot block a transaction", code)
 			case kind != *r.BlockKind:

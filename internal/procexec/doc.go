@@ -1,7 +1,7 @@
-// Package procexec is the node-local process executor (DESIGN §7): it runs
-// one verified provider per Process, speaks the iteron-implementation
-// protocol with it, and guarantees that after any fault, Stop or Close the
-// provider's whole process group is gone.
+// Package procexec is the node-local process executor (docs/security.md,
+// starting a provider): it runs one verified provider per Process, speaks the
+// iteron-implementation protocol with it, and guarantees that after any fault,
+// Stop or Close the provider's whole process group is gone.
 //
 // A Process is built only from an activation.LaunchPlan, which only the
 // verifier (and tests) can mint. Executor.Launch copies the executable into
@@ -23,16 +23,16 @@
 // Executor.Sweep kills what a dead manager left behind, never a reused pid.
 //
 // Requests are validated before they are written and responses correlated
-// before they are believed; observations are checked against the active
-// run and delivered raw, never decoded and re-encoded; the host computes
-// every state digest itself. Per-run output and per-process lifetime, stdin
-// and state operations are bounded, and what remains is exposed as a
-// Budget so that the coordinator renews a process before it reaches a
-// bound. Every fault is a *Fault of one FaultKind, mapped to a DESIGN §8
-// reason code; every kind but KindRefused and KindInvalidRequest kills the
-// group — the leader is never reaped before the group is killed, so its
-// pgid cannot be reused under the kill — and the call that reports it
-// returns after the group is gone.
+// before they are believed; observations are checked against the active run
+// and delivered raw, never decoded and re-encoded; the host computes every
+// state digest itself. Per-run output and per-process lifetime, stdin and
+// state operations are bounded, and what remains is exposed as a Budget so
+// that the coordinator renews a process before it reaches a bound. Every fault
+// is a *Fault of one FaultKind, mapped to a reason code
+// (docs/reference/reasons.md); every kind but KindRefused and
+// KindInvalidRequest kills the group — the leader is never reaped before the
+// group is killed, so its pgid cannot be reused under the kill — and the call
+// that reports it returns after the group is gone.
 //
 // The permanent goroutines are spawnerLoop and reaperLoop (one each per
 // process, started by the first NewExecutor).

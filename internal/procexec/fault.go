@@ -129,12 +129,12 @@ func (f *Fault) Error() string {
 // Unwrap returns the underlying error.
 func (f *Fault) Unwrap() error { return f.Err }
 
-// ReasonCode maps the fault to the error reasons of DESIGN §8: a deadline
-// is deadline_exceeded; a digest, tampering or interpreter refusal is
+// ReasonCode maps the fault to the reasons of docs/reference/reasons.md: a
+// deadline is deadline_exceeded; a digest, tampering or interpreter refusal is
 // verification_failed; a state operation of a protocol-1 provider is
 // unsupported_version; a caller's bad request is schema_mismatch; anything
-// else the provider did is activation_failed while loading (spawn or load)
-// and provider_failed afterwards.
+// else the provider did is activation_failed while loading (spawn or load) and
+// provider_failed afterwards.
 func (f *Fault) ReasonCode() string {
 	if f.Reason != "" {
 		return f.Reason

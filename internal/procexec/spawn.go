@@ -27,7 +27,7 @@ type SweepReport = spawn.SweepReport
 // conformance check reports as processes left behind (spawn.ReapOrphans).
 func ReapOrphans() []int { return spawn.ReapOrphans() }
 
-// MaxExecutableBytes bounds an executable (DESIGN §5).
+// MaxExecutableBytes bounds an executable (docs/security.md).
 const MaxExecutableBytes = spawn.MaxExecutableBytes
 
 // Sealed is a sealed memfd holding an executable whose bytes hash to its

@@ -17,7 +17,7 @@ import (
 	"iteron.dev/operator/pkg/strictjson"
 )
 
-// MaxExecutableBytes bounds an executable (DESIGN §5).
+// MaxExecutableBytes bounds an executable (docs/security.md).
 const MaxExecutableBytes = 256 << 20
 
 // hashBufferBytes is the fixed streaming buffer of every artifact hash.

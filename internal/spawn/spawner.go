@@ -15,7 +15,7 @@ import (
 // The spawner is one goroutine locked to its OS thread for the life of the
 // process. Every provider is forked from that thread, so:
 //   - Pdeathsig (SIGKILL) fires when the manager dies, not when some thread
-//     that happened to fork exits (Go issue 27505);
+//     that happened to fork exits (golang/go#27505);
 //   - NoNewPrivs, which SysProcAttr has no field for, is set once with prctl
 //     on that thread and inherited by every child;
 //   - the capability bounding set of that thread is emptied, so a provider

@@ -13,8 +13,8 @@ type ContractRef struct {
 }
 
 // ModuleContracts are the twelve contracts of one module's seam-graph entry
-// that requests bind (spec/wire.md §1). They come from the graph, never from
-// a provider.
+// that requests bind (docs/reference/catalog.md). They come from the graph,
+// never from a provider.
 type ModuleContracts struct {
 	Definition  ContractRef `json:"definition"`
 	Provider    ContractRef `json:"provider"`

@@ -1,7 +1,7 @@
 package protocol
 
-// Correlate checks that resp answers req (spec/wire.md §4): the same
-// protocol, request ID, implementation and module; the result of req's
+// Correlate checks that resp answers req (docs/reference/protocol.md): the
+// same protocol, request ID, implementation and module; the result of req's
 // operation, or failed; and, where the result carries them, the same run ID,
 // generation, schema and digest. States in snapshotted and migrated results
 // are checked in full (Validate), their digests recomputed: the host never

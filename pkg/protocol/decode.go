@@ -48,43 +48,20 @@ func decodeRequest(d *decoder) (*Request, error) {
 	if err := d.open(""); err != nil {
 		return nil, err
 	}
-	var r Request
-	seen, err := d.members("", envelopeNames, 0, func(i int, p string) (err error) {
-		switch i {
-		case 0:
-			r.Protocol, err = d.string(p)
-		case 1:
-			r.RequestID, err = d.string(p)
-		case 2:
-			r.ImplementationID, err = d.string(p)
-		case 3:
-			r.Module, err = d.string(p)
-		case 4:
-			err = d.payload(p, "operation", func(d *decoder, tag string) (err error) {
-				r.Payload, err = readRequestPayload(d, p, tag, 1)
-				return err
-			}, func(raw jsontext.Value) (err error) {
-				r.Payload, err = decodeRequestPayload(raw)
-				return err
-			})
-		}
-		return err
-	})
-	if err != nil {
-		return nil, err
-	}
-	if err := requireAll("", envelopeNames, seen, 1<<len(envelopeNames)-1); err != nil {
+	r := new(Request)
+	if err := requestFrame.readInto(d, "", "", 0, r); err != nil {
 		return nil, err
 	}
 	if err := d.end(); err != nil {
 		return nil, err
 	}
-	return &r, nil
+	return r, nil
 }
 
-// DecodeFrame decodes one provider → host line (the host side): a response
-// if it is an object with request_id, otherwise an observation (spec/wire.md
-// §4). It checks shape only; Correlate and CheckObservation check values.
+// DecodeFrame decodes one provider → host line (the host side): a response if
+// it is an object with request_id, otherwise an observation
+// (docs/reference/protocol.md). It checks shape only; Correlate and
+// CheckObservation check values.
 func DecodeFrame(frame []byte) (Frame, error) {
 	if len(frame) > MaxFrameBytes {
 		return Frame{}, errorf(ErrTooLarge, "", "frame of %d bytes exceeds %d", len(frame), MaxFrameBytes)
@@ -101,41 +78,18 @@ func decodeFrame(d *decoder) (Frame, error) {
 	if err := d.open(""); err != nil {
 		return Frame{}, err
 	}
-	var (
-		env     Envelope
-		payload ResponsePayload
-		obs     Observation
-	)
-	seen, err := d.members("", frameNames, 0, func(i int, p string) (err error) {
-		switch i {
-		case 0:
-			env.Protocol, err = d.string(p)
-		case 1:
-			env.RequestID, err = d.string(p)
-		case 2:
-			env.ImplementationID, err = d.string(p)
-		case 3:
-			env.Module, err = d.string(p)
-		case 4:
-			err = d.payload(p, "result", func(d *decoder, tag string) (err error) {
-				payload, err = readResponsePayload(d, p, tag, 1)
-				return err
-			}, func(raw jsontext.Value) (err error) {
-				payload, err = decodeResponsePayload(raw)
-				return err
-			})
-		case 5:
-			obs.RunID, err = d.string(p)
-		case 6:
-			obs.Sequence, err = d.uint(p)
-		case 7:
-			obs.Schema, err = d.contract(p)
-		case 8:
-			obs.Terminal, err = d.bool(p)
-		case 9:
-			obs.Observation, err = d.raw(p)
+	// One allocation for either result; a member both frames declare is
+	// read into the response and copied if the frame is an observation.
+	v := new(struct {
+		r Response
+		o Observation
+	})
+	u := &frameMembers
+	seen, err := d.members("", u.names, 0, func(i int, p string) error {
+		if j := u.response[i]; j >= 0 {
+			return d.field(responseFrame.members[j].field(&v.r), p)
 		}
-		return err
+		return d.field(observationFrame.members[u.observation[i]].field(&v.o), p)
 	})
 	if err != nil {
 		return Frame{}, err
@@ -143,27 +97,37 @@ func decodeFrame(d *decoder) (Frame, error) {
 	if err := d.end(); err != nil {
 		return Frame{}, err
 	}
-	const (
-		responseMembers    = 1<<0 | 1<<1 | 1<<2 | 1<<3 | 1<<4
-		observationMembers = 1<<0 | 1<<2 | 1<<3 | 1<<5 | 1<<6 | 1<<7 | 1<<8 | 1<<9
-	)
-	if seen&(1<<1) != 0 {
-		if err := onlyMembers("", frameNames, seen, responseMembers, "a response"); err != nil {
+	if seen&u.mark != 0 {
+		if err := onlyMembers("", u.names, seen, u.responseSet, "a response"); err != nil {
 			return Frame{}, err
 		}
-		if err := requireAll("", frameNames, seen, responseMembers); err != nil {
+		if err := requireAll("", u.names, seen, u.responseSet); err != nil {
 			return Frame{}, err
 		}
-		return Frame{Response: &Response{Envelope: env, Payload: payload}}, nil
+		return Frame{Response: &v.r}, nil
 	}
-	if err := onlyMembers("", frameNames, seen, observationMembers, "an observation (a frame without request_id)"); err != nil {
+	if err := onlyMembers("", u.names, seen, u.observationSet, "an observation (a frame without "+responseMark+")"); err != nil {
 		return Frame{}, err
 	}
-	if err := requireAll("", frameNames, seen, observationMembers); err != nil {
+	if err := requireAll("", u.names, seen, u.observationSet); err != nil {
 		return Frame{}, err
 	}
-	obs.Protocol, obs.ImplementationID, obs.Module = env.Protocol, env.ImplementationID, env.Module
-	return Frame{Observation: &obs}, nil
+	for i, j := range u.observation {
+		if k := u.response[i]; j >= 0 && k >= 0 {
+			copyMember(observationFrame.members[j].field(&v.o), responseFrame.members[k].field(&v.r))
+		}
+	}
+	return Frame{Observation: &v.o}, nil
+}
+
+// copyMember copies a member's value between two fields of the same type.
+func copyMember(dst, src any) {
+	switch d := dst.(type) {
+	case *string:
+		*d = *src.(*string)
+	default:
+		panic("protocol: a member both frames declare has a type copyMember does not copy")
+	}
 }
 
 // DecodeResponse decodes a frame that must be a response.
@@ -177,13 +141,6 @@ func DecodeResponse(frame []byte) (*Response, error) {
 	}
 	return f.Response, nil
 }
-
-var (
-	envelopeNames = []string{"protocol", "request_id", "implementation_id", "module", "payload"}
-	frameNames    = []string{"protocol", "request_id", "implementation_id", "module", "payload",
-		"run_id", "sequence", "schema", "terminal", "observation"}
-	contractNames = []string{"id", "version"}
-)
 
 // decodeRequestPayload decodes a payload whose tag is not its first member
 // (findTag, then a second pass).
@@ -714,35 +671,18 @@ func (d *decoder) uint(p string) (uint64, error) {
 	return n, nil
 }
 
-func (d *decoder) contract(p string) (ContractRef, error) {
-	var c ContractRef
+// contract reads a contract object into c.
+func (d *decoder) contract(p string, c *ContractRef) error {
 	if d.fast {
 		if err := d.open(p); err != nil {
-			return c, err
+			return err
 		}
 	} else if k := d.d.PeekKind(); k != '{' {
-		return c, d.wrongKind(p, "a contract object", k)
+		return d.wrongKind(p, "a contract object", k)
 	} else if err := d.open(p); err != nil {
-		return c, err
-	}
-	seen, err := d.members(p, contractNames, 0, func(i int, mp string) (err error) {
-		switch i {
-		case 0:
-			c.ID, err = d.string(mp)
-		case 1:
-			var v uint64
-			v, err = d.uint(mp)
-			if err == nil && v > 1<<32-1 {
-				err = errorf(ErrMalformed, mp, "version %d does not fit in 32 bits", v)
-			}
-			c.Version = uint32(v)
-		}
 		return err
-	})
-	if err != nil {
-		return c, err
 	}
-	return c, requireAll(p, contractNames, seen, 3)
+	return contractCodec.readInto(d, p, "", 0, c)
 }
 
 func (d *decoder) strings(p string) ([]string, error) {

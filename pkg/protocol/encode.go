@@ -8,11 +8,11 @@ import (
 	"github.com/go-json-experiment/json/jsontext"
 )
 
-// The encoders below write frames by hand, members in the order of
-// spec/wire.md §4, compact, strings in their minimal form (no escaping of
-// '<', '>', '&', U+2028 or U+2029). Raw JSON values (inputs, observations,
-// states) are copied as they are, never decoded and re-encoded: only a value
-// that spans lines is compacted, because a frame is one line.
+// The encoders below write every frame from its declaration (members.go),
+// members in the order of docs/reference/protocol.md, compact, strings in
+// their minimal form (no escaping of '<', '>', '&', U+2028 or U+2029). Raw JSON values (inputs,
+// observations, states) are copied as they are, never decoded and re-encoded:
+// only a value that spans lines is compacted, because a frame is one line.
 
 // MarshalRequest validates r for a provider speaking v against the module's
 // contracts (Validate; nil skips the contract comparison) and returns
@@ -36,77 +36,21 @@ func MarshalRequest(r *Request, v Version, contracts *ModuleContracts) ([]byte, 
 // Validate first, or use MarshalRequest.
 func AppendRequest(dst []byte, r *Request) ([]byte, error) {
 	e := encoder{b: dst}
-	e.envelope(r.Envelope, true)
-	e.key("payload")
-	e.b = append(e.b, '{')
-	if r.Payload == nil {
-		return nil, errorf(ErrMalformed, "/payload", "no payload")
-	}
-	e.first = true
-	op := r.Payload.Operation()
-	c, ok := requestCodecs[op]
-	if !ok {
-		return nil, errorf(ErrMalformed, "/payload", "unknown payload type %T", r.Payload)
-	}
-	e.field("operation")
-	e.str(string(op))
-	e, err := c.write(e, r.Payload, "/payload")
-	if err != nil {
-		return nil, err
-	}
-	e.b = append(e.b, '}', '}')
+	e.object(requestFrame, r, "")
 	return e.b, e.err
 }
 
 // AppendResponse appends r's frame (no newline) to dst.
 func AppendResponse(dst []byte, r *Response) ([]byte, error) {
 	e := encoder{b: dst}
-	e.envelope(r.Envelope, true)
-	e.key("payload")
-	e.b = append(e.b, '{')
-	if r.Payload == nil {
-		return nil, errorf(ErrMalformed, "/payload", "no payload")
-	}
-	e.first = true
-	res := r.Payload.Result()
-	c, ok := responseCodecs[res]
-	if !ok {
-		return nil, errorf(ErrMalformed, "/payload", "unknown payload type %T", r.Payload)
-	}
-	e.field("result")
-	e.str(string(res))
-	e, err := c.write(e, r.Payload, "/payload")
-	if err != nil {
-		return nil, err
-	}
-	e.b = append(e.b, '}', '}')
+	e.object(responseFrame, r, "")
 	return e.b, e.err
 }
 
 // AppendObservation appends o's frame (no newline) to dst.
 func AppendObservation(dst []byte, o *Observation) ([]byte, error) {
-	e := encoder{b: dst, first: true}
-	e.b = append(e.b, '{')
-	e.field("protocol")
-	e.str(o.Protocol)
-	e.field("implementation_id")
-	e.str(o.ImplementationID)
-	e.field("module")
-	e.str(o.Module)
-	e.field("run_id")
-	e.str(o.RunID)
-	e.field("sequence")
-	e.uint(o.Sequence)
-	e.contractField("schema", o.Schema)
-	e.field("terminal")
-	if o.Terminal {
-		e.b = append(e.b, "true"...)
-	} else {
-		e.b = append(e.b, "false"...)
-	}
-	e.field("observation")
-	e.raw(o.Observation, "", "observation")
-	e.b = append(e.b, '}')
+	e := encoder{b: dst}
+	e.object(observationFrame, o, "")
 	return e.b, e.err
 }
 
@@ -120,7 +64,7 @@ func AppendState(dst []byte, s *State) ([]byte, error) {
 // AppendContract appends c as a JSON object to dst.
 func AppendContract(dst []byte, c ContractRef) []byte {
 	e := encoder{b: dst}
-	e.contract(c)
+	e.contract(&c)
 	return e.b
 }
 
@@ -130,26 +74,68 @@ type encoder struct {
 	err   error
 }
 
-func (e *encoder) envelope(env Envelope, withRequestID bool) {
-	e.b = append(e.b, '{')
-	e.first = true
-	e.field("protocol")
-	e.str(env.Protocol)
-	if withRequestID {
-		e.field("request_id")
-		e.str(env.RequestID)
-	}
-	e.field("implementation_id")
-	e.str(env.ImplementationID)
-	e.field("module")
-	e.str(env.Module)
+// object writes v as a JSON object with the members c declares; ptr is its
+// JSON Pointer, for errors.
+func (e *encoder) object(c codec, v any, ptr string) {
+	e.tagged("", "", c, v, ptr)
 }
 
-// key writes a member name after a member of the envelope.
-func (e *encoder) key(name string) {
-	e.b = append(e.b, ',', '"')
-	e.b = append(e.b, name...)
-	e.b = append(e.b, '"', ':')
+// tagged writes v as a JSON object: the tag member tagName (unless "") with
+// the value tag, then the members c declares.
+func (e *encoder) tagged(tagName, tag string, c codec, v any, ptr string) {
+	saved := e.first
+	e.b = append(e.b, '{')
+	e.first = true
+	if tagName != "" {
+		e.field(tagName)
+		e.str(tag)
+	}
+	var err error
+	*e, err = c.write(*e, v, ptr)
+	e.fail(err)
+	e.b = append(e.b, '}')
+	e.first = saved
+}
+
+// fail keeps the first error.
+func (e *encoder) fail(err error) {
+	if err != nil && e.err == nil {
+		e.err = err
+	}
+}
+
+// requestPayload writes a request's payload, tagged "operation".
+func (e *encoder) requestPayload(p RequestPayload, ptr string) {
+	if p == nil {
+		e.fail(errorf(ErrMalformed, ptr, "no payload"))
+		e.b = append(e.b, "null"...)
+		return
+	}
+	op := p.Operation()
+	c, ok := requestCodecs[op]
+	if !ok {
+		e.fail(errorf(ErrMalformed, ptr, "unknown payload type %T", p))
+		e.b = append(e.b, "null"...)
+		return
+	}
+	e.tagged("operation", string(op), c, p, ptr)
+}
+
+// responsePayload writes a response's payload, tagged "result".
+func (e *encoder) responsePayload(p ResponsePayload, ptr string) {
+	if p == nil {
+		e.fail(errorf(ErrMalformed, ptr, "no payload"))
+		e.b = append(e.b, "null"...)
+		return
+	}
+	res := p.Result()
+	c, ok := responseCodecs[res]
+	if !ok {
+		e.fail(errorf(ErrMalformed, ptr, "unknown payload type %T", p))
+		e.b = append(e.b, "null"...)
+		return
+	}
+	e.tagged("result", string(res), c, p, ptr)
 }
 
 // field writes a member name (names are ASCII identifiers, never escaped),
@@ -185,25 +171,25 @@ func (e *encoder) strings(ss []string) {
 
 func (e *encoder) uint(n uint64) { e.b = strconv.AppendUint(e.b, n, 10) }
 
-func (e *encoder) contract(c ContractRef) {
-	e.b = append(e.b, `{"id":`...)
-	e.str(c.ID)
-	e.b = append(e.b, `,"version":`...)
-	e.b = strconv.AppendUint(e.b, uint64(c.Version), 10)
-	e.b = append(e.b, '}')
+func (e *encoder) bool(v bool) {
+	if v {
+		e.b = append(e.b, "true"...)
+	} else {
+		e.b = append(e.b, "false"...)
+	}
 }
 
-func (e *encoder) contractField(name string, c ContractRef) {
-	e.field(name)
-	e.contract(c)
+// contract writes a contract object (its members cannot fail).
+func (e *encoder) contract(c *ContractRef) {
+	e.object(contractCodec, c, "")
 }
 
 // raw copies a raw JSON value, compacting it only when it spans lines; its
-// JSON Pointer, for errors, is base + "/" + name.
-func (e *encoder) raw(v jsontext.Value, base, name string) {
+// JSON Pointer, for errors, is base + rel.
+func (e *encoder) raw(v jsontext.Value, base, rel string) {
 	if len(v) == 0 {
 		if e.err == nil {
-			e.err = errorf(ErrMalformed, base+"/"+name, "missing value")
+			e.err = errorf(ErrMalformed, base+rel, "missing value")
 		}
 		e.b = append(e.b, "null"...)
 		return
@@ -215,7 +201,7 @@ func (e *encoder) raw(v jsontext.Value, base, name string) {
 	c := v.Clone()
 	if err := c.Compact(); err != nil {
 		if e.err == nil {
-			e.err = errorf(ErrMalformed, base+"/"+name, "not one JSON value: %v", err)
+			e.err = errorf(ErrMalformed, base+rel, "not one JSON value: %v", err)
 		}
 		e.b = append(e.b, "null"...)
 		return
@@ -223,14 +209,17 @@ func (e *encoder) raw(v jsontext.Value, base, name string) {
 	e.b = append(e.b, c...)
 }
 
+// at is the JSON Pointer base + rel, allocated only below the top level.
+func at(base, rel string) string {
+	if base == "" {
+		return rel
+	}
+	return base + rel
+}
+
 // state writes a State object; ptr is its JSON Pointer, for errors.
 func (e *encoder) state(s *State, ptr string) {
-	saved := e.first
-	e.b = append(e.b, '{')
-	e.first = true
-	*e, _ = stateCodec.write(*e, s, ptr)
-	e.b = append(e.b, '}')
-	e.first = saved
+	e.object(stateCodec, s, ptr)
 }
 
 // String renders a request for diagnostics (its frame, or why it has none).

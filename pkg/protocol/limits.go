@@ -1,7 +1,8 @@
 package protocol
 
-// Limits of the iteron-implementation protocols (spec/wire.md §4). The host
-// enforces every one of them; the SDK enforces the ones a provider can break.
+// Limits of the iteron-implementation protocols (docs/reference/protocol.md).
+// The host enforces every one of them; the SDK enforces the ones a provider
+// can break.
 const (
 	// MaxFrameBytes bounds one NDJSON frame, the newline not counted.
 	MaxFrameBytes = 1 << 20

@@ -4,17 +4,18 @@ import (
 	"github.com/go-json-experiment/json/jsontext"
 )
 
-// Every payload and the state object are declared once below: their
-// members in wire order (spec/wire.md §4), each a name and the field that
-// holds its value. The encoder writes the members in that order and the
-// decoder reads them by these names (any order, each exactly once), both
-// from the same declaration: a new field is one line here.
+// Every frame, payload, state and contract object is declared once below:
+// its members in wire order (docs/reference/protocol.md), each a name and the
+// field that holds its value. The encoder writes the members in that order
+// and the decoder reads them by these names (any order, each exactly once),
+// both from the same declaration: a new field is one line here.
 
 // member is one member of a message of type T.
 type member[T any] struct {
 	name string
 	// field returns a pointer to the member's field: *string, *uint64,
-	// *ContractRef, *[]string, *jsontext.Value, *State, or *startInput.
+	// *uint32, *bool, *ContractRef, *[]string, *jsontext.Value, *State,
+	// *startInput, *RequestPayload or *ResponsePayload.
 	field func(*T) any
 }
 
@@ -40,8 +41,14 @@ type codec interface {
 type messageCodec[T any] struct {
 	members  []member[T]
 	allNames []string
+	// pointers are the members' JSON Pointers relative to the message
+	// ("/" + name), made once: the encoder needs them only for errors.
+	pointers []string
 	tagged   bool
 }
+
+// Every member of a message fits in the decoder's set of names seen.
+const maxMembers = 64
 
 // declare makes the codec of a message: tagName is its payload tag's
 // member name ("operation", "result"), or "" for an untagged object.
@@ -52,6 +59,10 @@ func declare[T any](tagName string, members ...member[T]) *messageCodec[T] {
 	}
 	for _, m := range members {
 		c.allNames = append(c.allNames, m.name)
+		c.pointers = append(c.pointers, "/"+escapePointer(m.name))
+	}
+	if len(c.allNames) > maxMembers {
+		panic("protocol: a message declared with more than 64 members")
 	}
 	return c
 }
@@ -60,6 +71,14 @@ func (c *messageCodec[T]) names() []string { return c.allNames }
 
 func (c *messageCodec[T]) read(d *decoder, ptr, tag string, seen uint64) (any, error) {
 	v := new(T)
+	if err := c.readInto(d, ptr, tag, seen, v); err != nil {
+		return nil, err
+	}
+	return v, nil
+}
+
+// readInto is read into v.
+func (c *messageCodec[T]) readInto(d *decoder, ptr, tag string, seen uint64, v *T) error {
 	off := 0
 	if c.tagged {
 		off = 1
@@ -75,12 +94,9 @@ func (c *messageCodec[T]) read(d *decoder, ptr, tag string, seen uint64) (any, e
 		return d.field(c.members[i-off].field(v), p)
 	})
 	if err != nil {
-		return nil, err
+		return err
 	}
-	if err := requireAll(ptr, c.allNames, seen, 1<<len(c.allNames)-1); err != nil {
-		return nil, err
-	}
-	return v, nil
+	return requireAll(ptr, c.allNames, seen, 1<<len(c.allNames)-1)
 }
 
 func (c *messageCodec[T]) write(e encoder, v any, ptr string) (encoder, error) {
@@ -88,9 +104,9 @@ func (c *messageCodec[T]) write(e encoder, v any, ptr string) (encoder, error) {
 	if !ok {
 		return e, errorf(ErrMalformed, ptr, "unknown payload type %T", v)
 	}
-	for _, mb := range c.members {
+	for i, mb := range c.members {
 		e.field(mb.name)
-		e.value(mb.field(m), ptr, mb.name)
+		e.value(mb.field(m), ptr, c.pointers[i])
 	}
 	return e, nil
 }
@@ -102,8 +118,17 @@ func (d *decoder) field(f any, p string) (err error) {
 		*f, err = d.string(p)
 	case *uint64:
 		*f, err = d.uint(p)
+	case *uint32:
+		var v uint64
+		v, err = d.uint(p)
+		if err == nil && v > 1<<32-1 {
+			err = errorf(ErrMalformed, p, "%d does not fit in 32 bits", v)
+		}
+		*f = uint32(v)
+	case *bool:
+		*f, err = d.bool(p)
 	case *ContractRef:
-		*f, err = d.contract(p)
+		err = d.contract(p, f)
 	case *[]string:
 		*f, err = d.strings(p)
 	case *jsontext.Value:
@@ -113,38 +138,100 @@ func (d *decoder) field(f any, p string) (err error) {
 	case *startInput:
 		f.Input, err = d.raw(p)
 		f.checked = f.Input
+	case *RequestPayload:
+		err = d.payload(p, "operation", func(d *decoder, tag string) (err error) {
+			*f, err = readRequestPayload(d, p, tag, 1)
+			return err
+		}, func(raw jsontext.Value) (err error) {
+			*f, err = decodeRequestPayload(raw)
+			return err
+		})
+	case *ResponsePayload:
+		err = d.payload(p, "result", func(d *decoder, tag string) (err error) {
+			*f, err = readResponsePayload(d, p, tag, 1)
+			return err
+		}, func(raw jsontext.Value) (err error) {
+			*f, err = decodeResponsePayload(raw)
+			return err
+		})
 	default:
 		panic("protocol: a member declared with an unknown field type")
 	}
 	return err
 }
 
-// value encodes one member's value from f; base and name make its JSON
-// Pointer, for errors.
-func (e *encoder) value(f any, base, name string) {
+// value encodes one member's value from f; base + rel is its JSON Pointer,
+// for errors.
+func (e *encoder) value(f any, base, rel string) {
 	switch f := f.(type) {
 	case *string:
 		e.str(*f)
 	case *uint64:
 		e.uint(*f)
+	case *uint32:
+		e.uint(uint64(*f))
+	case *bool:
+		e.bool(*f)
 	case *ContractRef:
-		e.contract(*f)
+		e.contract(f)
 	case *[]string:
 		e.strings(*f)
 	case *jsontext.Value:
-		e.raw(*f, base, name)
+		e.raw(*f, base, rel)
 	case *State:
-		e.state(f, base+"/"+name)
+		e.state(f, at(base, rel))
 	case *startInput:
 		if sameBytes(f.Input, f.checked) {
 			e.b = append(e.b, f.Input...) // checked: one strict value on one line
 		} else {
-			e.raw(f.Input, base, name)
+			e.raw(f.Input, base, rel)
 		}
+	case *RequestPayload:
+		e.requestPayload(*f, at(base, rel))
+	case *ResponsePayload:
+		e.responsePayload(*f, at(base, rel))
 	default:
 		panic("protocol: a member declared with an unknown field type")
 	}
 }
+
+// requestFrame is a host → provider frame: the envelope, then the payload
+// tagged "operation".
+var requestFrame = declare("",
+	member[Request]{"protocol", func(r *Request) any { return &r.Protocol }},
+	member[Request]{"request_id", func(r *Request) any { return &r.RequestID }},
+	member[Request]{"implementation_id", func(r *Request) any { return &r.ImplementationID }},
+	member[Request]{"module", func(r *Request) any { return &r.Module }},
+	member[Request]{"payload", func(r *Request) any { return &r.Payload }})
+
+// responseFrame and observationFrame are the two provider → host frames. A
+// frame is read before it is known which of the two it is (frameMembers):
+// one with responseMark is a response.
+var (
+	responseFrame = declare("",
+		member[Response]{"protocol", func(r *Response) any { return &r.Protocol }},
+		member[Response]{"request_id", func(r *Response) any { return &r.RequestID }},
+		member[Response]{"implementation_id", func(r *Response) any { return &r.ImplementationID }},
+		member[Response]{"module", func(r *Response) any { return &r.Module }},
+		member[Response]{"payload", func(r *Response) any { return &r.Payload }})
+	observationFrame = declare("",
+		member[Observation]{"protocol", func(o *Observation) any { return &o.Protocol }},
+		member[Observation]{"implementation_id", func(o *Observation) any { return &o.ImplementationID }},
+		member[Observation]{"module", func(o *Observation) any { return &o.Module }},
+		member[Observation]{"run_id", func(o *Observation) any { return &o.RunID }},
+		member[Observation]{"sequence", func(o *Observation) any { return &o.Sequence }},
+		member[Observation]{"schema", func(o *Observation) any { return &o.Schema }},
+		member[Observation]{"terminal", func(o *Observation) any { return &o.Terminal }},
+		member[Observation]{"observation", func(o *Observation) any { return &o.Observation }})
+)
+
+// responseMark is the member that makes a provider → host frame a response.
+const responseMark = "request_id"
+
+// contractCodec is a ContractRef object, untagged.
+var contractCodec = declare("",
+	member[ContractRef]{"id", func(c *ContractRef) any { return &c.ID }},
+	member[ContractRef]{"version", func(c *ContractRef) any { return &c.Version }})
 
 // The request payloads, tagged "operation".
 var requestCodecs = map[Operation]codec{
@@ -223,7 +310,7 @@ var responseCodecs = map[Result]codec{
 		member[Failed]{"message", func(r *Failed) any { return &r.Message }}),
 }
 
-// stateCodec is a State object (spec/wire.md §4), untagged.
+// stateCodec is a State object (docs/reference/protocol.md), untagged.
 var stateCodec = declare("",
 	member[State]{"module", func(s *State) any { return &s.Module }},
 	member[State]{"implementation_id", func(s *State) any { return &s.ImplementationID }},
@@ -232,3 +319,48 @@ var stateCodec = declare("",
 	member[State]{"state_schema", func(s *State) any { return &s.StateSchema }},
 	member[State]{"state_sha256", func(s *State) any { return &s.StateSHA256 }},
 	member[State]{"state", func(s *State) any { return &s.State }})
+
+// frameMembers reads a provider → host frame in one pass: the members of
+// responseFrame and of observationFrame, each name once, in the order first
+// declared, with the declaration (or both) that holds it.
+var frameMembers = unionOf(responseFrame, observationFrame)
+
+type frameUnion struct {
+	names []string
+	// response and observation give, per name, the index of its member in
+	// that declaration, or -1.
+	response, observation []int
+	// responseSet and observationSet are the names of each; mark is
+	// responseMark's.
+	responseSet, observationSet, mark uint64
+}
+
+func unionOf(r *messageCodec[Response], o *messageCodec[Observation]) frameUnion {
+	var u frameUnion
+	index := func(name string) int {
+		if i := indexOf(u.names, name); i >= 0 {
+			return i
+		}
+		u.names = append(u.names, name)
+		u.response = append(u.response, -1)
+		u.observation = append(u.observation, -1)
+		return len(u.names) - 1
+	}
+	for j, m := range r.members {
+		i := index(m.name)
+		u.response[i], u.responseSet = j, u.responseSet|1<<i
+	}
+	for j, m := range o.members {
+		i := index(m.name)
+		u.observation[i], u.observationSet = j, u.observationSet|1<<i
+	}
+	if len(u.names) > maxMembers {
+		panic("protocol: the frames declare more than 64 members")
+	}
+	i := indexOf(u.names, responseMark)
+	if i < 0 || u.response[i] < 0 || u.observation[i] >= 0 {
+		panic("protocol: responseMark is not a member of responses alone")
+	}
+	u.mark = 1 << i
+	return u
+}

@@ -253,8 +253,8 @@ func (*RestoreRequest) Operation() Operation { return OpRestore }
 // Operation implements RequestPayload.
 func (*ReadinessRequest) Operation() Operation { return OpReadiness }
 
-// State is content-addressed provider state, bound to its module, lineage
-// and schema (spec/wire.md §4).
+// State is content-addressed provider state, bound to its module, lineage and
+// schema (docs/reference/protocol.md).
 type State struct {
 	Module           string
 	ImplementationID string

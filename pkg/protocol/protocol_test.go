@@ -74,7 +74,7 @@ func TestEveryRequestRoundTripsThroughItsFrame(t *testing.T) {
 	}
 }
 
-// The protocol-1 exchange of spec/wire.md §4, byte for byte.
+// The protocol-1 exchange of docs/reference/protocol.md, byte for byte.
 func TestTheWireSpecExampleExchangeIsByteCompatible(t *testing.T) {
 	digest := "sha256:" + strings.Repeat("ab", 32)
 	c := testContracts

@@ -59,7 +59,7 @@ func DigestOf(v any) (string, error) {
 }
 
 // DigestOfValue returns the digest of the canonical form of one JSON value
-// (the state_sha256 construction of spec/wire.md §4).
+// (the state_sha256 construction of docs/reference/protocol.md).
 func DigestOfValue(raw []byte) (string, error) {
 	b, err := CanonicalValue(raw)
 	if err != nil {

@@ -7,10 +7,10 @@
 // before a byte is parsed.
 //
 // Canonical encoding produces exactly the bytes serde_json::to_vec prints, the
-// bytes the protocol family hashes (spec/wire.md, "Canonical encoding"):
-// compact, struct fields in declaration order, object keys sorted byte-wise
-// where the value is free-form JSON, no escaping of '<', '>', '&', U+2028 or
-// U+2029, control characters as \n, \t, ... or \u00xx, and numbers as serde_json
+// bytes the protocol family hashes (docs/reference/encoding.md): compact,
+// struct fields in declaration order, object keys sorted byte-wise where the
+// value is free-form JSON, no escaping of '<', '>', '&', U+2028 or U+2029,
+// control characters as \n, \t, ... or \u00xx, and numbers as serde_json
 // prints them (integers as integers, other numbers in ryu's shortest form:
 // 100.0, 1e21, 1.5e-7).
 package strictjson

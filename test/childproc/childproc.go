@@ -22,9 +22,9 @@ type spawnRequest struct {
 }
 
 // Start starts cmd with the parent-death signal sig (keeping the rest of its
-// SysProcAttr). It forks from one OS thread that never exits: the signal
-// fires when the thread that forked exits, not the process (Go issue 27505),
-// and Go ends threads whose goroutine exits locked to them.
+// SysProcAttr). It forks from one OS thread that never exits: the signal fires
+// when the thread that forked exits, not the process (golang/go#27505), and Go
+// ends threads whose goroutine exits locked to them.
 func Start(cmd *exec.Cmd, sig syscall.Signal) error {
 	if cmd.SysProcAttr == nil {
 		cmd.SysProcAttr = &syscall.SysProcAttr{}

@@ -9,6 +9,10 @@
 // only it) on a FUSE file system (test/faultfs), the ledger append of a
 // chosen phase of each transaction kind fails with ENOSPC or EIO
 // (faults_ledger_test.go; every phase of every kind with ITERON_FAULTS=all,
-// make faults). Process groups are followed whole, from the manager's
-// process records (watched with inotify) and /proc.
+// make faults), and a provider whose lifetime ends before its renewal can
+// be recorded stops serving then and not before, and says so
+// (faults_lifetime_test.go). Process groups are followed whole, from the
+// manager's process records (watched with inotify) and /proc. Without root
+// or /dev/fuse those tests skip; ITERON_REQUIRE_FUSE=1 (.ci/run) makes that a
+// failure.
 package crash

@@ -115,9 +115,7 @@ type lfRow struct {
 }
 
 func TestALedgerThatCannotBeWrittenLeavesTheOldGenerationServing(t *testing.T) {
-	if err := faultfs.Supported(); err != nil {
-		t.Skip(err)
-	}
+	faultfs.SkipUnlessSupported(t)
 	var rows []lfRow
 	for _, c := range lfCells() {
 		t.Run(fmt.Sprintf("%s at %s", c.kind, c.phase), func(t *testing.T) {
@@ -153,8 +151,9 @@ type lfExpect struct {
 	// (otherwise another one of servingGen does: relaunched, renewed, new).
 	sameProcess bool
 	// during is the count a call answers while the ledger is unwritable
-	// (0: no call is made — a renewal's old process fits no call — or the
-	// call must fail at once).
+	// (0: the call must fail at once). A renewal's old process, within its
+	// renewal margin, fits no call: the call waits for the renewal and
+	// answers this once the disk is freed.
 	during int
 	// failedGen is the Generation the failed transaction started (Failed
 	// ledger_unwritable afterwards), "" when none.
@@ -247,8 +246,11 @@ func lfRun(t *testing.T, c lfCell) lfRow {
 		// quiesce 1 s): the renewal is due 10 s after the start, leaving
 		// 10 s to free the disk before the process reaches its end of life
 		// (the probes run 1, 3 and 7 s after the failure). Within the
-		// margin no call fits the process, so none is made while the disk
-		// is full.
+		// margin a call does not fit the old process: made while the disk
+		// is full, it waits in the queue for the renewal, which waits for
+		// the ledger, and is answered by the renewed process once the disk
+		// is freed. Past the drain the renewed process serves, and answers
+		// at once.
 		impl := providertest.Implement(t, artifacts.Spec{Binary: artifacts.CounterV2, Module: lfModule, ImplementationID: "counter-short", RuntimeDeadlineMs: 20_000})
 		src := providertest.Catalog(t, impl)[0]
 		a = newActivation(t, name, func(s *iteronv1.ImplementationActivationSpec) {
@@ -260,7 +262,7 @@ func lfRun(t *testing.T, c lfCell) lfRow {
 		m = n.start(t, "")
 		oldPid = before("counter-short")
 		fault = arm()
-		x = lfExpect{servingGen: gen(1, 1), servingVersion: "2.0.0", sameProcess: !c.forward, finalGen: gen(1, 1), finalImpl: "counter-short", after: 6, restarted: 7}
+		x = lfExpect{servingGen: gen(1, 1), servingVersion: "2.0.0", sameProcess: !c.forward, during: 6, finalGen: gen(1, 1), finalImpl: "counter-short", after: 7, restarted: 8}
 		x.txn = lfTxn(t, a, 1, 1, 1)
 	case "relaunch":
 		a = newActivation(t, name, func(s *iteronv1.ImplementationActivationSpec) {
@@ -368,9 +370,21 @@ func lfRun(t *testing.T, c lfCell) lfRow {
 		servingPid = int(g.Status.Pid)
 		row.served = fmt.Sprintf("%s v%s, %s", x.servingGen, x.servingVersion, map[bool]string{true: "same process", false: "pid " + fmt.Sprint(servingPid) + " (not " + fmt.Sprint(oldPid) + ")"}[x.sameProcess])
 	}
+	// waiting is the answer of a call that waits for the disk to be freed.
+	var waiting chan lfAnswer
 	switch {
-	case c.kind == "renewal":
-		row.call = "none (no call fits a process this close to its end of life)"
+	case c.kind == "renewal" && !c.forward:
+		// The old process is within its renewal margin: the call does not
+		// fit it and waits in the queue for the renewal. It must not be
+		// answered (nor refused) while the disk is full.
+		waiting = make(chan lfAnswer, 1)
+		go func() { waiting <- n.lfCall(t, a, "a", 1) }()
+		select {
+		case ans := <-waiting:
+			t.Fatalf("a call within the old process's renewal margin was answered while the disk is full: %s; want it to wait for the renewal", ans)
+		case <-time.After(2 * time.Second):
+		}
+		row.call = "waits for the renewal"
 	case x.servingGen != "":
 		ans := n.lfCall(t, a, "a", 1)
 		if ans.err != "" || ans.count != x.during || ans.version != x.servingVersion {
@@ -421,6 +435,15 @@ func lfRun(t *testing.T, c lfCell) lfRow {
 	// itself and the work goes on.
 	fsys.Heal()
 	healed := time.Now()
+	if waiting != nil {
+		ans := <-waiting
+		if ans.err != "" || ans.count != x.during || ans.version != x.servingVersion {
+			t.Fatalf("the call that waited for the renewal answered %s; want a=%d from version %s once the disk was freed", ans, x.during, x.servingVersion)
+		}
+		row.call = fmt.Sprintf("a=%d once the disk was freed: it waited for the renewal (%s, %s after the heal)", ans.count,
+			ans.took.Round(time.Millisecond), time.Since(healed).Round(time.Millisecond))
+		t.Logf("the call that waited: %s", row.call)
+	}
 	var final *iteronv1.ImplementationActivation
 	switch {
 	case c.kind == "retirement":

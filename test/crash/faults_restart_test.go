@@ -30,9 +30,7 @@ func TestARestartBeforeTheLedgerHealsClosesTheInterruptedSwapTruthfully(t *testi
 	if os.Getenv("ITERON_FAULTS") != "all" {
 		t.Skip("ITERON_FAULTS=all (make faults) runs it")
 	}
-	if err := faultfs.Supported(); err != nil {
-		t.Skip(err)
-	}
+	faultfs.SkipUnlessSupported(t)
 	for _, phase := range []ledger.Phase{ledger.PhaseSnapshot, ledger.PhaseDrain} {
 		t.Run(string(phase), func(t *testing.T) {
 			n := newNode(t)

@@ -195,7 +195,8 @@ func TestApplyInvokeSwapVerifyDelete(t *testing.T) {
 		t.Fatalf("after the swap: %v; want a=6 from 2.0.0 (the migrated state)", out)
 	}
 	// context_assembly is prompt_system's direct consumer: its epoch covers
-	// prompt_system's identity, so it was reloaded too (DESIGN §6).
+	// prompt_system's identity, so it was reloaded too (docs/concepts.md,
+	// identity, epoch and plan).
 	for _, m := range a.Status.Modules {
 		if m.Module == "context_assembly" && (m.Generation != 2 || m.Phase != iteronv1.PhaseActive) {
 			t.Fatalf("context_assembly after prompt_system's swap: %+v; want generation 2, Active (a direct consumer reloads)", m)

@@ -9,7 +9,7 @@
 // # Use
 //
 //	backing := t.TempDir()
-//	fsys := faultfs.ForTest(t, backing) // skips without /dev/fuse or root; unmounts in t.Cleanup
+//	fsys := faultfs.ForTest(t, backing) // skips without /dev/fuse or root (fails with ITERON_REQUIRE_FUSE=1); unmounts in t.Cleanup
 //	stateDir := fsys.Mountpoint()       // give this to the process under test
 //	fault := fsys.FailWrites(faultfs.Rule{Contains: `"phase":"snapshot"`, Errno: syscall.ENOSPC})
 //	... run the process ...

@@ -66,15 +66,32 @@ func Supported() error {
 	return nil
 }
 
+// RequireEnv, set to 1 (.ci/run does), turns SkipUnlessSupported's skip
+// into a failure: where the FUSE tests must run, a machine that cannot run
+// them fails loudly instead of passing without them.
+const RequireEnv = "ITERON_REQUIRE_FUSE"
+
+// SkipUnlessSupported skips t when Supported reports FUSE cannot be used
+// here, saying why — or, with ITERON_REQUIRE_FUSE=1, fails it.
+func SkipUnlessSupported(t testing.TB) {
+	t.Helper()
+	err := Supported()
+	switch {
+	case err == nil:
+	case os.Getenv(RequireEnv) == "1":
+		t.Fatalf("%v; %s=1 requires the FUSE tests to run here", err, RequireEnv)
+	default:
+		t.Skipf("%v (%s=1 makes this a failure)", err, RequireEnv)
+	}
+}
+
 // ForTest mounts a faultfs of backing on a fresh directory under
 // t.TempDir() and unmounts it in t.Cleanup (which runs when the test fails
-// too). It skips the test when Supported reports FUSE cannot be used, and
-// fails it when the mount fails anyway.
+// too). It skips the test when FUSE cannot be used (SkipUnlessSupported),
+// and fails it when the mount fails anyway.
 func ForTest(t testing.TB, backing string) *FS {
 	t.Helper()
-	if err := Supported(); err != nil {
-		t.Skip(err)
-	}
+	SkipUnlessSupported(t)
 	// The mount point's TempDir cleanup was registered first, so it runs
 	// after the unmount.
 	mnt := filepath.Join(t.TempDir(), "mnt")
@@ -97,14 +114,12 @@ func ForTest(t testing.TB, backing string) *FS {
 // directory under t.TempDir(), for a test that needs one directory of a
 // tree on a failing file system (a state dir's ledgers): what the test
 // writes there lands in the backing directory until a rule says otherwise.
-// It skips the test when FUSE cannot be used, and unmounts in t.Cleanup —
-// after the cleanups registered later (a manager that writes there), since
-// cleanups run last-in first-out.
+// It skips the test when FUSE cannot be used (SkipUnlessSupported), and
+// unmounts in t.Cleanup — after the cleanups registered later (a manager
+// that writes there), since cleanups run last-in first-out.
 func Over(t testing.TB, dir string) *FS {
 	t.Helper()
-	if err := Supported(); err != nil {
-		t.Skip(err)
-	}
+	SkipUnlessSupported(t)
 	backing := filepath.Join(t.TempDir(), "backing")
 	for _, d := range []string{backing, dir} {
 		if err := os.MkdirAll(d, 0o755); err != nil {

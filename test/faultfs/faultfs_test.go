@@ -600,9 +600,7 @@ func TestUnmountWithAnOpenFileStillRemovesTheMount(t *testing.T) {
 // A mount left behind by a test process that died (go test's timeout kills
 // a test binary past its cleanups) is removed by the next Mount.
 func TestAMountLeftByADeadProcessIsRemovedByTheNextMount(t *testing.T) {
-	if err := faultfs.Supported(); err != nil {
-		t.Skip(err)
-	}
+	faultfs.SkipUnlessSupported(t)
 	backing, stale := t.TempDir(), filepath.Join(t.TempDir(), "stale")
 	must(t, os.Mkdir(stale, 0o755))
 	// If this test fails half-way, do not leave the mount for the next run.

@@ -31,6 +31,7 @@ import (
 
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
 	"iteron.dev/operator/cmd/manager/app"
+	"iteron.dev/operator/examples/providers/artifacts"
 	"iteron.dev/operator/examples/providers/providertest"
 	"iteron.dev/operator/internal/catalog"
 	"iteron.dev/operator/internal/hotswap"
@@ -332,6 +333,12 @@ func RunWith(m *testing.M, name, node string, edit func(*Options), ready func(*S
 	s.CLI = filepath.Join(s.Base, "kubectl-iteron")
 	if out, err := exec.Command("go", "build", "-o", s.CLI, filepath.Join(s.Env.RepoRoot, "cmd", "kubectl-iteron")).CombinedOutput(); err != nil {
 		fmt.Fprintf(os.Stderr, "build kubectl-iteron: %v\n%s", err, out)
+		return 1
+	}
+	// The tests run the plugin built just now: a change to its sources must
+	// rerun them, not answer from go test's cache.
+	if err := artifacts.RecordSources(context.Background(), s.Env.RepoRoot, "./cmd/kubectl-iteron"); err != nil {
+		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
 	ctx, cancel := context.WithCancel(context.Background())

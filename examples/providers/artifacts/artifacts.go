@@ -18,6 +18,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"testing"
 
 	"iteron.dev/operator/internal/catalog"
 	"iteron.dev/operator/pkg/strictjson"
@@ -95,7 +96,59 @@ func Build(ctx context.Context, moduleRoot, pkg, out, ldflags string) error {
 	if err := cmd.Run(); err != nil {
 		return fmt.Errorf("go build %s: %w\n%s", pkg, err, stderr.String())
 	}
+	return RecordSources(ctx, moduleRoot, pkg)
+}
+
+// RecordSources, in a test binary, stats every file of this module that a
+// build of pkgs reads: the Go and embedded files of each of the module's
+// packages they depend on, and go.mod and go.sum, which pin the rest. A test
+// that builds a binary of this repository at run time calls it (Build does)
+// because the build is a child process whose reads go test's cache does not
+// see, while the files a test itself opens or stats are part of the key of a
+// cached result: so a test whose provider's source changed runs again instead
+// of answering "(cached)". Outside a test binary it does nothing.
+func RecordSources(ctx context.Context, moduleRoot string, pkgs ...string) error {
+	if !testing.Testing() {
+		return nil
+	}
+	files, err := sourceFiles(ctx, moduleRoot, pkgs...)
+	if err != nil {
+		return err
+	}
+	for _, f := range files {
+		if _, err := os.Stat(f); err != nil {
+			return fmt.Errorf("record the sources of %s: %w", strings.Join(pkgs, " "), err)
+		}
+	}
 	return nil
+}
+
+// sourceFiles lists what RecordSources stats: go.mod, go.sum, then the Go,
+// cgo and embedded files of every package of the module that pkgs are or
+// depend on, as absolute paths.
+func sourceFiles(ctx context.Context, moduleRoot string, pkgs ...string) ([]string, error) {
+	const format = `{{if .Module}}{{if .Module.Main}}{{.Dir}}` +
+		`{{range .GoFiles}}{{"\t"}}{{.}}{{end}}{{range .CgoFiles}}{{"\t"}}{{.}}{{end}}` +
+		`{{range .EmbedFiles}}{{"\t"}}{{.}}{{end}}{{"\n"}}{{end}}{{end}}`
+	cmd := exec.CommandContext(ctx, "go", append([]string{"list", "-deps", "-f", format}, pkgs...)...)
+	cmd.Dir = moduleRoot
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("go list -deps %s: %w\n%s", strings.Join(pkgs, " "), err, stderr.String())
+	}
+	files := []string{filepath.Join(moduleRoot, "go.mod"), filepath.Join(moduleRoot, "go.sum")}
+	for line := range strings.Lines(string(out)) {
+		fields := strings.Split(strings.TrimSuffix(line, "\n"), "\t")
+		for _, name := range fields[1:] {
+			files = append(files, filepath.Join(fields[0], name))
+		}
+	}
+	if len(files) == 2 {
+		return nil, fmt.Errorf("go list -deps %s: no package of the module in %s", strings.Join(pkgs, " "), moduleRoot)
+	}
+	return files, nil
 }
 
 // BuildExamples compiles every example provider into dir and returns the
