@@ -597,6 +597,7 @@ func TestStampedComparesEveryFieldOfTheSpec(t *testing.T) {
 	tpl.Checkpoint.IntervalSeconds, tpl.GenerationHistoryLimit = ptr.To[int32](60), ptr.To[int32](10)
 	// Paths and oci are alternatives to the API server, not to Stamped.
 	tpl.Sources[0].OCI = &iteronv1.OCISource{Ref: "registry.example/iteron/counter@sha256:" + strings.Repeat("a", 64)}
+	tpl.Probes = []iteronv1.ActivationProbe{{Name: "upper", Module: "prompt_system", Input: `{"text":"abc"}`, Check: `result.upper == "ABC"`, TimeoutMilliseconds: ptr.To[int32](500)}}
 	base := StampSpec(tpl, "node-1", false)
 	if !Stamped(&base, tpl, "node-1", false) {
 		t.Fatal("a stamped spec does not read as stamped")
