@@ -81,4 +81,3 @@ const (
 // or ProbeFailed, the values in the message): the condition an alert
 // watches. False otherwise.
 const ConditionAnalysisFailed = "AnalysisFailed"
-
