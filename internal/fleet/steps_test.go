@@ -181,7 +181,9 @@ func (w *world) measureDue(t *testing.T, p Plan, results ...iteronv1.Measurement
 	return again
 }
 
-func ok(v string) iteronv1.Measurement { return iteronv1.Measurement{Phase: iteronv1.AnalysisSuccessful, Value: v} }
+func ok(v string) iteronv1.Measurement {
+	return iteronv1.Measurement{Phase: iteronv1.AnalysisSuccessful, Value: v}
+}
 func bad(v string) iteronv1.Measurement {
 	return iteronv1.Measurement{Phase: iteronv1.AnalysisFailed, Value: v, Message: "result.all(v, v < 0.05) is false"}
 }
