@@ -259,6 +259,20 @@ func (p *planner) finalSettled() bool {
 	return true
 }
 
+// analysisStarted reports whether wave w of the update revision has
+// analysis runs.
+func (p *planner) analysisStarted(w int32) bool {
+	if p.in.Set.Spec.Strategy.Analysis == nil {
+		return false
+	}
+	for _, r := range p.status.AnalysisRuns {
+		if r.Revision == p.update.Name && r.Wave == w {
+			return true
+		}
+	}
+	return false
+}
+
 // maxWave is the latest wave that moved nodes to the update revision.
 func (p *planner) maxWave() int32 {
 	var w int32

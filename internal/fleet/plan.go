@@ -489,6 +489,18 @@ func (p *planner) rollout(maxUnavailable int) {
 	}
 	if len(waiting) > 0 {
 		p.status.SoakStartedAt = nil
+		// An analysis that started goes on measuring while a node of its
+		// wave is not Ready (a provider that crashes now and then flaps):
+		// its metrics judge the wave all the same; only passing it waits.
+		if p.analysisStarted(wave) {
+			if _, failed, next := p.analyse(wave, p.waveNodes(wave)); failed != nil {
+				p.haltForAnalysis(failed, wave, p.waveNodes(wave))
+				p.stopped(maxUnavailable)
+				return
+			} else if next > 0 {
+				p.requeue = next
+			}
+		}
 		p.phase(iteronv1.RolloutProgressing, fmt.Sprintf("wave %d of revision %s: waiting for %s to become Ready (%d of %d nodes updated)",
 			wave, p.update.Name, list(waiting), len(updated), len(p.all)))
 		return

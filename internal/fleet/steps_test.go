@@ -404,3 +404,28 @@ func TestAStrategyWithASelectorThatDoesNotParseIsNamed(t *testing.T) {
 		t.Fatalf("err = %v", err)
 	}
 }
+
+// TestAnAnalysisThatStartedGoesOnWhileItsWaveFlaps: a node of the wave
+// that is not Ready for a while (its provider crashed and is relaunched)
+// does not stop its wave's measurements, and a failure halts the rollout.
+func TestAnAnalysisThatStartedGoesOnWhileItsWaveFlaps(t *testing.T) {
+	w := newWorld(3, analysisStrategy(3, 0, 2, iteronv1.FailurePolicyRevert)).allOn("v1").on("node-1", "v2", wave(1))
+	w.set.Status = iteronv1.ActivationSetStatus{CurrentRevision: w.revs["v1"].Name, UpdateRevision: w.revs["v2"].Name}
+	w.apply(t, Compute(w.input("v2"))) // the run starts
+	w.acts["node-1"].Ready = false
+	w.now = t0.Add(10 * time.Second)
+	p := w.measureDue(t, Compute(w.input("v2")), bad("[0.2]"))
+	expect(t, p, iteronv1.RolloutReverting, "Move node-1→v1")
+	if h := p.Status.Halt; h == nil || h.Cause != iteronv1.HaltAnalysisFailed || !strings.Contains(h.Message, "[0.2]") {
+		t.Fatalf("halt = %+v", h)
+	}
+	// Before its wave was ever Ready, a wave has no analysis to go on with.
+	w = newWorld(3, analysisStrategy(3, 0, 2, iteronv1.FailurePolicyRevert)).allOn("v1").on("node-1", "v2", wave(1), notReady)
+	w.set.Status = iteronv1.ActivationSetStatus{CurrentRevision: w.revs["v1"].Name, UpdateRevision: w.revs["v2"].Name}
+	w.now = t0.Add(time.Hour)
+	p = Compute(w.input("v2"))
+	expect(t, p, iteronv1.RolloutProgressing, "")
+	if len(p.Measure) != 0 || len(p.Status.AnalysisRuns) != 0 {
+		t.Fatalf("measure %+v, runs %+v", p.Measure, p.Status.AnalysisRuns)
+	}
+}

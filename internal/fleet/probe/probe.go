@@ -7,7 +7,7 @@
 // What holds:
 //
 //   - A probe is admitted only on a module whose admitted capabilities are
-//     read_only alone (Admit): a probe has no side effects and leaves no
+//     read_only or none (Admit): a probe has no side effects and leaves no
 //     receipts. A spec whose probe names any other module, or whose check
 //     does not compile, is refused before anything changes on the node.
 //   - A probe never waits longer than its timeout, the module's queue
@@ -75,7 +75,7 @@ func Admit(probes []iteronv1.ActivationProbe, admitted func(module string) ([]st
 		if !known {
 			continue
 		}
-		if len(caps) != 1 || caps[0] != "read_only" {
+		if slices.ContainsFunc(caps, func(c string) bool { return c != "read_only" }) {
 			return fmt.Errorf("%s.module: module %s is admitted with capabilities [%s]; a probe runs only on a module admitted read_only alone (it must have no side effects or receipts)",
 				field, p.Module, strings.Join(caps, ", "))
 		}
