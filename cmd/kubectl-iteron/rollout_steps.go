@@ -3,7 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
-		"time"
+	"time"
 
 	"github.com/spf13/cobra"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -202,4 +202,3 @@ func setAnnotation(s *iteronv1.ActivationSet, key, value string) {
 	}
 	s.Annotations[key] = value
 }
-
