@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -48,18 +49,19 @@ func writeSteps(out io.Writer, set *iteronv1.ActivationSet) {
 			}
 		} else if w := s.Wave; w != nil {
 			wave++
-			what = fmt.Sprintf("wave %d:", wave)
+			var parts []string
 			switch {
 			case w.Nodes != nil:
-				what += fmt.Sprintf(" %d nodes", *w.Nodes)
+				parts = append(parts, fmt.Sprintf("%d nodes", *w.Nodes))
 			case w.Percent != nil:
-				what += fmt.Sprintf(" %d%%", *w.Percent)
+				parts = append(parts, fmt.Sprintf("%d%%", *w.Percent))
 			}
 			if w.Selector != nil {
 				if sel, err := metav1.LabelSelectorAsSelector(w.Selector); err == nil {
-					what += " of " + sel.String()
+					parts = append(parts, "cohort "+sel.String())
 				}
 			}
+			what = fmt.Sprintf("wave %d: %s", wave, strings.Join(parts, " of "))
 			if d := ptr.Deref(w.SoakSeconds, 0); d > 0 {
 				what += fmt.Sprintf(", soak %ds", d)
 			}
