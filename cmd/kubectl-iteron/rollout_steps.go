@@ -163,6 +163,9 @@ template) moves on. A set with no rollout under way is refused (exit 1).`,
 				if s.Status.UpdateRevision == "" || s.Status.CurrentRevision == s.Status.UpdateRevision {
 					return invalid(fmt.Errorf("%s has no rollout under way (phase %s): nothing to abort", key, orDash(string(s.Status.Phase))))
 				}
+				if h := s.Status.Halt; h != nil && h.Action == iteronv1.FailurePolicyRevert && h.Revision == s.Status.UpdateRevision {
+					return invalid(fmt.Errorf("%s is reverting revision %s already (phase %s): nothing to abort", key, h.Revision, s.Status.Phase))
+				}
 				setAnnotation(s, iteronv1.AnnotationAbort, now)
 				return nil
 			})

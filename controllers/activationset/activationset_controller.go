@@ -152,11 +152,14 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	// The status first: it is where a halt, a soak and the stable revision
 	// live, and its write is guarded by the set's resourceVersion, so a
 	// reconcile of a stale copy carries out nothing.
+	// writeStatus leaves the new status in set: announce compares with
+	// what it was.
+	before := set.DeepCopy()
 	conflict, err := r.writeStatus(ctx, &set, plan.Status, plan.Message, now)
 	if err != nil || conflict {
 		return ctrl.Result{RequeueAfter: cacheWait}, err
 	}
-	r.announce(&set, plan)
+	r.announce(before, plan)
 	if err := r.carryOut(ctx, &set, acts, plan.Actions, now); err != nil {
 		return ctrl.Result{}, err
 	}

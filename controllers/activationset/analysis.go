@@ -100,7 +100,7 @@ func (r *Reconciler) announceAnalysis(set *iteronv1.ActivationSet, plan fleet.Pl
 		r.Recorder.Eventf(set, nil, kind, reason, "Analysis", "analysis %s of wave %d of revision %s (provider %s): %s: %s",
 			run.Metric, run.Wave, run.Revision, run.Provider, run.Phase, run.Message)
 	}
-	if h := plan.Status.Halt; h != nil && h.Cause == iteronv1.HaltAborted && set.Status.Halt == nil {
+	if h := plan.Status.Halt; h != nil && h.Cause == iteronv1.HaltAborted && (set.Status.Halt == nil || set.Status.Halt.Cause != iteronv1.HaltAborted) {
 		r.Recorder.Eventf(set, nil, corev1.EventTypeWarning, iteronv1.ReasonAborted, "Rollout", "%s", h.Message)
 	}
 	if p := plan.Status.LastHandledPromoteAt; p != set.Status.LastHandledPromoteAt && set.Status.Phase == iteronv1.RolloutPausedAtStep && plan.Status.Phase != iteronv1.RolloutPausedAtStep {

@@ -26,8 +26,11 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
@@ -211,8 +214,12 @@ type syncBuffer struct {
 	b  bytes.Buffer
 }
 
-func (s *syncBuffer) Write(p []byte) (int, error) { s.mu.Lock(); defer s.mu.Unlock(); return s.b.Write(p) }
-func (s *syncBuffer) String() string              { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
 
 func start(name string, args ...string) (*proc, error) {
 	p := &proc{name: name, cmd: exec.Command(managerBin, args...), out: &syncBuffer{}, done: make(chan error, 1)}
@@ -406,66 +413,108 @@ func (tr *traffic) String() string {
 	return strings.Join(parts, ", ")
 }
 
-// waveLog polls a set and its activations and records, in order, each
-// node's move to another revision (with its wave) and each phase the set
-// went through: the rollout as it happened.
+// waveLog watches a set and its activations (informers: every change, in
+// the order the API server made it for each object) and records each
+// node's move to another revision (with its wave), each phase the set went
+// through and each analysis run's progress: the rollout as it happened.
 type waveLog struct {
 	key    client.ObjectKey
 	cancel context.CancelFunc
-	done   chan struct{}
 	start  time.Time
 	mu     sync.Mutex
 	lines  []string
 	moves  []string // node@wave in the order they moved to another revision
+	revs   map[string]string
+	phase  string
+	runs   map[string]string
 }
 
 func watchWaves(t *testing.T, key client.ObjectKey) *waveLog {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	w := &waveLog{key: key, cancel: cancel, done: make(chan struct{}), start: time.Now()}
-	go func() {
-		defer close(w.done)
-		revs, phase, runs := map[string]string{}, "", map[string]string{}
-		first := true
-		for ctx.Err() == nil {
-			var set iteronv1.ActivationSet
-			if err := env.Client.Get(ctx, key, &set); err == nil {
-				if p := string(set.Status.Phase); p != phase {
-					msg := ""
-					if c := fleettest.Condition(&set, iteronv1.ConditionReady); c != nil {
-						msg = c.Message
-					}
-					w.add(fmt.Sprintf("set phase %s (step %d): %s", p, set.Status.Step, msg))
-					phase = p
-				}
-				for _, r := range set.Status.AnalysisRuns {
-					k := fmt.Sprintf("%s/%s/%d", r.Metric, r.Revision, r.Wave)
-					if runs[k] != string(r.Phase)+r.Message {
-						runs[k] = string(r.Phase) + r.Message
-						if r.Phase != iteronv1.AnalysisRunning || len(r.Measurements) > 0 {
-							w.add(fmt.Sprintf("analysis %s wave %d: %s: %s", r.Metric, r.Wave, r.Phase, r.Message))
-						}
-					}
-				}
-			}
-			acts, _ := fleettest.Stamped(env.Client, key)
-			for _, a := range acts {
-				rev := a.Labels[iteronv1.LabelRevision]
-				if old, seen := revs[a.Spec.NodeName]; !first && (!seen || old != rev) {
-					what := "wave " + a.Annotations[iteronv1.AnnotationWave]
-					if from := a.Annotations[iteronv1.AnnotationRevertedFrom]; from != "" {
-						what = "reverted from " + from
-					}
-					w.add(fmt.Sprintf("node %s (zone %s) → revision %s, %s", a.Spec.NodeName, zoneOf(int(a.Spec.NodeName[3]-'0')), rev, what))
-					w.mu.Lock()
-					w.moves = append(w.moves, a.Spec.NodeName+"@"+a.Annotations[iteronv1.AnnotationWave])
-					w.mu.Unlock()
-				}
-				revs[a.Spec.NodeName] = rev
-			}
-			first = false
-			time.Sleep(100 * time.Millisecond)
+	w := &waveLog{key: key, cancel: cancel, start: time.Now(), revs: map[string]string{}, runs: map[string]string{}}
+	// What is there before the watch starts is not a move.
+	acts, err := fleettest.Stamped(env.Client, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range acts {
+		w.revs[a.Name] = a.Labels[iteronv1.LabelRevision]
+	}
+	c, err := cache.New(env.Config, cache.Options{Scheme: env.Scheme, DefaultNamespaces: map[string]cache.Config{ns: {}},
+		ByObject: map[client.Object]cache.ByObject{&iteronv1.ImplementationActivation{}: {Label: labels.SelectorFromSet(labels.Set{iteronv1.LabelActivationSet: key.Name})}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ai, err := c.GetInformer(ctx, &iteronv1.ImplementationActivation{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	si, err := c.GetInformer(ctx, &iteronv1.ActivationSet{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	onAct := func(obj any) {
+		a, ok := obj.(*iteronv1.ImplementationActivation)
+		if !ok {
+			return
 		}
-	}()
+		rev := a.Labels[iteronv1.LabelRevision]
+		w.mu.Lock()
+		old, seen := w.revs[a.Name]
+		w.revs[a.Name] = rev
+		w.mu.Unlock()
+		if seen && old == rev {
+			return
+		}
+		what := "wave " + a.Annotations[iteronv1.AnnotationWave]
+		if from := a.Annotations[iteronv1.AnnotationRevertedFrom]; from != "" {
+			what = "reverted from " + from
+		}
+		w.add(fmt.Sprintf("node %s (zone %s) → revision %s, %s", a.Spec.NodeName, zoneOf(int(a.Spec.NodeName[3]-'0')), rev, what))
+		w.mu.Lock()
+		w.moves = append(w.moves, a.Spec.NodeName+"@"+a.Annotations[iteronv1.AnnotationWave])
+		w.mu.Unlock()
+	}
+	onSet := func(obj any) {
+		set, ok := obj.(*iteronv1.ActivationSet)
+		if !ok || set.Name != key.Name {
+			return
+		}
+		w.mu.Lock()
+		newPhase := string(set.Status.Phase) != w.phase
+		w.phase = string(set.Status.Phase)
+		var runs []string
+		for _, r := range set.Status.AnalysisRuns {
+			k := fmt.Sprintf("%s/%s/%d", r.Metric, r.Revision, r.Wave)
+			if w.runs[k] != string(r.Phase)+r.Message {
+				w.runs[k] = string(r.Phase) + r.Message
+				if r.Phase != iteronv1.AnalysisRunning || len(r.Measurements) > 0 {
+					runs = append(runs, fmt.Sprintf("analysis %s wave %d: %s: %s", r.Metric, r.Wave, r.Phase, r.Message))
+				}
+			}
+		}
+		w.mu.Unlock()
+		if newPhase {
+			msg := ""
+			if c := fleettest.Condition(set, iteronv1.ConditionReady); c != nil {
+				msg = c.Message
+			}
+			w.add(fmt.Sprintf("set phase %s (step %d): %s", set.Status.Phase, set.Status.Step, msg))
+		}
+		for _, r := range runs {
+			w.add(r)
+		}
+	}
+	for inf, on := range map[cache.Informer]func(any){ai: onAct, si: onSet} {
+		if _, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{AddFunc: on, UpdateFunc: func(_, n any) { on(n) }}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	go func() { _ = c.Start(ctx) }()
+	if !c.WaitForCacheSync(ctx) {
+		t.Fatal("the wave log's cache did not sync")
+	}
 	t.Cleanup(w.stop)
 	return w
 }
@@ -476,10 +525,7 @@ func (w *waveLog) add(line string) {
 	w.lines = append(w.lines, fmt.Sprintf("%6.1fs %s", time.Since(w.start).Seconds(), line))
 }
 
-func (w *waveLog) stop() {
-	w.cancel()
-	<-w.done
-}
+func (w *waveLog) stop() { w.cancel() }
 
 func (w *waveLog) String() string {
 	w.mu.Lock()

@@ -151,7 +151,9 @@ func TestAGoodRevisionPassesTheAnalysisOfEveryWave(t *testing.T) {
 	tr := startTraffic(t, key, 200*time.Millisecond)
 	w := watchWaves(t, key)
 	start := time.Now()
-	editSet(t, key, func(s *iteronv1.ActivationSet) { s.Spec.Template = template(source(t, artifacts.CounterV2, "counter-v2", nil)) })
+	editSet(t, key, func(s *iteronv1.ActivationSet) {
+		s.Spec.Template = template(source(t, artifacts.CounterV2, "counter-v2", nil))
+	})
 	done := waitSet(t, key, "Completed on v2", fleettest.Completed)
 	w.stop()
 	t.Logf("rollout v1 → v2 completed in %s; traffic: %s\nwave log:\n%s", time.Since(start).Round(time.Second), tr, w)
@@ -238,7 +240,9 @@ func TestARevisionThatFailsAShareOfCallsIsRevertedByItsAnalysis(t *testing.T) {
 		t.Errorf("AnalysisFailed condition %+v; want True (AnalysisFailed)", c)
 	}
 	ev := setEvents(t, key)
-	if !slices.ContainsFunc(ev, func(e string) bool { return strings.HasPrefix(e, "Warning AnalysisFailed: analysis error-rate of wave 1") }) {
+	if !slices.ContainsFunc(ev, func(e string) bool {
+		return strings.HasPrefix(e, "Warning AnalysisFailed: analysis error-rate of wave 1")
+	}) {
 		t.Errorf("events %v; want a Warning AnalysisFailed for wave 1", ev)
 	}
 }
@@ -308,7 +312,9 @@ func TestAWebhookThatTimesOutFailsItsAnalysisWithThatReason(t *testing.T) {
 		IntervalSeconds: ptr.To[int32](1), ConsecutiveErrorLimit: ptr.To[int32](0)})
 	key := deploy(t, "slowgate", template(source(t, artifacts.CounterV1Down, "counter-v1", nil)), st)
 	w := watchWaves(t, key)
-	editSet(t, key, func(s *iteronv1.ActivationSet) { s.Spec.Template = template(source(t, artifacts.CounterV2, "counter-v2", nil)) })
+	editSet(t, key, func(s *iteronv1.ActivationSet) {
+		s.Spec.Template = template(source(t, artifacts.CounterV2, "counter-v2", nil))
+	})
 	halted := waitSet(t, key, "Halted", fleettest.Phase(iteronv1.RolloutHalted))
 	h := halted.Status.Halt
 	if h == nil || h.Cause != iteronv1.HaltAnalysisFailed || !strings.Contains(h.Message, "no answer within 1s (timeoutSeconds)") ||
@@ -332,10 +338,14 @@ func TestAWebhookThatTimesOutFailsItsAnalysisWithThatReason(t *testing.T) {
 	if done.Status.Halt == nil || done.Status.Halt.Cause != iteronv1.HaltAborted || done.Status.Halt.Action != iteronv1.FailurePolicyRevert {
 		t.Fatalf("halt after abort %s", statusJSON(done.Status.Halt))
 	}
-	if out, code := plugin(t, "rollout", "abort", key.Name); code != 1 || !strings.Contains(out, "no rollout under way") {
-		// Reverted: the stable revision is still the old one and the
-		// template the new one, so a rollout is "under way" but stopped.
-		t.Logf("a second abort: exit %d: %s", code, out)
+	if out, code := plugin(t, "rollout", "abort", key.Name); code != 1 || !strings.Contains(out, "is reverting revision "+done.Status.UpdateRevision+" already") {
+		t.Errorf("a second abort: exit %d: %s; want it refused", code, out)
+	}
+	ev := setEvents(t, key)
+	for _, want := range []string{"Warning AnalysisFailed: analysis slow-gate of wave 1", "Warning Halted", "Warning Aborted", "Normal Reverted"} {
+		if !slices.ContainsFunc(ev, func(e string) bool { return strings.HasPrefix(e, want) }) {
+			t.Errorf("events %v; want %q", ev, want)
+		}
 	}
 }
 
@@ -353,7 +363,9 @@ func TestCohortsMoveInTheirOrderAndAPauseWaitsForPromote(t *testing.T) {
 		t.Fatalf("promote with nothing paused: exit %d: %s", code, out)
 	}
 	w := watchWaves(t, key)
-	editSet(t, key, func(s *iteronv1.ActivationSet) { s.Spec.Template = template(source(t, artifacts.CounterV2, "counter-v2", nil)) })
+	editSet(t, key, func(s *iteronv1.ActivationSet) {
+		s.Spec.Template = template(source(t, artifacts.CounterV2, "counter-v2", nil))
+	})
 	paused := waitSet(t, key, "PausedAtStep", fleettest.Phase(iteronv1.RolloutPausedAtStep))
 	if paused.Status.Step != 2 || paused.Status.UpdatedNodes != 1 {
 		t.Fatalf("paused at step %d with %d nodes updated; want step 2, 1 node", paused.Status.Step, paused.Status.UpdatedNodes)

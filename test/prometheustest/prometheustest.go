@@ -107,7 +107,7 @@ func Start(ctx context.Context, o Options) (*Prometheus, error) {
 		return nil, err
 	}
 	p.cmd = exec.Command(o.Binary, "--config.file="+config, "--storage.tsdb.path="+filepath.Join(o.Dir, "data"),
-		"--web.listen-address="+addr, "--web.enable-lifecycle=false", "--log.level=warn")
+		"--web.listen-address="+addr, "--log.level=warn")
 	p.cmd.Stdout, p.cmd.Stderr = logf, logf
 	if err := childproc.Start(p.cmd, syscall.SIGKILL); err != nil {
 		logf.Close()
