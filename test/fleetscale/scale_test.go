@@ -367,7 +367,8 @@ func measureRollout(t *testing.T, run scaleRun) {
 	cfg.QPS, cfg.Burst = 200, 400
 	cfg.WrapTransport = count.wrap
 	tm := &timing{}
-	f, err := app.NewFleet(cfg, app.FleetOptions{MetricsBindAddress: "0", HealthProbeBindAddress: "0", Log: ctrl.Log, WrapReconciler: tm.wrap})
+	f, err := app.NewFleet(cfg, app.FleetOptions{MetricsBindAddress: "0", HealthProbeBindAddress: "0", Log: ctrl.Log, WrapReconciler: tm.wrap,
+		SkipControllerNameValidation: true})
 	if err != nil {
 		t.Fatal(err)
 	}
