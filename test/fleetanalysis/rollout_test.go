@@ -402,3 +402,29 @@ func TestCohortsMoveInTheirOrderAndAPauseWaitsForPromote(t *testing.T) {
 		}
 	}
 }
+
+// TestAProbeOnAModuleThatIsNotReadOnlyIsRefusedAndChangesNothing moves a
+// node to a revision whose probe names a module admitted reversible_local:
+// its manager refuses the spec before anything changes there (its v1
+// generation keeps serving), and the rollout halts on that node.
+func TestAProbeOnAModuleThatIsNotReadOnlyIsRefusedAndChangesNothing(t *testing.T) {
+	caps := []string{"reversible_local"}
+	key := deploy(t, "writer", template(source(t, artifacts.CounterV1Down, "counter-v1", caps)), oneByOne(iteronv1.FailurePolicyHalt))
+	v2 := template(source(t, artifacts.CounterV2, "counter-v2", caps))
+	v2.Probes = []iteronv1.ActivationProbe{{Name: "reads", Module: "prompt_system", Input: `{"key":"k","add":0}`, Check: "result.count >= 0"}}
+	editSet(t, key, func(s *iteronv1.ActivationSet) { s.Spec.Template = v2 })
+	halted := waitSet(t, key, "Halted", fleettest.Phase(iteronv1.RolloutHalted))
+	f := halted.Status.Failed
+	if len(f) != 1 || f[0].Node != "fa-1" || f[0].Reason != iteronv1.ReasonSchemaMismatch ||
+		!strings.Contains(f[0].Message, "spec.probes[0].module: module prompt_system is admitted with capabilities [reversible_local]; a probe runs only on a module admitted read_only alone") {
+		t.Fatalf("status.failed %s; want fa-1 refused naming spec.probes[0].module", statusJSON(f))
+	}
+	t.Logf("status.failed[0]: %s: %s", f[0].Reason, f[0].Message)
+	acts, err := fleettest.Stamped(env.Client, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m := acts[0].Status.Modules; len(m) != 1 || m[0].ImplementationID != "counter-v1" || m[0].Phase != iteronv1.PhaseActive || len(acts[0].Status.Probes) != 0 {
+		t.Fatalf("fa-1 after the refusal: modules %s, probes %s; want counter-v1 still Active and no probe run", statusJSON(m), statusJSON(acts[0].Status.Probes))
+	}
+}
