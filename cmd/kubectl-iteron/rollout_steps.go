@@ -106,43 +106,23 @@ func writeProbes(out io.Writer, acts []iteronv1.ImplementationActivation) {
 }
 
 func newRolloutPromoteCmd() *cobra.Command {
-	var f rolloutFlags
-	cmd := &cobra.Command{
+	return newRolloutAnnotateCmd(&cobra.Command{
 		Use:   "promote SET",
 		Short: "Release the pause step a rollout waits at (the iteron.dev/promote annotation)",
 		Long: `Sets the iteron.dev/promote annotation to the current time: the fleet
 controller releases the pause step the rollout waits at (phase PausedAtStep)
 and goes on with the next step. A set that is not waiting at a pause step is
 refused (exit 1) and not changed: a promotion never releases a later pause.`,
-		Args: cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, ns, err := f.client()
-			if err != nil {
-				return err
-			}
-			key := client.ObjectKey{Namespace: ns, Name: args[0]}
-			now := time.Now().UTC().Format(time.RFC3339Nano)
-			err = editSetIf(cmd, c, key, func(s *iteronv1.ActivationSet) error {
-				if s.Status.Phase != iteronv1.RolloutPausedAtStep {
-					return invalid(fmt.Errorf("%s is not waiting at a pause step (phase %s): nothing to promote", key, orDash(string(s.Status.Phase))))
-				}
-				setAnnotation(s, iteronv1.AnnotationPromote, now)
-				return nil
-			})
-			if err != nil {
-				return err
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "activationset %s promoted (%s=%s)\n", key, iteronv1.AnnotationPromote, now)
-			return nil
-		},
-	}
-	f.add(cmd)
-	return cmd
+	}, iteronv1.AnnotationPromote, "promoted", "", func(key client.ObjectKey, s *iteronv1.ActivationSet) error {
+		if s.Status.Phase != iteronv1.RolloutPausedAtStep {
+			return fmt.Errorf("%s is not waiting at a pause step (phase %s): nothing to promote", key, orDash(string(s.Status.Phase)))
+		}
+		return nil
+	})
 }
 
 func newRolloutAbortCmd() *cobra.Command {
-	var f rolloutFlags
-	cmd := &cobra.Command{
+	return newRolloutAnnotateCmd(&cobra.Command{
 		Use:   "abort SET",
 		Short: "Stop the rollout under way and move every node back to the stable revision (the iteron.dev/abort annotation)",
 		Long: `Sets the iteron.dev/abort annotation to the current time: the fleet
@@ -150,31 +130,50 @@ controller stops the rollout under way and reverts it whatever
 spec.strategy.onFailure says (phase Reverting, then Reverted), with
 spec.strategy.revertStateDisposition. The template stays: kubectl iteron
 rollout resume tries it again, kubectl iteron rollout undo (or a new
-template) moves on. A set with no rollout under way is refused (exit 1).`,
-		Args: cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, ns, err := f.client()
-			if err != nil {
-				return err
+template) moves on. A set with no rollout under way, or one reverting
+already, is refused (exit 1) and not changed.`,
+	}, iteronv1.AnnotationAbort, "aborted", "its moved nodes go back to the stable revision", func(key client.ObjectKey, s *iteronv1.ActivationSet) error {
+		if s.Status.UpdateRevision == "" || s.Status.CurrentRevision == s.Status.UpdateRevision {
+			return fmt.Errorf("%s has no rollout under way (phase %s): nothing to abort", key, orDash(string(s.Status.Phase)))
+		}
+		if h := s.Status.Halt; h != nil && h.Action == iteronv1.FailurePolicyRevert && h.Revision == s.Status.UpdateRevision {
+			return fmt.Errorf("%s is reverting revision %s already (phase %s): nothing to abort", key, h.Revision, s.Status.Phase)
+		}
+		return nil
+	})
+}
+
+// newRolloutAnnotateCmd completes cmd: it sets annotation on the set to
+// the current time when allowed accepts the set (its error, exit 1, when
+// not: nothing is written), and says what it did (verb, then note).
+func newRolloutAnnotateCmd(cmd *cobra.Command, annotation, verb, note string, allowed func(client.ObjectKey, *iteronv1.ActivationSet) error) *cobra.Command {
+	var f rolloutFlags
+	cmd.Args = cobra.ExactArgs(1)
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		c, ns, err := f.client()
+		if err != nil {
+			return err
+		}
+		key := client.ObjectKey{Namespace: ns, Name: args[0]}
+		now := time.Now().UTC().Format(time.RFC3339Nano)
+		err = editSetIf(cmd, c, key, func(s *iteronv1.ActivationSet) error {
+			if err := allowed(key, s); err != nil {
+				return invalid(err)
 			}
-			key := client.ObjectKey{Namespace: ns, Name: args[0]}
-			now := time.Now().UTC().Format(time.RFC3339Nano)
-			err = editSetIf(cmd, c, key, func(s *iteronv1.ActivationSet) error {
-				if s.Status.UpdateRevision == "" || s.Status.CurrentRevision == s.Status.UpdateRevision {
-					return invalid(fmt.Errorf("%s has no rollout under way (phase %s): nothing to abort", key, orDash(string(s.Status.Phase))))
-				}
-				if h := s.Status.Halt; h != nil && h.Action == iteronv1.FailurePolicyRevert && h.Revision == s.Status.UpdateRevision {
-					return invalid(fmt.Errorf("%s is reverting revision %s already (phase %s): nothing to abort", key, h.Revision, s.Status.Phase))
-				}
-				setAnnotation(s, iteronv1.AnnotationAbort, now)
-				return nil
-			})
-			if err != nil {
-				return err
+			if s.Annotations == nil {
+				s.Annotations = map[string]string{}
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "activationset %s aborted (%s=%s): its moved nodes go back to the stable revision\n", key, iteronv1.AnnotationAbort, now)
+			s.Annotations[annotation] = now
 			return nil
-		},
+		})
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(cmd.OutOrStdout(), "activationset %s %s (%s=%s)\n", key, verb, annotation, now)
+		if note != "" {
+			fmt.Fprintln(cmd.OutOrStdout(), note)
+		}
+		return nil
 	}
 	f.add(cmd)
 	return cmd
@@ -199,11 +198,4 @@ func editSetIf(cmd *cobra.Command, c client.Client, key client.ObjectKey, check 
 		return refused
 	}
 	return err
-}
-
-func setAnnotation(s *iteronv1.ActivationSet, key, value string) {
-	if s.Annotations == nil {
-		s.Annotations = map[string]string{}
-	}
-	s.Annotations[key] = value
 }

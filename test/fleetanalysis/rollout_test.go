@@ -370,6 +370,13 @@ func TestCohortsMoveInTheirOrderAndAPauseWaitsForPromote(t *testing.T) {
 	if paused.Status.Step != 2 || paused.Status.UpdatedNodes != 1 {
 		t.Fatalf("paused at step %d with %d nodes updated; want step 2, 1 node", paused.Status.Step, paused.Status.UpdatedNodes)
 	}
+	// GitOps tools read a set waiting at a pause step as suspended, not
+	// degraded.
+	if h, err := fleettest.SetHealth(env.RepoRoot, paused); err != nil || h.Argo != "Suspended" || h.KStatus != "Current" {
+		t.Fatalf("health at the pause: %v (%v); want Argo CD Suspended, kstatus Current", h, err)
+	} else {
+		t.Logf("at the pause: %s (%s)", h, h.ArgoMessage)
+	}
 	// At rest: kubectl iteron rollout status --watch returns at the pause.
 	out, code := plugin(t, "rollout", "status", key.Name, "--timeout=60s")
 	if code != 0 || !strings.Contains(out, "PausedAtStep") || !strings.Contains(out, ">  2 pause") {

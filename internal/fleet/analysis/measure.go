@@ -111,7 +111,7 @@ type webhookRequest struct {
 func Measure(ctx context.Context, c *http.Client, r Request, now time.Time) iteronv1.Measurement {
 	m := iteronv1.Measurement{At: metav1.NewTime(now)}
 	fail := func(phase iteronv1.AnalysisPhase, value, format string, args ...any) iteronv1.Measurement {
-		m.Phase, m.Value, m.Message = phase, bounded(value, maxValue), bounded(fmt.Sprintf(format, args...), maxMessage)
+		m.Phase, m.Value, m.Message = phase, Bounded(value, maxValue), Bounded(fmt.Sprintf(format, args...), maxMessage)
 		return m
 	}
 	p := r.Provider
@@ -172,12 +172,14 @@ func Measure(ctx context.Context, c *http.Client, r Request, now time.Time) iter
 	case !ok:
 		return fail(iteronv1.AnalysisFailed, value, "%s is false", cond.Expr())
 	}
-	m.Phase, m.Value = iteronv1.AnalysisSuccessful, bounded(value, maxValue)
+	m.Phase, m.Value = iteronv1.AnalysisSuccessful, Bounded(value, maxValue)
 	return m
 }
 
-// bounded is s as valid UTF-8 of at most n bytes.
-func bounded(s string, n int) string {
+// Bounded is s as valid UTF-8 of at most n bytes (cut at a character,
+// marked with "…"): what status fields that carry a provider's or a
+// module's answer hold.
+func Bounded(s string, n int) string {
 	if !utf8.ValidString(s) {
 		s = strings.ToValidUTF8(s, "\uFFFD")
 	}

@@ -28,7 +28,6 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
-	"unicode/utf8"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -94,7 +93,7 @@ func Run(ctx context.Context, p iteronv1.ActivationProbe, invoke Invoke, now fun
 	start := now()
 	st := iteronv1.ProbeStatus{Name: p.Name, Module: p.Module, At: metav1.NewTime(start), Phase: iteronv1.ProbeFailed}
 	fail := func(format string, args ...any) iteronv1.ProbeStatus {
-		st.Message = bounded(fmt.Sprintf(format, args...), maxMessage)
+		st.Message = analysis.Bounded(fmt.Sprintf(format, args...), maxMessage)
 		return st
 	}
 	cond, err := analysis.Compile(analysis.KindProbe, p.Check)
@@ -106,7 +105,7 @@ func Run(ctx context.Context, p iteronv1.ActivationProbe, invoke Invoke, now fun
 	cancel()
 	took := now().Sub(start)
 	st.LatencyMilliseconds, st.GenerationName = took.Milliseconds(), ans.Generation
-	st.Result = bounded(string(ans.Body), maxResult)
+	st.Result = analysis.Bounded(string(ans.Body), maxResult)
 	switch {
 	case err != nil && (errors.Is(err, context.DeadlineExceeded) || took >= timeout):
 		return fail("no answer within %s (timeoutMilliseconds %d): %v", timeout, timeout.Milliseconds(), err)
@@ -126,7 +125,7 @@ func Run(ctx context.Context, p iteronv1.ActivationProbe, invoke Invoke, now fun
 	case !ok:
 		return fail("check %s is false for the answer %s", p.Check, st.Result)
 	}
-	st.Phase, st.Message = iteronv1.ProbePassed, bounded(fmt.Sprintf("check %s is true (%d ms)", p.Check, st.LatencyMilliseconds), maxMessage)
+	st.Phase, st.Message = iteronv1.ProbePassed, analysis.Bounded(fmt.Sprintf("check %s is true (%d ms)", p.Check, st.LatencyMilliseconds), maxMessage)
 	return st
 }
 
@@ -160,19 +159,4 @@ func Dispatch(lookup func(namespace, name, module string) (*hotswap.Dispatcher, 
 func Due(p iteronv1.ActivationProbe, last []iteronv1.ProbeStatus, generation string, specGeneration int64) bool {
 	i := slices.IndexFunc(last, func(s iteronv1.ProbeStatus) bool { return s.Name == p.Name })
 	return i < 0 || last[i].GenerationName != generation || last[i].SpecGeneration != specGeneration || last[i].Module != p.Module
-}
-
-// bounded is s as valid UTF-8 of at most n bytes.
-func bounded(s string, n int) string {
-	if !utf8.ValidString(s) {
-		s = strings.ToValidUTF8(s, "\uFFFD")
-	}
-	if len(s) <= n {
-		return s
-	}
-	cut := n - len("…")
-	for cut > 0 && s[cut]&0xC0 == 0x80 {
-		cut--
-	}
-	return s[:cut] + "…"
 }

@@ -62,7 +62,9 @@ func TestAProbeIsJudgedByItsCheckAndItsLatencyBound(t *testing.T) {
 func TestAProbeRecordsABoundedAnswer(t *testing.T) {
 	p := iteronv1.ActivationProbe{Name: "big", Module: "text", Input: `{}`, Check: `result.size() == 0`}
 	body := `{"x":"` + strings.Repeat("é", 1000) + `"}`
-	st := Run(context.Background(), p, func(context.Context, string, []byte, time.Time) (Answer, error) { return Answer{Body: []byte(body)}, nil }, time.Now)
+	st := Run(context.Background(), p, func(context.Context, string, []byte, time.Time) (Answer, error) {
+		return Answer{Body: []byte(body)}, nil
+	}, time.Now)
 	if len(st.Result) > maxResult || len(st.Message) > maxMessage || !strings.HasSuffix(st.Result, "…") {
 		t.Fatalf("result %d bytes, message %d bytes", len(st.Result), len(st.Message))
 	}
