@@ -69,6 +69,10 @@ controlplane: ## Build etcd, kube-apiserver and kubectl v1.37.2 into bin/k8s (on
 registry: ## Build the CNCF distribution registry (hack/registry/go.mod's version) into bin/registry (once; Go module proxy).
 	REGISTRY_BIN=$(BIN_DIR)/registry hack/build-registry.sh
 
+.PHONY: prometheus
+prometheus: ## Build Prometheus (hack/prometheus/go.mod's version, -tags remove_all_sd) into bin/prometheus (once; Go module proxy): test/fleetanalysis scrapes the managers with it.
+	PROMETHEUS_BIN=$(BIN_DIR)/prometheus hack/build-prometheus.sh
+
 .PHONY: node
 node: ## Build kubelet, controller-manager, scheduler, kube-proxy v1.37.2, containerd, runc and CNI into bin/node (once; Go module proxy; Debian packages it needs).
 	NODE_BIN_DIR=$(NODE_BIN_DIR) hack/build-node.sh
@@ -80,14 +84,15 @@ image: ## Build the manager's and the survivor's images (and the local node's pa
 ##@ Test
 
 .PHONY: test
-test: controlplane node registry verify-generated verify-tidy vet ## Unit tests, envtest suites against the real API server, the e2e suite and the DaemonSet on a real node (test/node).
+test: controlplane node registry prometheus verify-generated verify-tidy vet ## Unit tests, envtest suites against the real API server, the e2e suite and the DaemonSet on a real node (test/node).
 	@gofmt_out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$gofmt_out" ]; then echo "gofmt would change: $$gofmt_out"; exit 1; fi
 	GO_TEST_FLAGS="$(GO_TEST_FLAGS)" hack/test.sh ./...
 
 .PHONY: fleet
-fleet: controlplane ## The ActivationSet suites alone, verbose: test/fleet (six managers, two fleet controllers: the wave log, pids, state per node and the failure table) and test/fleetscale (100 nodes: controller time and API writes per node). make test runs both.
+fleet: controlplane prometheus ## The ActivationSet suites alone, verbose: test/fleet (six managers, two fleet controllers: the wave log, pids, state per node and the failure table), test/fleetanalysis (three managers scraped by Prometheus: analyses, probes, cohorts, pause/promote) and test/fleetscale (1 000 nodes: controller time and API writes per node). make test runs them.
 	$(GO) test $(GO_TEST_FLAGS) -count=1 -v -timeout 10m ./test/fleet/
-	$(GO) test $(GO_TEST_FLAGS) -count=1 -v -timeout 5m ./test/fleetscale/
+	$(GO) test $(GO_TEST_FLAGS) -count=1 -v -timeout 10m ./test/fleetanalysis/
+	$(GO) test $(GO_TEST_FLAGS) -count=1 -v -timeout 8m ./test/fleetscale/
 
 .PHONY: faults
 faults: controlplane ## The full ledger-fault tables (root, /dev/fuse): every phase of every transaction kind fails its ledger append (ENOSPC, EIO) on a FUSE file system, in-process (internal/hotswap) and through the manager binary, API server and gateway (test/crash). make test runs a subset.

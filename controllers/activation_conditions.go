@@ -113,6 +113,9 @@ type summary struct {
 	transacting bool
 	paused      bool
 	active      int
+	// probePending explains a probe that has not run against the
+	// generations serving now ("" when none).
+	probePending string
 }
 
 // summarize computes the summary of a reconcile; reconcileErr is the error
@@ -196,6 +199,13 @@ func summarizeActivation(s *activationScope, reconcileErr error) summary {
 		}
 		add(p)
 	}
+	if s.resolved && s.res.DocumentError == nil {
+		probes, pending := probeProblems(s)
+		for _, p := range probes {
+			add(p)
+		}
+		sum.probePending = pending
+	}
 	sum.busy = s.haveStatus && (st.Busy || st.AppliedSpecGeneration < act.Generation && !act.Spec.Paused)
 	sum.transacting = s.haveStatus && st.Busy
 	sum.lagging = s.lagging
@@ -219,7 +229,7 @@ func (sum summary) restingState() bool {
 func (sum summary) stalled() bool { return sum.first != nil && sum.first.stalled }
 
 func (sum summary) ready() bool {
-	return sum.first == nil && sum.notReady == "" && !sum.busy && sum.lagging == ""
+	return sum.first == nil && sum.notReady == "" && !sum.busy && sum.lagging == "" && sum.probePending == ""
 }
 
 func condition(t string, ok bool, reason, msg string) metav1.Condition {
@@ -259,7 +269,7 @@ func reconcilingCondition(sum summary) metav1.Condition {
 		return condition(iteronv1.ConditionReconciling, false, sum.first.conditionReason(), "stalled: "+sum.first.message)
 	case sum.first != nil && sum.first.severity == severityReconcile:
 		return condition(iteronv1.ConditionReconciling, true, sum.first.conditionReason(), "retrying: "+sum.first.message)
-	case sum.busy || sum.notReady != "" || sum.lagging != "":
+	case sum.busy || sum.notReady != "" || sum.lagging != "" || sum.probePending != "":
 		return condition(iteronv1.ConditionReconciling, true, iteronv1.ReasonProgressing, progressMessage(sum))
 	case sum.first != nil:
 		return condition(iteronv1.ConditionReconciling, true, sum.first.conditionReason(), sum.first.message)
@@ -296,6 +306,8 @@ func progressMessage(sum summary) string {
 		return sum.notReady
 	case sum.lagging != "":
 		return sum.lagging
+	case sum.probePending != "":
+		return sum.probePending
 	}
 	return "transactions in progress"
 }

@@ -59,6 +59,9 @@ type ActivationReconciler struct {
 	Notifications <-chan event.GenericEvent
 	// Now is the clock (time.Now if nil).
 	Now func() time.Time
+	// Probe makes the Invoke of an activation's probes (nil: this manager
+	// runs none, and an activation with probes is never Ready).
+	Probe ProbeInvoker
 }
 
 // Reconcile runs the activation's phases and patches its status once.
@@ -110,6 +113,7 @@ func (r *ActivationReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 		r.reconcileGenerations,
 		r.reconcileApply,
 		r.reconcileHistory,
+		r.reconcileProbes,
 	} {
 		if err := phase(ctx, s); err != nil {
 			return ctrl.Result{}, err

@@ -50,6 +50,8 @@ type activationScope struct {
 
 	requeueAfter time.Duration
 	deleted      bool
+	// probes are the outcomes of the spec's probes (status.probes).
+	probes []iteronv1.ProbeStatus
 }
 
 // reconcileResolve verifies the spec and orders its modules. A paused
@@ -71,6 +73,7 @@ func (r *ActivationReconciler) reconcileResolve(ctx context.Context, s *activati
 	}
 	s.res = r.Resolve(ctx, &s.act.Spec)
 	s.resolved = true
+	admitProbes(s)
 	s.requeueWithin(s.res.RetryAfter)
 	return nil
 }
@@ -244,7 +247,8 @@ const createParallel = 8
 // keeps the active generation and reports the failure.
 func (r *ActivationReconciler) desiredGeneration(ctx context.Context, s *activationScope, rm ResolvedModule, gens []iteronv1.Generation, retry string) (target *hotswap.ModuleTarget, create *iteronv1.Generation, stalled *hotswap.Failure) {
 	mk := func(name string, lineage int64, attempt int32) *hotswap.ModuleTarget {
-		return &hotswap.ModuleTarget{Module: rm.Module, Plan: *rm.Plan, Epoch: rm.Epoch, GenerationName: name, Lineage: lineage, Attempt: attempt, DependsOn: rm.DependsOn}
+		return &hotswap.ModuleTarget{Module: rm.Module, Plan: *rm.Plan, Epoch: rm.Epoch, GenerationName: name, Lineage: lineage, Attempt: attempt, DependsOn: rm.DependsOn,
+			Revision: s.act.Labels[iteronv1.LabelRevision]}
 	}
 	cur := r.activeOf(s, rm.Module)
 	active, activeLineage := cur.name, cur.lineage
@@ -310,6 +314,13 @@ func (r *ActivationReconciler) desiredGeneration(ctx context.Context, s *activat
 // reconcile swaps it to the new spec.
 func (r *ActivationReconciler) committedTarget(ctx context.Context, s *activationScope, rm ResolvedModule, c *hotswap.CommittedGeneration, gens []iteronv1.Generation) (*hotswap.ModuleTarget, *iteronv1.Generation, *hotswap.Failure) {
 	t := &hotswap.ModuleTarget{Module: rm.Module, GenerationName: c.Name, Lineage: c.Lineage, Attempt: c.Attempt, DependsOn: rm.DependsOn}
+	// The revision the relaunched generation was made for (its
+	// Generation's label), not the one the spec has now.
+	for i := range gens {
+		if gens[i].Name == c.Name {
+			t.Revision = gens[i].Labels[iteronv1.LabelRevision]
+		}
+	}
 	if rm.Plan != nil && rm.Plan.ImplementationID() == c.ImplementationID && rm.Plan.ArtifactSHA256() == c.ArtifactSHA256 {
 		t.Plan, t.Epoch = *rm.Plan, rm.Epoch
 		return t, nil, nil
@@ -419,7 +430,7 @@ func newGeneration(act *iteronv1.ImplementationActivation, rm ResolvedModule, li
 		ObjectMeta: metav1.ObjectMeta{
 			Name:        iteronv1.GenerationName(act.Name, rm.Module, lineage, attempt),
 			Namespace:   act.Namespace,
-			Labels:      map[string]string{iteronv1.LabelActivation: act.Name, iteronv1.LabelModule: strings.ReplaceAll(rm.Module, "_", "-")},
+			Labels:      generationLabels(act, rm.Module),
 			Annotations: map[string]string{iteronv1.AnnotationActivationGeneration: strconv.FormatInt(act.Generation, 10)},
 			OwnerReferences: []metav1.OwnerReference{{
 				APIVersion: iteronv1.GroupVersion.String(), Kind: "ImplementationActivation",
@@ -437,6 +448,17 @@ func newGeneration(act *iteronv1.ImplementationActivation, rm ResolvedModule, li
 			EvidenceLimits:       iteronv1.EvidenceLimits{StdoutBytes: limits.StdoutBytes, StderrBytes: limits.StderrBytes, Observations: int64(limits.Observations)},
 		},
 	}
+}
+
+// generationLabels are a new Generation's labels: its activation and
+// module, and the activation's revision (a stamped activation's
+// iteron.dev/revision) that the generation's calls are counted under.
+func generationLabels(act *iteronv1.ImplementationActivation, module string) map[string]string {
+	l := map[string]string{iteronv1.LabelActivation: act.Name, iteronv1.LabelModule: strings.ReplaceAll(module, "_", "-")}
+	if rev := act.Labels[iteronv1.LabelRevision]; rev != "" {
+		l[iteronv1.LabelRevision] = rev
+	}
+	return l
 }
 
 // ownedGenerations lists the Generations of an activation (by owner, never
@@ -600,6 +622,9 @@ func (r *ActivationReconciler) summarize(s *activationScope, reconcileErr error)
 			mirror.res.Modules = append(mirror.res.Modules, ResolvedModule{Module: ms.Module, Epoch: ms.Epoch})
 		}
 		act.Status.Modules = moduleStatuses(&mirror)
+	}
+	if s.resolved || len(act.Spec.Probes) == 0 {
+		act.Status.Probes = s.probes
 	}
 	r.recordTransitions(s)
 	s.lagging = generationsLag(s)

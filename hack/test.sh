@@ -39,12 +39,13 @@ table=(
   "cmd/manager       3m       serial"   # 11.6-17.0s
   "controllers       6m       serial"   # 30-35s passing; 87s and 109s when one test failed after a 60s wait
   "test/crash        9m       serial"   # 159-170s (6 runs, load 14-17: the ledger-fault subset 72-81s, SIGKILL at 11 points 56-66s); 182s on 5 Dec with the lifetime case (20s) and the renewal cell's call
-  "test/docs         4m       serial"   # 13-44s before docs/fleet.md, 65.6s with it (the fleet guide 19-30s) (runs the guides: its own local control plane, managers and providers)
+  "test/docs         6m       serial"   # 13-44s before docs/fleet.md, 65.6s with it (the fleet guide 19-30s); 102.8s on 5 Dec 2026 with the fleet guide's steps, pause and probe (the fleet guide 30-36s) (runs the guides: its own local control plane, managers and providers)
   "test/doctor       3m       serial"   # 11.5-16.7s
   "test/e2e          3m       serial"   # 16.7-32.1s
   "test/fleet        5m       serial"   # 47-97s, load 4-13 (9 runs; 69-82s with all nine tests) (six managers, two fleet controllers, a control plane; builds the manager and the plugin)
   "test/applyscale   3m       serial"   # 0.02s: only a benchmark (make bench-apply); without -test.bench it starts nothing
-  "test/fleetscale   3m       serial"   # 13.3s (a control plane; 100 Node objects, the controller in process)
+  "test/fleetscale   4m       serial"   # 13.3s with 100 nodes; 72-80s (2 runs, 5 Dec 2026) with the 1 000-node rollout judged by analyses (a control plane; 100 and 1 000 Node objects, the controller in process, a loopback analysis server)
+  "test/fleetanalysis 5m      serial"   # 64-86s (5 runs, 5 Dec 2026, load 2-8) (a control plane, three managers, a fleet controller, bin/prometheus scraping them, traffic and webhooks on loopback; builds the manager and the plugin)
   "test/gitops       3m       serial"   # 8.1-8.5s
   "test/kubeapi      3m       serial"   # 3.0-3.5s (a control plane started in a child test binary that panics: nothing of it may outlive the child)
   "test/localnode    5m       serial"   # 10.5-18.1s (a real node started, killed, cleaned up)

@@ -26,6 +26,16 @@ const (
 	// failed nodes are retried (iteron.dev/retry) and the rollout goes on.
 	// The handled value is echoed in status.lastHandledResumeAt.
 	AnnotationResume = "iteron.dev/resume"
+	// AnnotationPromote, set on an ActivationSet to a timestamp (kubectl
+	// iteron rollout promote), releases the pause step the rollout waits
+	// at. The handled value is echoed in status.lastHandledPromoteAt; a
+	// value seen while the rollout is not at a pause step releases nothing.
+	AnnotationPromote = "iteron.dev/promote"
+	// AnnotationAbort, set on an ActivationSet to a timestamp (kubectl
+	// iteron rollout abort), stops the rollout under way and moves every
+	// node that left the stable revision back to it, whatever onFailure
+	// says. The handled value is echoed in status.lastHandledAbortAt.
+	AnnotationAbort = "iteron.dev/abort"
 	// FinalizerActivationSet holds a set until every activation it stamped
 	// is gone (each one's own finalizer retires its providers).
 	FinalizerActivationSet = "iteron.dev/delete-activations"
@@ -51,4 +61,23 @@ const (
 	// ReasonNodeConflict: a selected node has no stamped activation (a name
 	// held by an activation the set did not stamp, or a name collision).
 	ReasonNodeConflict = "NodeConflict"
+	// ReasonPausedAtStep: the rollout waits at a pause step for a
+	// promotion.
+	ReasonPausedAtStep = "PausedAtStep"
+	// ReasonAnalysisFailed: a wave's analysis failed.
+	ReasonAnalysisFailed = "AnalysisFailed"
+	// ReasonProbeFailed: a probe failed (on an activation: its module's
+	// answer; on a set: on a node the rollout moved).
+	ReasonProbeFailed = "ProbeFailed"
+	// ReasonAborted: kubectl iteron rollout abort.
+	ReasonAborted = "Aborted"
+	// ReasonAnalysisRunning: a wave's analysis is being measured.
+	ReasonAnalysisRunning = "AnalysisRunning"
 )
+
+// ConditionAnalysisFailed, on an ActivationSet whose strategy has an
+// analysis or whose template has probes, is True when the rollout stopped
+// because a wave's analysis or a node's probe failed (reason AnalysisFailed
+// or ProbeFailed, the values in the message): the condition an alert
+// watches. False otherwise.
+const ConditionAnalysisFailed = "AnalysisFailed"

@@ -11,6 +11,7 @@ import (
 // ImplementationActivationSpec (a test keeps the two schemas equal), so a
 // stamped activation's spec is the template plus the node's name.
 // +kubebuilder:validation:XValidation:rule="!has(self.sources) || self.sources.all(a, self.sources.exists_one(b, b.implementationID == a.implementationID))",message="sources[].implementationID must be unique"
+// +kubebuilder:validation:XValidation:rule="!has(self.probes) || self.probes.all(p, has(self.sources) && self.sources.exists(s, s.module == p.module))",message="probes[].module must be one of sources[].module"
 type ActivationTemplate struct {
 	// candidateSHA256 is the opaque identity of this candidate selection,
 	// bound into every run and every ledger record on every node.
@@ -53,6 +54,16 @@ type ActivationTemplate struct {
 	// +kubebuilder:validation:Minimum=0
 	// +kubebuilder:validation:Maximum=100
 	GenerationHistoryLimit *int32 `json:"generationHistoryLimit,omitempty"`
+
+	// probes are synthetic calls the node's manager makes once every module
+	// serves its desired generation, before it reports Ready: a failed
+	// probe makes the activation Stalled (reason ProbeFailed). Each names a
+	// module of sources admitted read_only.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	// +kubebuilder:validation:MaxItems=8
+	Probes []ActivationProbe `json:"probes,omitempty"`
 }
 
 // FailurePolicy says what a rollout does when a node it moved goes Stalled.
@@ -92,12 +103,167 @@ type CanaryStrategy struct {
 	SoakSeconds *int32 `json:"soakSeconds,omitempty"`
 }
 
+// WaveStep is a wave of the rollout: the nodes it moves, by count, by
+// percentage or by label cohort, and how long they soak once Ready.
+// +kubebuilder:validation:XValidation:rule="!(has(self.nodes) && has(self.percent))",message="give nodes or percent, not both"
+// +kubebuilder:validation:XValidation:rule="has(self.nodes) || has(self.percent) || has(self.selector)",message="a wave moves nodes, a percent of them or a label cohort (selector)"
+type WaveStep struct {
+	// nodes is how many nodes this wave moves (among those selector
+	// matches, when set).
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=10000
+	Nodes *int32 `json:"nodes,omitempty"`
+
+	// percent is the share of the selected nodes (of those selector
+	// matches, when set) this wave moves, rounded up: at least one node.
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=100
+	Percent *int32 `json:"percent,omitempty"`
+
+	// selector is a cohort: only nodes with these labels move in this wave
+	// (every such node that has not moved yet, unless nodes or percent
+	// bound it). Cohort waves in order move, for example, one zone or one
+	// hardware class after another.
+	// +optional
+	Selector *metav1.LabelSelector `json:"selector,omitempty"`
+
+	// soakSeconds is how long the wave's nodes must stay Ready before the
+	// next step; a node that is not Ready restarts it. Analyses run while
+	// a wave soaks.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=86400
+	SoakSeconds *int32 `json:"soakSeconds,omitempty"`
+}
+
+// PauseStep stops the rollout between waves.
+type PauseStep struct {
+	// durationSeconds ends the pause by itself after this long. Unset: the
+	// rollout waits for kubectl iteron rollout promote (the
+	// iteron.dev/promote annotation).
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=86400
+	DurationSeconds *int32 `json:"durationSeconds,omitempty"`
+}
+
+// RolloutStep is one step of a rollout: a wave or a pause.
+// +kubebuilder:validation:XValidation:rule="has(self.wave) != has(self.pause)",message="a step is either a wave or a pause"
+type RolloutStep struct {
+	// wave moves nodes to the new revision.
+	// +optional
+	Wave *WaveStep `json:"wave,omitempty"`
+	// pause waits for a promotion or a duration.
+	// +optional
+	Pause *PauseStep `json:"pause,omitempty"`
+}
+
+// AnalysisMetric is one measurement made, count times every interval, while
+// each wave soaks (Argo Rollouts' AnalysisTemplate metric): the wave goes on
+// once every metric succeeded, and fails (onFailure) once more than
+// failureLimit measurements failed or more than consecutiveErrorLimit in a
+// row could not be made.
+type AnalysisMetric struct {
+	// name identifies the metric in status and events (a DNS label).
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
+	Name string `json:"name"`
+
+	// provider is the name of the AnalysisProvider (cluster-scoped) that
+	// answers.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	Provider string `json:"provider"`
+
+	// query is the PromQL instant query (a Prometheus provider; unused by a
+	// webhook). {{revision}} is the new revision's hash (the managers'
+	// call metrics carry it as the label revision), {{nodes}} a regular
+	// expression matching exactly the wave's nodes (node=~"{{nodes}}"),
+	// {{wave}}, {{set}} and {{namespace}} what they say.
+	// +optional
+	// +kubebuilder:validation:MaxLength=4096
+	Query string `json:"query,omitempty"`
+
+	// successCondition is a CEL expression that must be true for a
+	// measurement to succeed. For a Prometheus provider `result` is the
+	// list of the vector's values (a scalar is a list of one) and `series`
+	// the list of {labels, value}: `result.size() > 0 && result.all(v, v <
+	// 0.05)`. For a webhook `status` is the HTTP status and `result` the
+	// JSON body; default `status >= 200 && status < 300`.
+	// +optional
+	// +kubebuilder:validation:MaxLength=1024
+	SuccessCondition string `json:"successCondition,omitempty"`
+
+	// intervalSeconds is the time between measurements; the first is made
+	// one interval after the wave's nodes are Ready.
+	// +optional
+	// +kubebuilder:default=30
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=3600
+	IntervalSeconds *int32 `json:"intervalSeconds,omitempty"`
+
+	// count is the number of measurements per wave.
+	// +optional
+	// +kubebuilder:default=1
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=100
+	Count *int32 `json:"count,omitempty"`
+
+	// failureLimit is the number of failed measurements a wave tolerates.
+	// +optional
+	// +kubebuilder:default=0
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=100
+	FailureLimit *int32 `json:"failureLimit,omitempty"`
+
+	// consecutiveErrorLimit is the number of measurements in a row that
+	// could not be made (no answer in time, a refused query, an answer too
+	// large) a wave tolerates.
+	// +optional
+	// +kubebuilder:default=2
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=100
+	ConsecutiveErrorLimit *int32 `json:"consecutiveErrorLimit,omitempty"`
+}
+
+// RolloutAnalysis is what judges each wave.
+type RolloutAnalysis struct {
+	// metrics are measured while each wave soaks.
+	// +required
+	// +listType=map
+	// +listMapKey=name
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=8
+	Metrics []AnalysisMetric `json:"metrics"`
+}
+
 // RolloutStrategy says how a new template reaches the selected nodes.
+// +kubebuilder:validation:XValidation:rule="!(has(self.canary) && has(self.steps))",message="give canary or steps, not both (a canary is a first wave step)"
 type RolloutStrategy struct {
 	// canary, when set, is a first wave of its own with a soak time. Unset:
 	// the rollout starts with a wave of maxUnavailable nodes.
 	// +optional
 	Canary *CanaryStrategy `json:"canary,omitempty"`
+
+	// steps, when set, are the rollout's first waves and pauses, in order
+	// (instead of canary); the nodes left after the last step move in
+	// waves of maxUnavailable. Every wave moves at most maxUnavailable
+	// nodes that are Ready at a time.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=32
+	Steps []RolloutStep `json:"steps,omitempty"`
+
+	// analysis, when set, is measured while each wave soaks (the waves of
+	// steps or canary, and each later wave): a wave whose analysis fails is
+	// a failed wave (onFailure).
+	// +optional
+	Analysis *RolloutAnalysis `json:"analysis,omitempty"`
 
 	// maxUnavailable bounds the nodes that are not Ready while the rollout
 	// changes nodes: a wave moves at most maxUnavailable minus the nodes
@@ -164,7 +330,7 @@ type ActivationSetSpec struct {
 }
 
 // RolloutPhase is where a rollout stands, in one word (the PHASE column).
-// +kubebuilder:validation:Enum=Progressing;Soaking;Paused;Completed;Halted;Reverting;Reverted;RevertFailed;Deleting
+// +kubebuilder:validation:Enum=Progressing;Soaking;Paused;PausedAtStep;Completed;Halted;Reverting;Reverted;RevertFailed;Deleting
 type RolloutPhase string
 
 // Rollout phases.
@@ -175,6 +341,9 @@ const (
 	RolloutSoaking RolloutPhase = "Soaking"
 	// RolloutPaused: spec.paused is true; no node is moved.
 	RolloutPaused RolloutPhase = "Paused"
+	// RolloutPausedAtStep: the rollout waits at a pause step for kubectl
+	// iteron rollout promote.
+	RolloutPausedAtStep RolloutPhase = "PausedAtStep"
 	// RolloutCompleted: every selected node is Ready on the update revision.
 	RolloutCompleted RolloutPhase = "Completed"
 	// RolloutHalted: a moved node went Stalled; onFailure is Halt.
@@ -270,6 +439,106 @@ type RolloutHalt struct {
 	// +optional
 	// +kubebuilder:validation:MaxLength=1024
 	Message string `json:"message,omitempty"`
+	// cause is what stopped the rollout: NodeFailed (a moved node went
+	// Stalled), AnalysisFailed (a wave's analysis failed), ProbeFailed (a
+	// moved node's probe failed) or Aborted (kubectl iteron rollout abort).
+	// +optional
+	Cause HaltCause `json:"cause,omitempty"`
+}
+
+// HaltCause is what stopped a rollout.
+// +kubebuilder:validation:Enum=NodeFailed;AnalysisFailed;ProbeFailed;Aborted
+type HaltCause string
+
+// Halt causes.
+const (
+	// HaltNodeFailed: a node the rollout moved went Stalled.
+	HaltNodeFailed HaltCause = "NodeFailed"
+	// HaltAnalysisFailed: a wave's analysis failed.
+	HaltAnalysisFailed HaltCause = "AnalysisFailed"
+	// HaltProbeFailed: a probe on a node the rollout moved failed.
+	HaltProbeFailed HaltCause = "ProbeFailed"
+	// HaltAborted: kubectl iteron rollout abort (always a revert).
+	HaltAborted HaltCause = "Aborted"
+)
+
+// AnalysisPhase is where an analysis run stands.
+// +kubebuilder:validation:Enum=Running;Successful;Failed;Error
+type AnalysisPhase string
+
+// Analysis phases (of a run and of a measurement; a measurement is never
+// Running).
+const (
+	// AnalysisRunning: measurements are still due.
+	AnalysisRunning AnalysisPhase = "Running"
+	// AnalysisSuccessful: every measurement was made, at most failureLimit
+	// of them failed (a measurement: its condition was true).
+	AnalysisSuccessful AnalysisPhase = "Successful"
+	// AnalysisFailed: more than failureLimit measurements failed (a
+	// measurement: its condition was false).
+	AnalysisFailed AnalysisPhase = "Failed"
+	// AnalysisError: more than consecutiveErrorLimit measurements in a row
+	// could not be made (a measurement: it could not be made, or its
+	// condition could not be evaluated).
+	AnalysisError AnalysisPhase = "Error"
+)
+
+// Measurement is one measurement of an analysis metric.
+type Measurement struct {
+	// at is when it was made.
+	At metav1.Time `json:"at"`
+	// phase is Successful, Failed or Error.
+	Phase AnalysisPhase `json:"phase"`
+	// value is what was measured (the query's values, or the webhook's
+	// status and body), at most 256 bytes.
+	// +optional
+	// +kubebuilder:validation:MaxLength=256
+	Value string `json:"value,omitempty"`
+	// message says why, for a failure or an error, at most 256 bytes.
+	// +optional
+	// +kubebuilder:validation:MaxLength=256
+	Message string `json:"message,omitempty"`
+}
+
+// AnalysisRun is one metric measured for one wave of one revision.
+type AnalysisRun struct {
+	// metric is spec.strategy.analysis.metrics[].name.
+	// +kubebuilder:validation:MaxLength=63
+	Metric string `json:"metric"`
+	// provider is the AnalysisProvider that answered.
+	// +kubebuilder:validation:MaxLength=253
+	Provider string `json:"provider"`
+	// revision is the update revision measured.
+	// +kubebuilder:validation:MaxLength=253
+	Revision string `json:"revision"`
+	// wave is the wave measured.
+	Wave int32 `json:"wave"`
+	// phase is where the run stands.
+	Phase AnalysisPhase `json:"phase"`
+	// startedAt is when the wave's nodes were all Ready.
+	StartedAt metav1.Time `json:"startedAt"`
+	// finishedAt is when the run succeeded or failed.
+	// +optional
+	FinishedAt *metav1.Time `json:"finishedAt,omitempty"`
+	// successful, failed and errors count the measurements.
+	// +optional
+	Successful int32 `json:"successful"`
+	// +optional
+	Failed int32 `json:"failed"`
+	// +optional
+	Errors int32 `json:"errors"`
+	// consecutiveErrors counts the errors since the last measurement made.
+	// +optional
+	ConsecutiveErrors int32 `json:"consecutiveErrors,omitempty"`
+	// measurements are the newest measurements, at most 10.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=10
+	Measurements []Measurement `json:"measurements,omitempty"`
+	// message says what decided the phase, at most 512 bytes.
+	// +optional
+	// +kubebuilder:validation:MaxLength=512
+	Message string `json:"message,omitempty"`
 }
 
 // ActivationSetStatus is the observed state of a set's rollout.
@@ -355,6 +624,31 @@ type ActivationSetStatus struct {
 	// +optional
 	// +kubebuilder:validation:MaxLength=64
 	LastHandledResumeAt string `json:"lastHandledResumeAt,omitempty"`
+	// lastHandledPromoteAt echoes the iteron.dev/promote annotation last
+	// acted on.
+	// +optional
+	// +kubebuilder:validation:MaxLength=64
+	LastHandledPromoteAt string `json:"lastHandledPromoteAt,omitempty"`
+	// lastHandledAbortAt echoes the iteron.dev/abort annotation last acted
+	// on.
+	// +optional
+	// +kubebuilder:validation:MaxLength=64
+	LastHandledAbortAt string `json:"lastHandledAbortAt,omitempty"`
+	// step is the step of spec.strategy.steps (or the canary, step 1) the
+	// rollout is at, from 1; past the last step, the nodes left move in
+	// waves of maxUnavailable. 0 when no rollout is under way.
+	// +optional
+	Step int32 `json:"step,omitempty"`
+	// stepStartedAt is when the rollout reached a timed pause step.
+	// +optional
+	StepStartedAt *metav1.Time `json:"stepStartedAt,omitempty"`
+	// analysisRuns are the analysis runs of the newest waves, newest
+	// first, at most 16: each metric measured for each wave, with the
+	// values that decided it.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=16
+	AnalysisRuns []AnalysisRun `json:"analysisRuns,omitempty"`
 }
 
 // ActivationSet rolls one activation template out across the nodes its

@@ -161,6 +161,7 @@ type CheckpointPolicy struct {
 // ImplementationActivationSpec is the desired set of implementations on one
 // node: the family's activation document plus how to move between versions.
 // +kubebuilder:validation:XValidation:rule="!has(self.sources) || self.sources.all(a, self.sources.exists_one(b, b.implementationID == a.implementationID))",message="sources[].implementationID must be unique"
+// +kubebuilder:validation:XValidation:rule="!has(self.probes) || self.probes.all(p, has(self.sources) && self.sources.exists(s, s.module == p.module))",message="probes[].module must be one of sources[].module"
 type ImplementationActivationSpec struct {
 	// nodeName is the node whose manager runs these providers. Immutable:
 	// create a new activation to move to another node.
@@ -208,6 +209,16 @@ type ImplementationActivationSpec struct {
 	// +kubebuilder:validation:Minimum=0
 	// +kubebuilder:validation:Maximum=100
 	GenerationHistoryLimit *int32 `json:"generationHistoryLimit,omitempty"`
+
+	// probes are synthetic calls the node's manager makes once every module
+	// serves its desired generation, before it reports Ready: a failed
+	// probe makes the activation Stalled (reason ProbeFailed). Each names a
+	// module of sources admitted read_only.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	// +kubebuilder:validation:MaxItems=8
+	Probes []ActivationProbe `json:"probes,omitempty"`
 
 	// paused stops the manager acting on spec changes; running providers keep
 	// serving. Argo CD reports a paused activation as Suspended.
@@ -406,6 +417,13 @@ type ImplementationActivationStatus struct {
 	// +optional
 	// +kubebuilder:validation:MaxLength=64
 	LastHandledRetryAt string `json:"lastHandledRetryAt,omitempty"`
+	// probes are the outcomes of spec.probes against the generations that
+	// serve now, one per probe: what decided a ProbeFailed.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	// +kubebuilder:validation:MaxItems=8
+	Probes []ProbeStatus `json:"probes,omitempty"`
 }
 
 // ImplementationActivation selects, by digest, the implementation of each

@@ -46,18 +46,21 @@ func (f *rolloutFlags) client() (client.Client, string, error) {
 	return c, ns, nil
 }
 
-// newRolloutCmd is `kubectl iteron rollout status|pause|resume|undo SET`,
-// after Argo Rollouts' kubectl plugin.
+// newRolloutCmd is `kubectl iteron rollout
+// status|pause|resume|promote|abort|undo SET`, after Argo Rollouts' kubectl
+// plugin.
 func newRolloutCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "rollout",
-		Short: "Watch, pause, resume and undo the rollout of an ActivationSet",
+		Short: "Watch, pause, resume, promote, abort and undo the rollout of an ActivationSet",
 		Long: `An ActivationSet stamps one ImplementationActivation per selected node and
-rolls a changed template out wave by wave (docs/fleet.md). These commands show
-where a rollout stands and steer it; they change only the set (spec.paused,
-the iteron.dev/resume annotation, spec.template), never an activation.`,
+rolls a changed template out wave by wave, each wave judged by its analysis
+and its nodes' probes (docs/fleet.md). These commands show where a rollout
+stands and steer it; they change only the set (spec.paused, the
+iteron.dev/resume, iteron.dev/promote and iteron.dev/abort annotations,
+spec.template), never an activation.`,
 	}
-	cmd.AddCommand(newRolloutStatusCmd(), newRolloutPauseCmd(), newRolloutResumeCmd(), newRolloutUndoCmd())
+	cmd.AddCommand(newRolloutStatusCmd(), newRolloutPauseCmd(), newRolloutResumeCmd(), newRolloutPromoteCmd(), newRolloutAbortCmd(), newRolloutUndoCmd())
 	return cmd
 }
 
@@ -70,16 +73,21 @@ func newRolloutStatusCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "status SET",
 		Short: "Show a set's rollout: phase, revisions, waves, every node, and where and why it stopped",
-		Long: `Prints the set's phase and message, its revisions, the node counts and one line
+		Long: `Prints the set's phase and message, its revisions, the node counts, its steps
+(the current one marked), its analysis runs with the values measured, one line
 per node (its activation, revision, wave, readiness and, for a failed node, the
-reason and message of its Stalled condition), then the conflicts.
+reason and message of its Stalled condition), the nodes' probes, then the
+conflicts.
 
 With --watch (the default) it prints a line at each change until the rollout is
 at rest, like kubectl rollout status.
 
-Exit status: 0 the rollout completed (or, without --watch, is under way or
-paused); 1 it halted, reverted or failed to revert, or --timeout passed; 2
-usage error or set not found.`,
+With --watch it also stops at a pause step (PausedAtStep): the rollout waits
+for kubectl iteron rollout promote.
+
+Exit status: 0 the rollout completed, waits at a pause step (or, without
+--watch, is under way or paused); 1 it halted, reverted or failed to revert,
+or --timeout passed; 2 usage error or set not found.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, ns, err := f.client()
@@ -193,8 +201,13 @@ func writeRollout(out io.Writer, set *iteronv1.ActivationSet, acts []iteronv1.Im
 	}
 	fmt.Fprintln(out)
 	fmt.Fprintf(out, "Strategy:    %s\n", strategyText(set))
+	writeSteps(out, set)
 	if h := st.Halt; h != nil {
-		fmt.Fprintf(out, "Stopped:     %s of revision %s at %s: %s\n", h.Action, h.Revision, h.At.UTC().Format(time.RFC3339), h.Message)
+		cause := ""
+		if h.Cause != "" {
+			cause = " (" + string(h.Cause) + ")"
+		}
+		fmt.Fprintf(out, "Stopped:     %s%s of revision %s at %s: %s\n", h.Action, cause, h.Revision, h.At.UTC().Format(time.RFC3339), h.Message)
 		if h.Action == iteronv1.FailurePolicyRevert {
 			fmt.Fprintf(out, "Revert:      to revision %s, state %s\n", h.ToRevision, dispositionText(h.StateDisposition))
 		}
@@ -213,6 +226,8 @@ func writeRollout(out io.Writer, set *iteronv1.ActivationSet, acts []iteronv1.Im
 		}
 		_ = tw.Flush()
 	}
+	writeAnalysis(out, set)
+	writeProbes(out, acts)
 	for _, f := range st.Failed {
 		fmt.Fprintf(out, "Failed:      node %s (%s, revision %s): %s: %s\n", f.Node, f.Activation, f.Revision, f.Reason, f.Message)
 	}
@@ -248,6 +263,16 @@ func strategyText(set *iteronv1.ActivationSet) string {
 	var parts []string
 	if c := s.Canary; c != nil {
 		parts = append(parts, fmt.Sprintf("canary %d (soak %ds)", c.Nodes, ptr.Deref(c.SoakSeconds, 60)))
+	}
+	if n := len(s.Steps); n > 0 {
+		parts = append(parts, fmt.Sprintf("%d steps", n))
+	}
+	if a := s.Analysis; a != nil {
+		var names []string
+		for _, m := range a.Metrics {
+			names = append(names, m.Name)
+		}
+		parts = append(parts, "analysis "+strings.Join(names, ", "))
 	}
 	mu := "1"
 	if s.MaxUnavailable != nil {

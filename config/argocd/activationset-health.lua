@@ -7,6 +7,8 @@
 -- Precedence: the first rule that matches decides.
 --   1. spec.paused is true                       -> Suspended
 --        No node is moved, whatever the conditions say.
+--      status.phase is PausedAtStep               -> Suspended
+--        The rollout waits at a pause step for kubectl iteron rollout promote.
 --   2. no status yet                             -> Progressing
 --   3. Stalled=True for this generation          -> Degraded (Stalled's message)
 --        The rollout halted, reverted, failed to revert, or cannot stamp a
@@ -56,6 +58,19 @@ end
 if obj.status == nil then
   hs.status = "Progressing"
   hs.message = "Waiting for the fleet controller to observe the set"
+  return hs
+end
+
+if obj.status.phase == "PausedAtStep" then
+  hs.status = "Suspended"
+  hs.message = "Paused at a step of the rollout: kubectl iteron rollout promote goes on"
+  if obj.status.conditions ~= nil then
+    for _, c in ipairs(obj.status.conditions) do
+      if c.type == "Ready" and c.message ~= nil and c.message ~= "" then
+        hs.message = c.message
+      end
+    end
+  end
   return hs
 end
 

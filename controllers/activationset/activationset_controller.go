@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"slices"
 	"sort"
 	"strings"
@@ -32,6 +33,7 @@ import (
 
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
 	"iteron.dev/operator/internal/fleet"
+	"iteron.dev/operator/internal/fleet/analysis"
 )
 
 // The fleet controller's least privilege (config/fleet/role.yaml is
@@ -45,6 +47,7 @@ import (
 // +kubebuilder:rbac:groups=apps,resources=controllerrevisions,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
+// +kubebuilder:rbac:groups=iteron.dev,resources=analysisproviders,verbs=get;list;watch
 // +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;create;update,namespace=iteron-system
 
 // Name is the controller's name (metrics, logs).
@@ -65,6 +68,8 @@ type Reconciler struct {
 	// Wrap, when set, wraps the reconciler the controller calls (the scale
 	// test times each reconcile with it).
 	Wrap func(reconcile.Reconciler) reconcile.Reconciler
+	// HTTP makes the analysis measurements (analysis.NewClient if nil).
+	HTTP *http.Client
 
 	expect *expectations
 }
@@ -105,7 +110,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if err != nil {
 		return r.refuse(ctx, &set, fmt.Sprintf("spec.nodeSelector: %v", err))
 	}
-	nodes, err := r.nodes(ctx, selector)
+	if err := fleet.ValidateStrategy(&set.Spec.Strategy); err != nil {
+		return r.refuse(ctx, &set, err.Error())
+	}
+	nodes, nodeLabels, err := r.nodes(ctx, selector)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
@@ -113,7 +121,14 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if err != nil || result != nil {
 		return ptr.Deref(result, ctrl.Result{}), err
 	}
-	in := fleet.Input{Set: &set, Nodes: nodes, Update: update, Revisions: revisions, Now: now}
+	providers, err := r.providers(ctx, &set, update)
+	if err != nil {
+		if errors.Is(err, errInvalidAnalysis) {
+			return r.refuse(ctx, &set, err.Error())
+		}
+		return ctrl.Result{}, err
+	}
+	in := fleet.Input{Set: &set, Nodes: nodes, NodeLabels: nodeLabels, Update: update, Revisions: revisions, Now: now}
 	names, _ := fleet.AssignNames(set.Name, nodes, nil)
 	stamped := map[string]bool{}
 	for _, n := range names {
@@ -127,15 +142,24 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	}
 	sort.Slice(in.Activations, func(i, j int) bool { return in.Activations[i].Name < in.Activations[j].Name })
 	plan := fleet.Compute(in)
+	if len(plan.Measure) > 0 {
+		// The measurements due are made now, and the plan decided again
+		// with their results (a failed one may halt the rollout).
+		in.Measured = r.measure(ctx, &set, providers, plan.Measure, now)
+		plan = fleet.Compute(in)
+	}
 
 	// The status first: it is where a halt, a soak and the stable revision
 	// live, and its write is guarded by the set's resourceVersion, so a
 	// reconcile of a stale copy carries out nothing.
+	// writeStatus leaves the new status in set: announce compares with
+	// what it was.
+	before := set.DeepCopy()
 	conflict, err := r.writeStatus(ctx, &set, plan.Status, plan.Message, now)
 	if err != nil || conflict {
 		return ctrl.Result{RequeueAfter: cacheWait}, err
 	}
-	r.announce(&set, plan)
+	r.announce(before, plan)
 	if err := r.carryOut(ctx, &set, acts, plan.Actions, now); err != nil {
 		return ctrl.Result{}, err
 	}
@@ -161,20 +185,23 @@ func (r *Reconciler) activations(ctx context.Context, set *iteronv1.ActivationSe
 }
 
 // nodes are the names of the Nodes the selector matches (from the
-// metadata cache), but those being deleted.
-func (r *Reconciler) nodes(ctx context.Context, selector labels.Selector) ([]string, error) {
+// metadata cache), but those being deleted, and their labels (the cached
+// maps: never written through).
+func (r *Reconciler) nodes(ctx context.Context, selector labels.Selector) ([]string, map[string]map[string]string, error) {
 	var list metav1.PartialObjectMetadataList
 	list.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("NodeList"))
 	if err := r.Client.List(ctx, &list, client.MatchingLabelsSelector{Selector: selector}, client.UnsafeDisableDeepCopy); err != nil {
-		return nil, fmt.Errorf("list nodes: %w", err)
+		return nil, nil, fmt.Errorf("list nodes: %w", err)
 	}
 	out := make([]string, 0, len(list.Items))
+	byName := make(map[string]map[string]string, len(list.Items))
 	for _, n := range list.Items {
 		if n.DeletionTimestamp.IsZero() {
 			out = append(out, n.Name)
+			byName[n.Name] = n.Labels
 		}
 	}
-	return out, nil
+	return out, byName, nil
 }
 
 // revisions reads the set's ControllerRevisions and makes sure the
@@ -250,6 +277,9 @@ func (r *Reconciler) writeStatus(ctx context.Context, set *iteronv1.ActivationSe
 	for _, c := range fleet.Conditions(st.Phase, message, st.Conflicts, set.Generation) {
 		meta.SetStatusCondition(&st.Conditions, c)
 	}
+	if c, ok := fleet.AnalysisCondition(set, &st); ok {
+		meta.SetStatusCondition(&st.Conditions, c)
+	}
 	st.ObservedGeneration = set.Status.ObservedGeneration
 	if fleet.AtRest(st.Phase) {
 		st.ObservedGeneration = set.Generation
@@ -288,12 +318,15 @@ func (r *Reconciler) announce(set *iteronv1.ActivationSet, plan fleet.Plan) {
 		}
 	}
 	prev := set.Status.Phase
+	r.announceAnalysis(set, plan)
 	switch {
 	case len(moved) > 0:
 		r.Recorder.Eventf(set, nil, corev1.EventTypeNormal, "NodesMoved", "Rollout", "%s", plan.Message)
 	case plan.Status.Phase != prev && (plan.Status.Phase == iteronv1.RolloutHalted || plan.Status.Phase == iteronv1.RolloutRevertFailed):
 		r.Recorder.Eventf(set, nil, corev1.EventTypeWarning, string(plan.Status.Phase), "Rollout", "%s", plan.Message)
 	case plan.Status.Phase != prev && (plan.Status.Phase == iteronv1.RolloutCompleted || plan.Status.Phase == iteronv1.RolloutReverted):
+		r.Recorder.Eventf(set, nil, corev1.EventTypeNormal, string(plan.Status.Phase), "Rollout", "%s", plan.Message)
+	case plan.Status.Phase != prev && plan.Status.Phase == iteronv1.RolloutPausedAtStep:
 		r.Recorder.Eventf(set, nil, corev1.EventTypeNormal, string(plan.Status.Phase), "Rollout", "%s", plan.Message)
 	}
 }
@@ -432,6 +465,9 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		r.Now = time.Now
 	}
 	r.expect = newExpectations()
+	if r.HTTP == nil {
+		r.HTTP = analysis.NewClient()
+	}
 	c := mgr.GetClient()
 	allSets := func(ctx context.Context, namespace string) []reconcile.Request {
 		var sets iteronv1.ActivationSetList
@@ -478,6 +514,8 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Watches(&iteronv1.ImplementationActivation{}, activationToSet).
 		Owns(&appsv1.ControllerRevision{}).
 		WatchesMetadata(&corev1.Node{}, nodeToSets, builder.WithPredicates(nodeChanged)).
+		// A provider that comes, goes or changes may let a refused set go on.
+		Watches(&iteronv1.AnalysisProvider{}, nodeToSets).
 		Named(Name).
 		Complete(rec)
 }

@@ -13,6 +13,7 @@ var phaseReason = map[iteronv1.RolloutPhase]string{
 	iteronv1.RolloutProgressing:  iteronv1.ReasonProgressing,
 	iteronv1.RolloutSoaking:      iteronv1.ReasonSoaking,
 	iteronv1.RolloutPaused:       iteronv1.ReasonPaused,
+	iteronv1.RolloutPausedAtStep: iteronv1.ReasonPausedAtStep,
 	iteronv1.RolloutCompleted:    iteronv1.ReasonSucceeded,
 	iteronv1.RolloutHalted:       iteronv1.ReasonRolloutHalted,
 	iteronv1.RolloutReverting:    iteronv1.ReasonRolloutReverting,
@@ -26,7 +27,7 @@ var phaseReason = map[iteronv1.RolloutPhase]string{
 // No phase is a spec that cannot be acted on (Stalled).
 func AtRest(phase iteronv1.RolloutPhase) bool {
 	switch phase {
-	case "", iteronv1.RolloutCompleted, iteronv1.RolloutHalted, iteronv1.RolloutReverted, iteronv1.RolloutRevertFailed, iteronv1.RolloutPaused:
+	case "", iteronv1.RolloutCompleted, iteronv1.RolloutHalted, iteronv1.RolloutReverted, iteronv1.RolloutRevertFailed, iteronv1.RolloutPaused, iteronv1.RolloutPausedAtStep:
 		return true
 	}
 	return false
@@ -71,7 +72,7 @@ func Conditions(phase iteronv1.RolloutPhase, message string, conflicts []iteronv
 		moving = true
 	case iteronv1.RolloutHalted, iteronv1.RolloutReverted, iteronv1.RolloutRevertFailed:
 		stalled = true
-	case iteronv1.RolloutCompleted, iteronv1.RolloutPaused:
+	case iteronv1.RolloutCompleted, iteronv1.RolloutPaused, iteronv1.RolloutPausedAtStep:
 		stalled = reason == iteronv1.ReasonNodeConflict
 	default:
 		stalled = true

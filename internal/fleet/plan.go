@@ -67,6 +67,9 @@ type Input struct {
 	Set *iteronv1.ActivationSet
 	// Nodes are the names of the nodes the selector matches.
 	Nodes []string
+	// NodeLabels are their labels, by name (cohort steps read them; not
+	// copied, never written through).
+	NodeLabels map[string]map[string]string
 	// Activations are the set's own activations and any other activation
 	// holding one of its stamped names.
 	Activations []Activation
@@ -78,6 +81,10 @@ type Input struct {
 	Now time.Time
 	// Name is ActivationName unless a test gives another.
 	Name func(set, node string) string
+	// Measured are the measurements this reconcile made for the
+	// Plan.Measure of a Compute of the same input: they are recorded in
+	// their runs.
+	Measured []Measured
 }
 
 // Plan is what one reconcile does and reports.
@@ -90,8 +97,12 @@ type Plan struct {
 	// Message explains the phase in a sentence (the conditions' message).
 	Message string
 	// RequeueAfter, when set, is when time alone changes the plan (the
-	// end of a soak).
+	// end of a soak, a measurement due).
 	RequeueAfter time.Duration
+	// Measure are the analysis measurements due now. The reconciler makes
+	// them and computes again with their results in Input.Measured; a
+	// Compute given the results asks for none of them again.
+	Measure []MeasureRequest
 }
 
 // member is a selected node that has (or gets) a stamped activation.
@@ -116,14 +127,20 @@ func Compute(in Input) Plan {
 	spec, prev := &set.Spec, &set.Status
 	p := &planner{in: in, update: &in.Update}
 	p.status = iteronv1.ActivationSetStatus{
-		UpdateRevision:      in.Update.Name,
-		CollisionCount:      prev.CollisionCount,
-		LastHandledResumeAt: prev.LastHandledResumeAt,
-		SoakedRevision:      prev.SoakedRevision,
-		Halt:                prev.Halt.DeepCopy(),
+		UpdateRevision:       in.Update.Name,
+		CollisionCount:       prev.CollisionCount,
+		LastHandledResumeAt:  prev.LastHandledResumeAt,
+		LastHandledPromoteAt: prev.LastHandledPromoteAt,
+		LastHandledAbortAt:   prev.LastHandledAbortAt,
+		SoakedRevision:       prev.SoakedRevision,
+		Halt:                 prev.Halt.DeepCopy(),
+	}
+	for i := range prev.AnalysisRuns {
+		p.status.AnalysisRuns = append(p.status.AnalysisRuns, *prev.AnalysisRuns[i].DeepCopy())
 	}
 	if prev.UpdateRevision == in.Update.Name {
 		p.status.SoakStartedAt = prev.SoakStartedAt.DeepCopy()
+		p.status.Step, p.status.StepStartedAt = prev.Step, prev.StepStartedAt.DeepCopy()
 	}
 	p.members()
 	p.deletes()
@@ -131,26 +148,53 @@ func Compute(in Input) Plan {
 	p.status.CurrentRevision = p.current.Name
 	p.observe()
 	p.resume()
+	p.abort()
 	p.failures()
 
 	maxUnavailable := resolveMaxUnavailable(spec.Strategy.MaxUnavailable, len(in.Nodes))
+	if !p.stopped(maxUnavailable) {
+		switch {
+		case p.complete() && p.finalSettled():
+			p.finish()
+		case spec.Paused:
+			p.phase(iteronv1.RolloutPaused, fmt.Sprintf("spec.paused is true: no node is moved (%d of %d nodes on revision %s)", p.countOn(p.update), len(p.all), p.update.Name))
+		default:
+			p.rollout(maxUnavailable)
+		}
+	}
+	// A promotion that found no pause step to release is handled all the
+	// same: it never releases a later one.
+	if want := set.Annotations[iteronv1.AnnotationPromote]; want != "" {
+		p.status.LastHandledPromoteAt = want
+	}
+	if p.current.Name == p.update.Name {
+		p.status.Step, p.status.StepStartedAt = 0, nil
+	}
+	p.counts()
+	return Plan{Actions: p.actions, Status: p.status, Message: p.message, RequeueAfter: p.requeue, Measure: p.measure}
+}
+
+// stopped carries out a halt, if there is one: a revert moves nodes back,
+// a halt leaves them.
+func (p *planner) stopped(maxUnavailable int) bool {
 	switch h := p.status.Halt; {
 	case h != nil && h.Action == iteronv1.FailurePolicyRevert:
 		p.revert(maxUnavailable)
 	case h != nil:
-		p.phase(iteronv1.RolloutHalted, fmt.Sprintf("the rollout of revision %s halted: %s; nodes not reached keep their revision (kubectl iteron rollout status %s; resume or undo)", h.Revision, h.Message, set.Name))
-	case p.complete():
-		p.status.CurrentRevision = p.update.Name
-		p.current = p.update
-		p.status.SoakStartedAt = nil
-		p.phase(iteronv1.RolloutCompleted, fmt.Sprintf("all %d nodes Ready on revision %s", len(p.all), p.update.Name))
-	case spec.Paused:
-		p.phase(iteronv1.RolloutPaused, fmt.Sprintf("spec.paused is true: no node is moved (%d of %d nodes on revision %s)", p.countOn(p.update), len(p.all), p.update.Name))
+		p.phase(iteronv1.RolloutHalted, fmt.Sprintf("the rollout of revision %s halted: %s; nodes not reached keep their revision (kubectl iteron rollout status %s; resume or undo)", h.Revision, h.Message, p.in.Set.Name))
 	default:
-		p.rollout(maxUnavailable)
+		return false
 	}
-	p.counts()
-	return Plan{Actions: p.actions, Status: p.status, Message: p.message, RequeueAfter: p.requeue}
+	return true
+}
+
+// finish completes the rollout: the update revision becomes the stable
+// one.
+func (p *planner) finish() {
+	p.status.CurrentRevision = p.update.Name
+	p.current = p.update
+	p.status.SoakStartedAt = nil
+	p.phase(iteronv1.RolloutCompleted, fmt.Sprintf("all %d nodes Ready on revision %s", len(p.all), p.update.Name))
 }
 
 type planner struct {
@@ -165,6 +209,7 @@ type planner struct {
 	actions []Action
 	message string
 	requeue time.Duration
+	measure []MeasureRequest
 }
 
 func (p *planner) act(a Action) { p.actions = append(p.actions, a) }
@@ -321,6 +366,14 @@ func (p *planner) resume() {
 	}
 	p.status.LastHandledResumeAt = want
 	p.status.Halt = nil
+	// The failed analysis runs of the update revision are measured again.
+	runs := p.status.AnalysisRuns[:0]
+	for _, r := range p.status.AnalysisRuns {
+		if r.Revision != p.update.Name || r.Phase != iteronv1.AnalysisFailed && r.Phase != iteronv1.AnalysisError {
+			runs = append(runs, r)
+		}
+	}
+	p.status.AnalysisRuns = runs
 	for _, m := range p.all {
 		if m.stalled != nil && !m.moved && m.act.Retry != want {
 			m.stalled = nil
@@ -355,18 +408,13 @@ func (p *planner) failures() {
 	if p.status.Halt != nil || len(onUpdate) == 0 {
 		return
 	}
-	st := p.in.Set.Spec.Strategy
-	h := &iteronv1.RolloutHalt{Revision: p.update.Name, Action: st.OnFailure, At: metav1.NewTime(p.in.Now)}
-	if h.Action == "" {
-		h.Action = iteronv1.FailurePolicyHalt
-	}
-	if h.Action == iteronv1.FailurePolicyRevert {
-		h.ToRevision, h.StateDisposition = p.current.Name, st.RevertStateDisposition
-		if h.StateDisposition == "" {
-			h.StateDisposition = iteronv1.StateDispositionMigrate
+	cause := iteronv1.HaltNodeFailed
+	for _, m := range onUpdate {
+		if m.stalled.Reason == iteronv1.ReasonProbeFailed {
+			cause = iteronv1.HaltProbeFailed
 		}
-		p.status.SoakedRevision, p.status.SoakStartedAt = "", nil
 	}
+	h := p.newHalt(cause)
 	var why []string
 	for _, m := range onUpdate {
 		if len(h.Nodes) < maxHaltNodes {
@@ -416,10 +464,10 @@ func (p *planner) move(m *member, r *Revision, wave int32, revertedFrom string, 
 	p.act(Action{Kind: Move, Node: m.node, Activation: m.name, Revision: r, Wave: wave, RevertedFrom: revertedFrom, Discard: discard, Why: why})
 }
 
-// rollout moves the next wave, or waits for the current one (or the soak).
+// rollout moves the next wave, or waits for the current one, its soak and
+// its analysis; at a pause step it waits for a promotion.
 func (p *planner) rollout(maxUnavailable int) {
 	set := p.in.Set
-	st := set.Spec.Strategy
 	var updated, pending []*member
 	var wave int32
 	for _, m := range p.all {
@@ -433,10 +481,6 @@ func (p *planner) rollout(maxUnavailable int) {
 	// Nodes that are not Ready go first: moving them costs the budget
 	// nothing. Then by node name.
 	sort.SliceStable(pending, func(i, j int) bool { return !pending[i].ready && pending[j].ready })
-	canary := 0
-	if st.Canary != nil && p.current.Name != p.update.Name {
-		canary = min(int(max(st.Canary.Nodes, 1)), len(p.all))
-	}
 	var waiting []string
 	for _, m := range updated {
 		if !m.ready || m.moved {
@@ -445,59 +489,233 @@ func (p *planner) rollout(maxUnavailable int) {
 	}
 	if len(waiting) > 0 {
 		p.status.SoakStartedAt = nil
+		// An analysis that started goes on measuring while a node of its
+		// wave is not Ready (a provider that crashes now and then flaps):
+		// its metrics judge the wave all the same; only passing it waits.
+		if p.analysisStarted(wave) {
+			if _, failed, next := p.analyse(wave, p.waveNodes(wave)); failed != nil {
+				p.haltForAnalysis(failed, wave, p.waveNodes(wave))
+				p.stopped(maxUnavailable)
+				return
+			} else if next > 0 {
+				p.requeue = next
+			}
+		}
 		p.phase(iteronv1.RolloutProgressing, fmt.Sprintf("wave %d of revision %s: waiting for %s to become Ready (%d of %d nodes updated)",
 			wave, p.update.Name, list(waiting), len(updated), len(p.all)))
 		return
 	}
+	steps, err := stepsOf(&set.Spec.Strategy)
+	if err != nil {
+		p.phase("", err.Error())
+		return
+	}
+	if p.current.Name == p.update.Name {
+		// No rollout is under way: nodes on a revision the set no longer
+		// has are moved in waves of maxUnavailable.
+		steps = nil
+	}
+	last := lastWave(steps)
 	if len(pending) == 0 {
-		// Every selected node is on the update revision; some are still
-		// being created.
+		// Every selected node is on the update revision: what is left is
+		// to judge the last wave, and nodes still being created.
+		if len(updated) == len(p.all) && wave > 0 && !p.settle(&step{wave: wave}, wave, maxUnavailable) {
+			return
+		}
+		if p.status.Halt == nil && p.complete() {
+			p.finish()
+			return
+		}
 		p.phase(iteronv1.RolloutProgressing, fmt.Sprintf("waiting for %d new nodes to become Ready on revision %s", p.notReady(), p.update.Name))
 		return
 	}
 	budget := maxUnavailable - p.notReady()
-	next, size := wave+1, len(pending)
-	switch {
-	case len(updated) < canary:
-		next, size = 1, canary-len(updated)
-	case canary > 0 && p.status.SoakedRevision != p.update.Name:
-		soak := time.Duration(soakSeconds(st.Canary)) * time.Second
-		if p.status.SoakStartedAt == nil {
-			p.status.SoakStartedAt = &metav1.Time{Time: p.in.Now}
-		}
-		if left := p.status.SoakStartedAt.Add(soak).Sub(p.in.Now); left > 0 {
-			p.requeue = left
-			p.phase(iteronv1.RolloutSoaking, fmt.Sprintf("canary %s Ready on revision %s; soaking until %s (%s left): every canary must stay Ready",
-				list(nodesOf(updated)), p.update.Name, p.status.SoakStartedAt.Add(soak).UTC().Format(time.RFC3339), left.Round(time.Second)))
-			return
-		}
-		p.status.SoakedRevision = p.update.Name
-	}
-	// A node that is not Ready already costs the budget nothing.
-	var moved []string
-	for _, m := range pending {
-		if len(moved) == size {
-			break
-		}
-		if m.ready {
-			if budget <= 0 {
+	// moveWave moves up to size of candidates as wave w, within the budget
+	// (a node that is not Ready already costs nothing).
+	moveWave := func(candidates []*member, size int, w int32, what string) {
+		var moved []string
+		for _, m := range candidates {
+			if len(moved) == size {
 				break
 			}
-			budget--
+			if m.ready {
+				if budget <= 0 {
+					break
+				}
+				budget--
+			}
+			p.move(m, p.update, w, "", false, fmt.Sprintf("%s of revision %s", what, p.update.Name))
+			moved = append(moved, m.node)
 		}
-		p.move(m, p.update, next, "", false, fmt.Sprintf("wave %d of revision %s", next, p.update.Name))
-		moved = append(moved, m.node)
+		if len(moved) == 0 {
+			p.phase(iteronv1.RolloutProgressing, fmt.Sprintf("%s of revision %s waits: %d nodes are not Ready and maxUnavailable is %d",
+				what, p.update.Name, p.notReady(), maxUnavailable))
+			return
+		}
+		p.phase(iteronv1.RolloutProgressing, fmt.Sprintf("%s of revision %s: moving %s (%d of %d nodes updated)", what, p.update.Name, list(moved), len(updated)+len(moved), len(p.all)))
 	}
-	if len(moved) == 0 {
-		p.phase(iteronv1.RolloutProgressing, fmt.Sprintf("wave %d of revision %s waits: %d nodes are not Ready and maxUnavailable is %d",
-			next, p.update.Name, p.notReady(), maxUnavailable))
+	for k := 1; k <= len(steps); k++ {
+		s := &steps[k-1]
+		if s.pause != nil {
+			if k < int(p.status.Step) {
+				continue // passed before
+			}
+			if !p.pauseStep(s, k) {
+				return
+			}
+			continue
+		}
+		inStep := 0
+		for _, m := range updated {
+			if m.wave == s.wave {
+				inStep++
+			}
+		}
+		var candidates []*member
+		for _, m := range pending {
+			if p.matches(s, m.node) {
+				candidates = append(candidates, m)
+			}
+		}
+		if target := p.target(s); inStep < target && len(candidates) > 0 {
+			p.status.Step = max(p.status.Step, int32(k))
+			moveWave(candidates, target-inStep, s.wave, s.describe(k))
+			return
+		}
+		if k < int(p.status.Step) {
+			continue // moved and judged before
+		}
+		p.status.Step = int32(k)
+		if inStep > 0 && !p.settle(s, s.wave, maxUnavailable) {
+			return
+		}
+		p.status.Step = int32(k + 1)
+	}
+	// Past the steps: the nodes left, in waves of maxUnavailable, each
+	// judged (analysis) before the next.
+	if wave > last && !p.settle(&step{wave: wave}, wave, maxUnavailable) {
 		return
 	}
-	what := fmt.Sprintf("wave %d", next)
-	if next == 1 && canary > 0 {
-		what = "wave 1 (canary)"
+	next := max(wave, last) + 1
+	moveWave(pending, len(pending), next, fmt.Sprintf("wave %d", next))
+}
+
+// settle reports whether wave w (of step s) is judged: its nodes stayed
+// Ready for the step's soak and its analysis passed. Until then the phase
+// is Soaking; a failed analysis stops the rollout (onFailure).
+func (p *planner) settle(s *step, w int32, maxUnavailable int) bool {
+	analysis := p.in.Set.Spec.Strategy.Analysis != nil
+	if s.soak == 0 && !analysis || s.canary && p.status.SoakedRevision == p.update.Name {
+		return true
 	}
-	p.phase(iteronv1.RolloutProgressing, fmt.Sprintf("%s of revision %s: moving %s (%d of %d nodes updated)", what, p.update.Name, list(moved), len(updated)+len(moved), len(p.all)))
+	now := p.in.Now
+	nodes := p.waveNodes(w)
+	var left time.Duration
+	var soakUntil time.Time
+	if s.soak > 0 {
+		if p.status.SoakStartedAt == nil {
+			p.status.SoakStartedAt = &metav1.Time{Time: now}
+		}
+		soakUntil = p.status.SoakStartedAt.Add(s.soak)
+		left = soakUntil.Sub(now)
+	}
+	done, failed, next := p.analyse(w, nodes)
+	if failed != nil {
+		p.haltForAnalysis(failed, w, nodes)
+		p.stopped(maxUnavailable)
+		return false
+	}
+	if left > 0 || !done {
+		var why []string
+		if left > 0 {
+			who := "every node"
+			if s.canary {
+				who = "every canary" // as the canary's message always read
+			}
+			why = append(why, fmt.Sprintf("soaking until %s (%s left): %s must stay Ready", soakUntil.UTC().Format(time.RFC3339), left.Round(time.Second), who))
+			p.requeue = left
+		}
+		if !done {
+			why = append(why, p.analysisProgress(w))
+			if next > 0 && (p.requeue == 0 || next < p.requeue) {
+				p.requeue = next
+			}
+		}
+		what := fmt.Sprintf("wave %d", w)
+		if s.canary {
+			what = "canary"
+		}
+		p.phase(iteronv1.RolloutSoaking, fmt.Sprintf("%s %s Ready on revision %s; %s", what, list(nodes), p.update.Name, strings.Join(why, "; ")))
+		return false
+	}
+	if s.canary {
+		p.status.SoakedRevision = p.update.Name
+	} else {
+		p.status.SoakStartedAt = nil
+	}
+	return true
+}
+
+// pauseStep reports whether pause step k is over: its duration passed, or
+// a promotion released it. Until then the rollout waits there.
+func (p *planner) pauseStep(s *step, k int) bool {
+	set := p.in.Set
+	if int(p.status.Step) != k {
+		p.status.Step, p.status.StepStartedAt = int32(k), nil
+	}
+	if d := s.pause.DurationSeconds; d != nil {
+		if p.status.StepStartedAt == nil {
+			p.status.StepStartedAt = &metav1.Time{Time: p.in.Now}
+		}
+		until := p.status.StepStartedAt.Add(time.Duration(*d) * time.Second)
+		if left := until.Sub(p.in.Now); left > 0 {
+			p.requeue = left
+			p.phase(iteronv1.RolloutProgressing, fmt.Sprintf("step %d of revision %s: pausing until %s (%s left; kubectl iteron rollout promote %s goes on now)",
+				k, p.update.Name, until.UTC().Format(time.RFC3339), left.Round(time.Second), set.Name))
+			if !p.promoted() {
+				return false
+			}
+		}
+		p.status.Step, p.status.StepStartedAt = int32(k+1), nil
+		return true
+	}
+	if p.promoted() {
+		p.status.Step = int32(k + 1)
+		return true
+	}
+	p.phase(iteronv1.RolloutPausedAtStep, fmt.Sprintf("step %d of revision %s: paused with %d of %d nodes updated; kubectl iteron rollout promote %s goes on (abort reverts)",
+		k, p.update.Name, p.countOn(p.update), len(p.all), set.Name))
+	return false
+}
+
+// promoted reports (once) a promotion not handled yet.
+func (p *planner) promoted() bool {
+	want := p.in.Set.Annotations[iteronv1.AnnotationPromote]
+	if want == "" || want == p.status.LastHandledPromoteAt {
+		return false
+	}
+	p.status.LastHandledPromoteAt = want
+	return true
+}
+
+// abort handles iteron.dev/abort: the rollout under way is stopped and
+// reverted, whatever onFailure says.
+func (p *planner) abort() {
+	set := p.in.Set
+	want := set.Annotations[iteronv1.AnnotationAbort]
+	if want == "" || want == set.Status.LastHandledAbortAt {
+		return
+	}
+	p.status.LastHandledAbortAt = want
+	if p.current.Name == p.update.Name {
+		return // nothing under way
+	}
+	if h := p.status.Halt; h != nil && h.Action == iteronv1.FailurePolicyRevert {
+		return
+	}
+	h := p.newHalt(iteronv1.HaltAborted)
+	h.Message = fmt.Sprintf("aborted (%s=%s): every node that left revision %s goes back to it", iteronv1.AnnotationAbort, want, p.current.Name)
+	p.status.Halt = h
 }
 
 // revert moves the nodes that left the stable revision back to it.

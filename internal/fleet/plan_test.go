@@ -34,6 +34,10 @@ type world struct {
 	nodes []string
 	acts  map[string]*Activation // by node
 	now   time.Time
+	// labels are the nodes' labels (cohort steps).
+	labels map[string]map[string]string
+	// measured are the measurements the next input carries.
+	measured []Measured
 }
 
 func newWorld(nodes int, strategy iteronv1.RolloutStrategy) *world {
@@ -93,7 +97,7 @@ func (w *world) input(update string) Input {
 		acts = append(acts, *a)
 	}
 	sort.Slice(acts, func(i, j int) bool { return acts[i].Name < acts[j].Name })
-	return Input{Set: w.set, Nodes: w.nodes, Activations: acts, Update: w.revs[update], Revisions: revs, Now: w.now}
+	return Input{Set: w.set, Nodes: w.nodes, NodeLabels: w.labels, Activations: acts, Update: w.revs[update], Revisions: revs, Now: w.now, Measured: w.measured}
 }
 
 // apply carries a plan's actions out on the world, as the reconciler and
@@ -597,6 +601,7 @@ func TestStampedComparesEveryFieldOfTheSpec(t *testing.T) {
 	tpl.Checkpoint.IntervalSeconds, tpl.GenerationHistoryLimit = ptr.To[int32](60), ptr.To[int32](10)
 	// Paths and oci are alternatives to the API server, not to Stamped.
 	tpl.Sources[0].OCI = &iteronv1.OCISource{Ref: "registry.example/iteron/counter@sha256:" + strings.Repeat("a", 64)}
+	tpl.Probes = []iteronv1.ActivationProbe{{Name: "upper", Module: "prompt_system", Input: `{"text":"abc"}`, Check: `result.upper == "ABC"`, TimeoutMilliseconds: ptr.To[int32](500)}}
 	base := StampSpec(tpl, "node-1", false)
 	if !Stamped(&base, tpl, "node-1", false) {
 		t.Fatal("a stamped spec does not read as stamped")

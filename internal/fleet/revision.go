@@ -108,6 +108,7 @@ func StampSpec(tpl *iteronv1.ActivationTemplate, node string, discard bool) iter
 		Swap:                   t.Swap,
 		Checkpoint:             t.Checkpoint,
 		GenerationHistoryLimit: t.GenerationHistoryLimit,
+		Probes:                 t.Probes,
 	}
 	if discard {
 		spec.Swap.StateDisposition = iteronv1.StateDispositionDiscard
@@ -127,7 +128,20 @@ func Stamped(spec *iteronv1.ImplementationActivationSpec, tpl *iteronv1.Activati
 	return spec.NodeName == node && !spec.Paused && spec.CandidateSHA256 == tpl.CandidateSHA256 &&
 		sameSources(spec.Sources, tpl.Sources) && slices.Equal(spec.CapabilityCeiling, tpl.CapabilityCeiling) &&
 		ptr.Equal(spec.GenerationHistoryLimit, tpl.GenerationHistoryLimit) &&
-		reflect.DeepEqual(spec.Swap, swap) && reflect.DeepEqual(spec.Checkpoint, tpl.Checkpoint)
+		reflect.DeepEqual(spec.Swap, swap) && reflect.DeepEqual(spec.Checkpoint, tpl.Checkpoint) && sameProbes(spec.Probes, tpl.Probes)
+}
+
+func sameProbes(a, b []iteronv1.ActivationProbe) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i].Name != b[i].Name || a[i].Module != b[i].Module || a[i].Input != b[i].Input || a[i].Check != b[i].Check ||
+			!ptr.Equal(a[i].TimeoutMilliseconds, b[i].TimeoutMilliseconds) {
+			return false
+		}
+	}
+	return true
 }
 
 func sameSources(a, b []iteronv1.ActivationSource) bool {

@@ -198,6 +198,8 @@ func (h *harness) stopServer() {
 type activationRef struct {
 	key     hotswap.ActivationKey
 	targets map[string]hotswap.ModuleTarget
+	// revision is the Revision of the targets deployed next.
+	revision string
 }
 
 var uidCounter struct {
@@ -242,6 +244,7 @@ func (h *harness) deployPlan(a *activationRef, plan activation.LaunchPlan, swap 
 		Module: m, Plan: plan, Lineage: lineage, Attempt: 1,
 		Epoch:          "sha256:" + strings.Repeat("0", 48) + fmt.Sprintf("%016x", lineage),
 		GenerationName: fmt.Sprintf("%s-%s-g%d-1", a.key.Name, strings.ReplaceAll(m, "_", "-"), lineage),
+		Revision:       a.revision,
 	}
 	a.targets[m] = t
 	if swap.Deadline == 0 {

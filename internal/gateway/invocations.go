@@ -43,6 +43,10 @@ type invocation struct {
 	started        bool
 	generation     int64
 	generationName string
+	// revision is the serving generation's revision (metrics).
+	revision string
+	// arrived is when the call came in (the latency metric).
+	arrived time.Time
 	// runtime is the package runtime running the call (nil for a
 	// line-protocol provider): status requests are forwarded to it.
 	runtime         hotswap.PackageBackend

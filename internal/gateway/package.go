@@ -199,7 +199,7 @@ func (s *Server) packageDispatcher(namespace, activation, module string) *hotswa
 // it, the runtime ends it, or its deadline passes, moving it to the
 // module's next runtime whenever the one it runs on goes away.
 func (s *Server) watchPackage(req *gatewayv1.WatchRequest, d *hotswap.Dispatcher, stream grpc.ServerStreamingServer[gatewayv1.WatchEvent]) (err error) {
-	defer func() { countCall(req.GetNamespace(), req.GetActivation(), req.GetModule(), err) }()
+	defer func() { countCall(req.GetNamespace(), req.GetActivation(), req.GetModule(), routeRevision(d), err) }()
 	ctx := stream.Context()
 	if req.PinnedGeneration != nil {
 		return fail(reasons.InvalidRequest, "pinned_generation: a package runtime's Watch moves with the module's runtime; it cannot be pinned")

@@ -357,7 +357,7 @@ func (s *Server) Invoke(ctx context.Context, req *gatewayv1.InvokeRequest) (*gat
 		pkg:    packageFields{export: req.GetExport(), objectID: req.GetObjectId(), sessionID: req.GetSessionId(), dependencies: req.GetDependencies()},
 	}, false)
 	if err != nil {
-		countCall(req.GetNamespace(), req.GetActivation(), req.GetModule(), err)
+		countCall(req.GetNamespace(), req.GetActivation(), req.GetModule(), "", err)
 		return nil, err
 	}
 	select {
@@ -395,7 +395,7 @@ func (s *Server) Watch(req *gatewayv1.WatchRequest, stream grpc.ServerStreamingS
 		pkg:    packageFields{export: req.GetExport(), objectID: req.GetObjectId(), sessionID: req.GetSessionId(), dependencies: req.GetDependencies()},
 	}, true)
 	if err != nil {
-		countCall(req.GetNamespace(), req.GetActivation(), req.GetModule(), err)
+		countCall(req.GetNamespace(), req.GetActivation(), req.GetModule(), "", err)
 		return err
 	}
 	if replayed {
@@ -467,6 +467,7 @@ func (s *Server) begin(ctx context.Context, req callRequest, streaming bool) (*i
 // beginAuthorized is begin for a caller already authorized for
 // req.namespace.
 func (s *Server) beginAuthorized(ctx context.Context, req callRequest, streaming bool) (*invocation, bool, error) {
+	arrived := time.Now()
 	if err := validName(req.activation); err != nil {
 		return nil, false, fail(reasons.InvalidRequest, "activation: "+err.Error())
 	}
@@ -551,6 +552,7 @@ func (s *Server) beginAuthorized(ctx context.Context, req callRequest, streaming
 	}
 	inv := newInvocation()
 	inv.namespace, inv.activation, inv.module, inv.dispatcher, inv.streaming = req.namespace, req.activation, req.module, d, streaming
+	inv.arrived = arrived
 	inv.id, inv.key, inv.runID, inv.fingerprint = id, key, runID, fp
 	known, existing, full := s.table.admit(inv)
 	if full != nil {
@@ -684,7 +686,7 @@ func writeLengthPrefixed(h hash.Hash, parts ...string) {
 // started records the generation that took the call.
 func (s *Server) started(inv *invocation, r hotswap.Route) {
 	inv.mu.Lock()
-	inv.started, inv.generation, inv.generationName, inv.runtime = true, r.Lineage, r.Name, r.Package
+	inv.started, inv.generation, inv.generationName, inv.runtime, inv.revision = true, r.Lineage, r.Name, r.Package, r.Revision
 	cancel := inv.cancelRequested
 	inv.mu.Unlock()
 	s.bindStream(inv, r)
@@ -745,9 +747,12 @@ func (s *Server) finish(inv *invocation, res hotswap.Result, err error) {
 	}
 	inv.finished = s.cfg.Now()
 	inv.size = int64(invocationOverhead + len(res.Terminal.Body) + len(inv.message))
-	outcome := inv.err
+	outcome, revision, started := inv.err, inv.revision, inv.started
 	inv.mu.Unlock()
-	countCall(inv.namespace, inv.activation, inv.module, outcome)
+	countCall(inv.namespace, inv.activation, inv.module, revision, outcome)
+	if started {
+		observeCall(inv.namespace, inv.activation, inv.module, revision, time.Since(inv.arrived))
+	}
 	close(inv.done)
 	s.unbindStream(inv)
 	inv.signal()

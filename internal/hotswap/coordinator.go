@@ -107,6 +107,11 @@ type ModuleTarget struct {
 	// DependsOn are the modules of this activation that must be Active
 	// before this one is activated.
 	DependsOn []string
+	// Revision is the revision label of the activation spec this target
+	// was made for (iteron.dev/revision of a stamped activation, "" for
+	// others): the gateway's call metrics carry it, so a fleet analysis
+	// can tell a rollout's new revision from the old.
+	Revision string
 	// Keep leaves the module as it runs: its source is still in the spec
 	// but has no runnable target now (verification failed, a dependency is
 	// unsatisfied, its failed target is not retried). Only Module and

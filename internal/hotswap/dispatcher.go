@@ -68,6 +68,8 @@ type Route struct {
 	Name string
 	// Epoch is the module's epoch at this generation.
 	Epoch string
+	// Revision is the generation's ModuleTarget.Revision (metrics only).
+	Revision string
 	// Backend runs the calls.
 	Backend Backend
 	// Package is the generation's package runtime (nil for a line-protocol

@@ -253,7 +253,7 @@ func (a *activationRuntime) routeTo(g *generationRuntime, proc Provider, scope *
 	if class, ok := receiptClass(g.target.Plan.AdmittedCapabilities()); ok {
 		backend = &receiptBackend{Backend: proc, a: a, g: g, class: class}
 	}
-	route := Route{Lineage: g.lineage, Name: g.name, Epoch: g.target.Epoch, Backend: backend, Scope: scope}
+	route := Route{Lineage: g.lineage, Name: g.name, Epoch: g.target.Epoch, Revision: g.target.Revision, Backend: backend, Scope: scope}
 	if pb, ok := proc.(PackageBackend); ok {
 		route.Package = pb
 		if m, ok := g.target.Plan.PackageRuntime(); ok {

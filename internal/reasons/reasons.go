@@ -83,6 +83,11 @@ const (
 	// ArtifactRefused: the registry refused the pull (401, 403, 404); not
 	// retried until the spec or the registry credentials change.
 	ArtifactRefused = "artifact_refused"
+	// ProbeFailed: an activation's probe failed on the generation that
+	// serves its module (a wrong answer, a failed call, too slow); the
+	// generation keeps serving, nothing progresses until the spec changes
+	// or a retry is requested.
+	ProbeFailed = "probe_failed"
 )
 
 // Reasons that describe a call or its caller rather than a module: only the
@@ -185,6 +190,8 @@ var table = []Reason{
 		Meaning: "an OCI source could not be pulled for a reason that may pass (registry unreachable, 5xx, timeout, truncated download, artifact store full); retried with backoff, what served keeps serving; the message names the registry error"},
 	{Code: ArtifactRefused, GRPC: codes.FailedPrecondition, Stalling: true,
 		Meaning: "the registry refused the pull (401, 403, 404); not retried until the spec or the registry credentials change; what served keeps serving"},
+	{Code: ProbeFailed, GRPC: codes.FailedPrecondition, Stalling: true,
+		Meaning: "an activation's probe (spec.probes) failed on the generation that serves its module: a wrong answer, a failed call or one slower than its timeout; that generation keeps serving, and an ActivationSet rollout treats the node as failed (status.probes says what was answered)"},
 	{Code: InvalidRequest, GRPC: codes.InvalidArgument, Caller: true,
 		Meaning: "a field of the request is missing or malformed"},
 	{Code: NotFound, GRPC: codes.NotFound, Caller: true,

@@ -52,7 +52,7 @@ func TestConditionReasonsAreTheAPIConstants(t *testing.T) {
 		RollbackFailed: iteronv1.ReasonRollbackFailed, LedgerCorrupt: iteronv1.ReasonLedgerCorrupt,
 		LedgerUnwritable: iteronv1.ReasonLedgerUnwritable, QueueFull: iteronv1.ReasonQueueFull,
 		Recovering: iteronv1.ReasonRecovering, ArtifactUnavailable: iteronv1.ReasonArtifactUnavailable,
-		ArtifactRefused: iteronv1.ReasonArtifactRefused,
+		ArtifactRefused: iteronv1.ReasonArtifactRefused, ProbeFailed: iteronv1.ReasonProbeFailed,
 	}
 	for _, r := range All() {
 		if r.Caller {
@@ -92,6 +92,7 @@ func TestTheDesignTableHolds(t *testing.T) {
 		{Recovering, iteronv1.ReasonRecovering, "", false, codes.Unavailable, codes.Unavailable, false},
 		{ArtifactUnavailable, iteronv1.ReasonArtifactUnavailable, "", false, codes.Unavailable, codes.Unavailable, false},
 		{ArtifactRefused, iteronv1.ReasonArtifactRefused, "", false, codes.FailedPrecondition, codes.FailedPrecondition, true},
+		{ProbeFailed, iteronv1.ReasonProbeFailed, "", false, codes.FailedPrecondition, codes.FailedPrecondition, true},
 		{NotFound, "", "", false, codes.NotFound, codes.NotFound, false},
 	} {
 		if got := ConditionReason(string(tc.code)); got != tc.condition {

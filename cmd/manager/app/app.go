@@ -35,6 +35,7 @@ import (
 	"iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/artifacts"
 	"iteron.dev/operator/internal/catalog"
+	"iteron.dev/operator/internal/fleet/probe"
 	"iteron.dev/operator/internal/gateway"
 	"iteron.dev/operator/internal/hotswap"
 	"iteron.dev/operator/internal/pkgruntime"
@@ -280,6 +281,8 @@ func New(cfg *rest.Config, o Options) (*Manager, error) {
 		Resolve:       controllers.NewResolver(verifier),
 		Recorder:      mgr.GetEventRecorder("iteron-manager"),
 		Notifications: notifier.Activations(),
+		// Probes call the modules through this node's own dispatchers.
+		Probe: func(namespace, name string) probe.Invoke { return probe.Dispatch(coord.Lookup, namespace, name) },
 	}
 	if err := activations.SetupWithManager(mgr); err != nil {
 		return nil, fmt.Errorf("set up the activation controller: %w", err)

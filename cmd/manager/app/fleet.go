@@ -15,9 +15,11 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -45,6 +47,10 @@ type FleetOptions struct {
 	// WrapReconciler, when set, wraps the ActivationSet reconciler (a test
 	// hook: the scale test times each reconcile).
 	WrapReconciler func(reconcile.Reconciler) reconcile.Reconciler
+	// SkipControllerNameValidation lets a process build a fleet controller
+	// more than once (a test hook: the scale test measures two rollouts,
+	// each with a controller of its own).
+	SkipControllerNameValidation bool
 }
 
 // FleetIdentity is the default holder identity of a replica: the pod's name
@@ -94,6 +100,7 @@ func NewFleet(cfg *rest.Config, o FleetOptions) (*Fleet, error) {
 		LeaseDuration:                 &o.LeaseDuration,
 		RenewDeadline:                 &o.RenewDeadline,
 		RetryPeriod:                   &o.RetryPeriod,
+		Controller:                    config.Controller{SkipNameValidation: ptr.To(o.SkipControllerNameValidation)},
 		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
 			// Only the sets' own revisions: a cluster's DaemonSets and
 			// StatefulSets have many.

@@ -4,6 +4,10 @@
 // For the executor's tests it also reports its own view of the process on
 // {"introspect":true}: argv, environment, credentials, NoNewPrivs, capability
 // sets and working directory, as the kernel shows them to the provider.
+//
+// With the argument --wrong it answers every run wrongly but well formed
+// ({"text":"abc"} gives {"length":3,"upper":"abc"}): a release with a bug
+// that no crash or protocol check sees, for the fleet's probes to catch.
 package main
 
 import (
@@ -22,7 +26,10 @@ import (
 // binaries whose bytes differ (the executor's tests race two of them).
 var build = "A"
 
-type stateless struct{}
+type stateless struct {
+	// wrong: --wrong, the upper case is not applied.
+	wrong bool
+}
 
 type input struct {
 	Text       string `json:"text"`
@@ -31,7 +38,7 @@ type input struct {
 
 func (stateless) Load(ctx context.Context, load *provider.Load) error { return nil }
 
-func (stateless) Start(ctx context.Context, run *provider.Run) error {
+func (s stateless) Start(ctx context.Context, run *provider.Run) error {
 	var in input
 	if err := strictjson.Decode(run.Input, &in, protocol.MaxPayloadBytes); err != nil {
 		return run.EmitValue(map[string]string{"error": "input: " + err.Error()}, true)
@@ -39,7 +46,11 @@ func (stateless) Start(ctx context.Context, run *provider.Run) error {
 	if in.Introspect {
 		return run.EmitValue(introspect(), true)
 	}
-	return run.EmitValue(map[string]any{"length": len(in.Text), "upper": strings.ToUpper(in.Text)}, true)
+	upper := strings.ToUpper(in.Text)
+	if s.wrong {
+		upper = in.Text
+	}
+	return run.EmitValue(map[string]any{"length": len(in.Text), "upper": upper}, true)
 }
 
 func (stateless) Cancel(ctx context.Context, runID, reason string) error { return nil }
@@ -87,7 +98,13 @@ func introspect() View {
 }
 
 func main() {
-	if err := provider.Serve(context.Background(), os.Stdin, os.Stdout, stateless{}); err != nil {
+	p := stateless{}
+	for _, a := range os.Args[1:] {
+		if a == "--wrong" {
+			p.wrong = true
+		}
+	}
+	if err := provider.Serve(context.Background(), os.Stdin, os.Stdout, p); err != nil {
 		fmt.Fprintf(os.Stderr, "stateless: %v\n", err)
 		os.Exit(1)
 	}
