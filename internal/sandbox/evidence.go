@@ -68,8 +68,8 @@ func (e Evidence) String() string {
 	kv("cpu", limit(e.Limits.CPUMillis, "m"))
 	kv("tasks", limit(e.Limits.Tasks, ""))
 	kv("tmp", limit(e.Limits.TmpBytes, ""))
-	kv("cgroups", e.Cgroups)
-	kv("seccomp", e.Seccomp)
+	kv("cgroups", orDefault(e.Cgroups, "unavailable"))
+	kv("seccomp", orDefault(e.Seccomp, "off"))
 	ll := "unavailable"
 	if e.Landlock > 0 {
 		ll = strconv.Itoa(e.Landlock)
@@ -79,6 +79,13 @@ func (e Evidence) String() string {
 		kv("launcher", e.Launcher)
 	}
 	return b.String()
+}
+
+func orDefault(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
 }
 
 func yesNo(b bool) string {

@@ -86,6 +86,19 @@ type result struct {
 	exit        spawn.Exit
 	reason      string
 	launch      *Launch
+	// tasksRefused and throttled are its cgroup's counters, read before
+	// the cgroup was removed.
+	tasksRefused, throttled int64
+}
+
+// opts are run's options.
+type opts struct {
+	caps  []string
+	req   Request
+	stdin string
+	argv  []string
+	// while runs once the provider started, before its stdin is written.
+	while func(l *Launch, leader int)
 }
 
 // run starts the executable at exe (in its own artifact root) in sb with
@@ -93,6 +106,12 @@ type result struct {
 // Nothing of it is left when run returns.
 func run(tb testing.TB, sb *Sandbox, exe string, caps []string, req Request, stdin string, argv ...string) result {
 	tb.Helper()
+	return runWith(tb, sb, exe, opts{caps: caps, req: req, stdin: stdin, argv: argv})
+}
+
+func runWith(tb testing.TB, sb *Sandbox, exe string, o opts) result {
+	tb.Helper()
+	caps, req, stdin, argv := o.caps, o.req, o.stdin, o.argv
 	want, err := digest(exe)
 	if err != nil {
 		tb.Fatal(err)
@@ -126,6 +145,9 @@ func run(tb testing.TB, sb *Sandbox, exe string, caps []string, req Request, std
 		errR.Close()
 		tb.Fatalf("Spawn: %v", err)
 	}
+	if o.while != nil {
+		o.while(l, g.PID)
+	}
 	go func() {
 		io.WriteString(inW, stdin)
 		inW.Close()
@@ -153,8 +175,12 @@ func run(tb testing.TB, sb *Sandbox, exe string, caps []string, req Request, std
 	}
 	<-done
 	errR.Close()
+	var refused, throttled int64
+	if g := l.Group(); g != nil {
+		refused, throttled = g.TasksRefused(), g.Throttled()
+	}
 	exit, reason := l.Finish(exit)
-	return result{out: out.String(), errOut: errOut.String(), exit: exit, reason: reason, launch: l}
+	return result{out: out.String(), errOut: errOut.String(), exit: exit, reason: reason, launch: l, tasksRefused: refused, throttled: throttled}
 }
 
 func digest(path string) (string, error) {
@@ -189,4 +215,21 @@ func copyExecutable(tb testing.TB, src, dir string) string {
 		tb.Fatal(err)
 	}
 	return p
+}
+
+// noGroupsLeft fails unless sb's cgroup tree holds no group.
+func noGroupsLeft(tb testing.TB, sb *Sandbox) {
+	tb.Helper()
+	for _, dir := range sb.Capacity().Tree {
+		entries, err := os.ReadDir(dir)
+		if err != nil {
+			tb.Errorf("reading the tree %s: %v", dir, err)
+			continue
+		}
+		for _, e := range entries {
+			if e.IsDir() {
+				tb.Errorf("a provider's cgroup was left: %s", filepath.Join(dir, e.Name()))
+			}
+		}
+	}
 }

@@ -431,7 +431,7 @@ func (s *Sandbox) launcherConfig(st Start, rules Rules, lim Limits, enforce bool
 		cfg.SetIDs, cfg.UID, cfg.GID = true, cred.Uid, cred.Gid
 	}
 	if group != nil {
-		cfg.Cgroups = group.Procs()
+		cfg.Cgroups, cfg.ThreadCgroups = group.Procs(), group.ProviderTasks()
 	}
 	var clone uintptr
 	if s.rootless {

@@ -153,11 +153,22 @@ func compileProfile(k filterKind) (*compiled, error) {
 		policy.Syscalls = append(policy.Syscalls, seccompbpf.SyscallGroup{Action: seccompbpf.ActionErrno | seccompbpf.Action(errno), Names: dedupe(errnos[errno])})
 	}
 	if k.audit {
-		policy.DefaultAction = seccompbpf.ActionUserNotify
+		// go-seccomp-bpf validates a policy's default action against the
+		// actions it names, which lack SECCOMP_RET_USER_NOTIF: assemble
+		// with kill_thread, which nothing else returns, and turn those
+		// returns into notifications.
+		policy.DefaultAction = seccompbpf.ActionKillThread
 	}
 	insts, err := policy.Assemble()
 	if err != nil {
 		return nil, fmt.Errorf("seccomp: assembling the provider profile: %w", err)
+	}
+	if k.audit {
+		for i, in := range insts {
+			if r, ok := in.(bpf.RetConstant); ok && r.Val == uint32(seccompbpf.ActionKillThread) {
+				insts[i] = bpf.RetConstant{Val: uint32(seccompbpf.ActionUserNotify)}
+			}
+		}
 	}
 	rawInsts, err := bpf.Assemble(insts)
 	if err != nil {

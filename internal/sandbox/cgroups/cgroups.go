@@ -328,7 +328,11 @@ func (t *Tree) Remove() error {
 		entries, _ := os.ReadDir(dir)
 		for _, e := range entries {
 			if e.IsDir() {
-				if err := rmdir(filepath.Join(dir, e.Name())); err != nil {
+				g := filepath.Join(dir, e.Name())
+				if err := rmdir(filepath.Join(g, providerLeaf)); err != nil {
+					errs = append(errs, err)
+				}
+				if err := rmdir(g); err != nil {
 					errs = append(errs, err)
 				}
 			}
@@ -340,13 +344,29 @@ func (t *Tree) Remove() error {
 	return errors.Join(errs...)
 }
 
-// Group is one provider's cgroup in every hierarchy of its tree.
+// Group is one provider's cgroup in every hierarchy of its tree. The
+// launcher and the provider share its memory and CPU bounds, and its task
+// bound is LauncherTasks above the one asked: the launcher's share. On v1
+// the provider is in a child of its own, "provider", whose task bound is
+// the one asked (v1 places threads one by one, so the launcher's thread
+// that forks the provider moves there first): a provider that exhausts its
+// tasks (a fork bomb) never leaves the launcher, its namespace's init,
+// without one. v2 cannot place one thread apart from its process, and
+// cloning the provider into a cgroup of its own (clone3) is a call the
+// provider's seccomp profile refuses; there the provider and the launcher
+// share the group's bound.
 type Group struct {
 	tree   *Tree
 	name   string
 	dirs   []string
 	limits Limits
 }
+
+// LauncherTasks is the launcher's share of a group's task bound.
+const LauncherTasks = 32
+
+// providerLeaf is the provider's child of a group (v1).
+const providerLeaf = "provider"
 
 // NewGroup makes the group name below the tree and writes its limits. On
 // any error nothing of it is left.
@@ -355,17 +375,38 @@ func (t *Tree) NewGroup(name string, lim Limits) (*Group, error) {
 		return nil, fmt.Errorf("cgroups: group name %q", name)
 	}
 	g := &Group{tree: t, name: name, limits: lim}
+	fail := func(err error) (*Group, error) {
+		g.Remove()
+		return nil, err
+	}
 	for i, h := range t.layout.Hierarchies {
 		dir := filepath.Join(t.dirs[i], name)
 		if err := os.Mkdir(dir, 0o755); err != nil {
-			g.Remove()
-			return nil, fmt.Errorf("cgroups: creating %s: %w", dir, err)
+			return fail(fmt.Errorf("cgroups: creating %s: %w", dir, err))
 		}
 		g.dirs = append(g.dirs, dir)
-		for _, w := range limitFiles(h, lim) {
-			if err := writeIfPresent(dir, w.file, w.value, w.optional); err != nil {
-				g.Remove()
-				return nil, err
+		groupLim := lim
+		if groupLim.Tasks > 0 {
+			groupLim.Tasks += LauncherTasks
+		}
+		for _, w := range limitFiles(h, groupLim) {
+			if err := writeLimit(dir, w.file, w.value, w.optional); err != nil {
+				return fail(err)
+			}
+		}
+		var leaves []string
+		if h.Version == 1 && slices.Contains(h.Controllers, "pids") {
+			leaves = []string{providerLeaf}
+		}
+		for _, leaf := range leaves {
+			ld := filepath.Join(dir, leaf)
+			if err := os.Mkdir(ld, 0o755); err != nil {
+				return fail(fmt.Errorf("cgroups: creating %s: %w", ld, err))
+			}
+			if leaf == providerLeaf && lim.Tasks > 0 && slices.Contains(h.Controllers, "pids") {
+				if err := writeLimit(ld, "pids.max", strconv.FormatInt(lim.Tasks, 10), false); err != nil {
+					return fail(err)
+				}
 			}
 		}
 	}
@@ -406,6 +447,10 @@ func limitFiles(h Hierarchy, lim Limits) []limitFile {
 	return out
 }
 
+// writeLimit writes one limit file (a test writes into a directory that
+// only looks like a cgroup).
+var writeLimit = writeIfPresent
+
 func writeIfPresent(dir, file, value string, optional bool) error {
 	p := filepath.Join(dir, file)
 	f, err := os.OpenFile(p, os.O_WRONLY, 0)
@@ -428,8 +473,8 @@ func writeIfPresent(dir, file, value string, optional bool) error {
 // Limits are the limits the group was made with.
 func (g *Group) Limits() Limits { return g.limits }
 
-// Procs are the cgroup.procs files of the group's v1 hierarchies, which the
-// launcher writes itself into.
+// Procs are the cgroup.procs files of the group in its v1 hierarchies,
+// which the launcher writes itself into.
 func (g *Group) Procs() []string {
 	var out []string
 	for i, h := range g.tree.layout.Hierarchies {
@@ -440,8 +485,22 @@ func (g *Group) Procs() []string {
 	return out
 }
 
-// Dir is the group's v2 directory ("" without a v2 hierarchy): the
-// launcher is cloned into it (CLONE_INTO_CGROUP).
+// ProviderTasks are the tasks files of the provider's child in the v1
+// hierarchies that have one: the launcher moves the one thread that forks
+// the provider there (v1 places threads one by one), so the provider
+// starts in it.
+func (g *Group) ProviderTasks() []string {
+	var out []string
+	for i, h := range g.tree.layout.Hierarchies {
+		if h.Version == 1 && slices.Contains(h.Controllers, "pids") {
+			out = append(out, filepath.Join(g.dirs[i], providerLeaf, "tasks"))
+		}
+	}
+	return out
+}
+
+// Dir is the group in the v2 hierarchy ("" without one): the launcher is
+// cloned into it (CLONE_INTO_CGROUP).
 func (g *Group) Dir() string {
 	for i, h := range g.tree.layout.Hierarchies {
 		if h.Version == 2 {
@@ -488,6 +547,9 @@ func (g *Group) TasksRefused() int64 {
 	for i, h := range g.tree.layout.Hierarchies {
 		if slices.Contains(h.Controllers, "pids") {
 			n += keyedValue(filepath.Join(g.dirs[i], "pids.events"), "max")
+			if h.Version == 1 {
+				n += keyedValue(filepath.Join(g.dirs[i], providerLeaf, "pids.events"), "max")
+			}
 		}
 	}
 	return n
@@ -496,9 +558,11 @@ func (g *Group) TasksRefused() int64 {
 // Populated reports whether any process is left in the group.
 func (g *Group) Populated() bool {
 	for _, dir := range g.dirs {
-		b, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
-		if err == nil && len(bytes.TrimSpace(b)) > 0 {
-			return true
+		for _, d := range []string{dir, filepath.Join(dir, providerLeaf)} {
+			b, err := os.ReadFile(filepath.Join(d, "cgroup.procs"))
+			if err == nil && len(bytes.TrimSpace(b)) > 0 {
+				return true
+			}
 		}
 	}
 	return false
@@ -526,6 +590,9 @@ func keyedValue(file, key string) int64 {
 func (g *Group) Remove() error {
 	var errs []error
 	for _, dir := range g.dirs {
+		if err := rmdir(filepath.Join(dir, providerLeaf)); err != nil {
+			errs = append(errs, err)
+		}
 		if err := rmdir(dir); err != nil {
 			errs = append(errs, err)
 		}

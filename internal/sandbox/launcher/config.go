@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"slices"
 )
 
 // ConfigVersion is the version of Config this launcher reads. The host and
@@ -38,6 +39,10 @@ type Config struct {
 	// anything else (cgroup v1 has no CLONE_INTO_CGROUP): the provider and
 	// every process it forks start inside its bounds.
 	Cgroups []string `json:"cgroups,omitempty"`
+	// ThreadCgroups are v1 tasks files the thread that forks the provider
+	// moves itself into, so that the provider starts in its own child of
+	// the group (its task bound below the launcher's).
+	ThreadCgroups []string `json:"thread_cgroups,omitempty"`
 	// CgroupNamespace unshares a cgroup namespace after the join, so that
 	// the provider sees its own cgroup as the root.
 	CgroupNamespace bool `json:"cgroup_namespace,omitempty"`
@@ -111,7 +116,7 @@ func Parse(b []byte) (*Config, error) {
 		return nil, errors.New("config: argv is empty")
 	}
 	paths := []struct{ field, p string }{{"dir", c.Dir}}
-	for _, p := range c.Cgroups {
+	for _, p := range append(slices.Clone(c.Cgroups), c.ThreadCgroups...) {
 		paths = append(paths, struct{ field, p string }{"cgroups", p})
 	}
 	if r := c.Root; r != nil {

@@ -64,6 +64,16 @@ func Main() {
 			fail("joining the provider's cgroup %s: %v", procs, err)
 		}
 	}
+	// The provider's own cgroups are opened now: once the private root is
+	// built they are out of sight.
+	var providerCgroups []*os.File
+	for _, tasks := range cfg.ThreadCgroups {
+		f, err := os.OpenFile(tasks, os.O_WRONLY, 0)
+		if err != nil {
+			fail("opening the provider's cgroup %s: %v", tasks, err)
+		}
+		providerCgroups = append(providerCgroups, f)
+	}
 	if cfg.CgroupNamespace {
 		if err := unix.Unshare(unix.CLONE_NEWCGROUP); err != nil {
 			fail("unshare(CLONE_NEWCGROUP): %v", err)
@@ -86,6 +96,13 @@ func Main() {
 	if err := os.Chdir(cfg.Dir); err != nil {
 		fail("chdir %s: %v", cfg.Dir, err)
 	}
+	// Signals are set up before the provider runs: a provider that uses up
+	// its tasks must not leave the launcher needing a thread for them.
+	// Two channels: a burst of SIGCHLD must never crowd out a SIGTERM
+	// (signal.Notify drops what a full channel cannot take).
+	sigs, children := make(chan os.Signal, 8), make(chan os.Signal, 1)
+	signal.Notify(sigs, unix.SIGTERM, unix.SIGINT, unix.SIGHUP, unix.SIGQUIT, unix.SIGUSR1, unix.SIGUSR2)
+	signal.Notify(children, unix.SIGCHLD)
 	type started struct {
 		pid      int
 		landlock int
@@ -99,7 +116,7 @@ func Main() {
 		// locked ends it): the launcher's other threads stay free to wait,
 		// forward signals and answer the audit listener.
 		runtime.LockOSThread()
-		pid, abi, listener, err := restrictAndStart(cfg, report)
+		pid, abi, listener, err := restrictAndStart(cfg, report, providerCgroups)
 		done <- started{pid, abi, listener, err}
 	}()
 	s := <-done
@@ -107,6 +124,10 @@ func Main() {
 		fail("%v", s.err)
 	}
 	st.Started, st.Landlock = true, s.landlock
+	// The kernel's OOM killer picks the provider, not the launcher, when
+	// their shared memory bound is reached: the launcher then reports how
+	// the provider ended.
+	os.WriteFile("/proc/"+strconv.Itoa(s.pid)+"/oom_score_adj", []byte("1000"), 0)
 	report(st)
 	if err := keepOnlyKill(); err != nil {
 		// The provider already runs: it cannot be told apart from a
@@ -114,13 +135,20 @@ func Main() {
 		report(Status{Error: "dropping the launcher's capabilities: " + err.Error()})
 		os.Exit(ExitSetupFailed)
 	}
-	os.Exit(waitFor(s.pid))
+	os.Exit(waitFor(s.pid, sigs, children))
 }
 
 // restrictAndStart applies Landlock, the empty bounding set and the seccomp
 // filter to the calling (locked) thread and starts the provider from it.
-func restrictAndStart(cfg *Config, report func(Status)) (pid, abi, listener int, err error) {
+func restrictAndStart(cfg *Config, report func(Status), threadCgroups []*os.File) (pid, abi, listener int, err error) {
 	listener = -1
+	tid := strconv.Itoa(unix.Gettid())
+	for _, f := range threadCgroups {
+		if _, err := f.WriteString(tid); err != nil {
+			return 0, 0, -1, fmt.Errorf("moving the provider's thread into %s: %w", f.Name(), err)
+		}
+		f.Close()
+	}
 	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
 		return 0, 0, -1, fmt.Errorf("prctl(PR_SET_NO_NEW_PRIVS): %w", err)
 	}
@@ -276,30 +304,33 @@ func keepOnlyKill() error {
 // status as an exit status: its own, or 128+n when signal n killed it.
 // When the launcher exits, the kernel kills whatever is left in its PID
 // namespace.
-func waitFor(pid int) int {
-	sigs := make(chan os.Signal, 8)
-	signal.Notify(sigs, unix.SIGTERM, unix.SIGINT, unix.SIGHUP, unix.SIGQUIT, unix.SIGUSR1, unix.SIGUSR2)
-	go func() {
-		for s := range sigs {
-			unix.Kill(pid, s.(syscall.Signal))
-		}
-	}()
+func waitFor(pid int, sigs, children <-chan os.Signal) int {
+	// One goroutine, parked on a channel rather than blocked in wait4: once
+	// the provider runs, the launcher must not need another thread (a
+	// provider at its task bound would leave it none).
 	for {
-		var ws unix.WaitStatus
-		got, err := unix.Wait4(-1, &ws, 0, nil)
-		if err == unix.EINTR {
-			continue
+		for {
+			var ws unix.WaitStatus
+			got, err := unix.Wait4(-1, &ws, unix.WNOHANG, nil)
+			if err == unix.EINTR {
+				continue
+			}
+			if err != nil || got <= 0 {
+				break
+			}
+			if got != pid {
+				continue
+			}
+			if ws.Signaled() {
+				return 128 + int(ws.Signal())
+			}
+			return ws.ExitStatus()
 		}
-		if err != nil {
-			return ExitSetupFailed
+		select {
+		case s := <-sigs:
+			unix.Kill(pid, s.(syscall.Signal))
+		case <-children:
 		}
-		if got != pid {
-			continue
-		}
-		if ws.Signaled() {
-			return 128 + int(ws.Signal())
-		}
-		return ws.ExitStatus()
 	}
 }
 
