@@ -5,8 +5,10 @@ import (
 	"encoding/hex"
 	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/go-json-experiment/json/jsontext"
+	"k8s.io/apimachinery/pkg/api/resource"
 
 	"iteron.dev/operator/api/v1alpha1"
 	"iteron.dev/operator/internal/catalog"
@@ -52,8 +54,11 @@ type Source struct {
 	// ArtifactSHA256 pins the executable's bytes ("sha256:…").
 	ArtifactSHA256 string
 	// OCIRef, instead of CatalogPath and ArtifactRoot, names the provider
-	// artifact to pull by digest (our extension, spec/wire.md §3).
+	// artifact to pull by digest (our extension).
 	OCIRef string
+	// Sandbox is what the source asks of the node's sandbox (only an
+	// ImplementationActivation spec carries it).
+	Sandbox SandboxRequest
 }
 
 // HasOCI reports whether the source is pulled from a registry.
@@ -229,6 +234,13 @@ func DocumentFromSpec(spec *v1alpha1.ImplementationActivationSpec) (*Document, e
 			Module: s.Module, ImplementationID: s.ImplementationID, CatalogPath: s.CatalogPath,
 			ArtifactRoot: s.ArtifactRoot, ManifestSHA256: s.ManifestSHA256, ArtifactSHA256: s.ArtifactSHA256,
 		}
+		if s.Sandbox != nil {
+			r, err := sandboxRequestOf(s.Sandbox, fmt.Sprintf("spec.sources[%d].sandbox", i))
+			if err != nil {
+				return nil, err
+			}
+			doc.Sources[i].Sandbox = r
+		}
 		if s.OCI != nil {
 			doc.Sources[i].OCIRef = s.OCI.Ref
 			if s.OCI.Ref == "" {
@@ -378,4 +390,39 @@ func (d *Document) Spec(nodeName string) v1alpha1.ImplementationActivationSpec {
 		spec.CapabilityCeiling = append(spec.CapabilityCeiling, v1alpha1.Capability(c))
 	}
 	return spec
+}
+
+// sandboxRequestOf converts a source's sandbox fields, refusing what the
+// API server's rules refuse (a spec may arrive another way).
+func sandboxRequestOf(sb *v1alpha1.SourceSandbox, field string) (SandboxRequest, error) {
+	r := SandboxRequest{Require: strings.ToLower(string(sb.Require))}
+	switch sb.Require {
+	case "", v1alpha1.SandboxLevelNone, v1alpha1.SandboxLevelLimits, v1alpha1.SandboxLevelIsolated:
+	default:
+		return r, failf(field+".require", ErrInvalidValue, "%q is not a sandbox level (None, Limits or Isolated)", sb.Require)
+	}
+	for _, q := range []struct {
+		name string
+		v    *resource.Quantity
+	}{{"memory", sb.Memory}, {"cpu", sb.CPU}, {"tmp", sb.Tmp}} {
+		if q.v != nil && q.v.Sign() <= 0 {
+			return r, failf(field+"."+q.name, ErrInvalidValue, "%s must be positive", q.v)
+		}
+	}
+	if sb.Tasks != nil && *sb.Tasks <= 0 {
+		return r, failf(field+".tasks", ErrInvalidValue, "must be positive")
+	}
+	if sb.Memory != nil {
+		r.MemoryBytes = sb.Memory.Value()
+	}
+	if sb.CPU != nil {
+		r.CPUMillis = sb.CPU.MilliValue()
+	}
+	if sb.Tasks != nil {
+		r.Tasks = int64(*sb.Tasks)
+	}
+	if sb.Tmp != nil {
+		r.TmpBytes = sb.Tmp.Value()
+	}
+	return r, nil
 }

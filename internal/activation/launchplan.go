@@ -23,6 +23,20 @@ type EvidenceLimits struct {
 	Observations int
 }
 
+// SandboxRequest is what a source asks of the node's sandbox
+// (spec.sources[].sandbox): the least level its launch must apply ("",
+// "none", "limits" or "isolated") and its bounds; a zero bound takes the
+// node's default. internal/sandbox resolves it against the node's policy.
+type SandboxRequest struct {
+	// Require is the least level ("" requires nothing).
+	Require string `json:"require,omitempty"`
+	// MemoryBytes, CPUMillis, Tasks and TmpBytes are the bounds asked.
+	MemoryBytes int64 `json:"memory_bytes,omitempty"`
+	CPUMillis   int64 `json:"cpu_millis,omitempty"`
+	Tasks       int64 `json:"tasks,omitempty"`
+	TmpBytes    int64 `json:"tmp_bytes,omitempty"`
+}
+
 // LaunchPlan is everything needed to run one verified provider, and nothing
 // that was not verified. Its fields are unexported: only this package's
 // verifier mints plans (and tests, through NewLaunchPlanForTest), so a plan in
@@ -48,6 +62,8 @@ type LaunchPlan struct {
 	// packageRuntime is set when the source is a package-runtime manifest
 	// (spec: docs/reference/package-runtimes.md) rather than a catalog.
 	packageRuntime *catalog.PackageRuntimeManifest
+	// sandbox is what the source asks of the sandbox.
+	sandbox SandboxRequest
 }
 
 // Module is the module the provider fills (snake_case).
@@ -104,6 +120,9 @@ func (p LaunchPlan) Contracts() protocol.ModuleContracts { return p.contracts }
 // every policy as fail_closed).
 func (p LaunchPlan) FailurePolicy() string { return p.failurePolicy }
 
+// Sandbox is what the source asks of the node's sandbox.
+func (p LaunchPlan) Sandbox() SandboxRequest { return p.sandbox }
+
 // PackageRuntime returns the verified package-runtime manifest when the
 // source is a package runtime (a quixos.runtime.PackageRuntime server), and
 // false for a line-protocol provider. A package runtime holds no state the
@@ -136,6 +155,8 @@ type LaunchPlanFields struct {
 	FailurePolicy                  string
 	// PackageRuntime, when set, makes the plan a package runtime's.
 	PackageRuntime *catalog.PackageRuntimeManifest
+	// Sandbox is what the source asks of the sandbox.
+	Sandbox SandboxRequest
 }
 
 // NewLaunchPlanForTest mints a plan without verification. It exists for the
@@ -156,6 +177,7 @@ func newLaunchPlan(f LaunchPlanFields) LaunchPlan {
 		admitted: slices.Clone(f.AdmittedCapabilities), authoritySHA256: f.AuthoritySHA256,
 		runtimeDeadline: f.RuntimeDeadline, cancellationDeadline: f.CancellationDeadline,
 		limits: f.EvidenceLimits, contracts: f.Contracts, failurePolicy: f.FailurePolicy,
+		sandbox: f.Sandbox,
 	}
 	if f.PackageRuntime != nil {
 		m := *f.PackageRuntime

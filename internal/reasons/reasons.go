@@ -81,6 +81,13 @@ const (
 	// ArtifactRefused: the registry refused the pull (401, 403, 404); not
 	// retried until the spec or the registry credentials change.
 	ArtifactRefused = "artifact_refused"
+	// SandboxUnavailable: the node cannot give a launch what its source
+	// requires of the sandbox (a level, or a bound above the node's
+	// ceiling); not retried until the spec or the node changes.
+	SandboxUnavailable = "sandbox_unavailable"
+	// MemoryExceeded: the kernel killed a provider for exceeding its
+	// memory bound (the sandbox's cgroup).
+	MemoryExceeded = "memory_exceeded"
 )
 
 // Reasons that describe a call or its caller rather than a module: only the
@@ -183,6 +190,10 @@ var table = []Reason{
 		Meaning: "an OCI source could not be pulled for a reason that may pass (registry unreachable, 5xx, timeout, truncated download, artifact store full); retried with backoff, what served keeps serving; the message names the registry error"},
 	{Code: ArtifactRefused, GRPC: codes.FailedPrecondition, Stalling: true,
 		Meaning: "the registry refused the pull (401, 403, 404); not retried until the spec or the registry credentials change; what served keeps serving"},
+	{Code: SandboxUnavailable, BlockKind: BlockValidation, Blocks: true, GRPC: codes.FailedPrecondition, Stalling: true,
+		Meaning: "the node cannot give the launch what its source requires of the sandbox (spec.sources[].sandbox: a level it cannot apply, or a bound above its --sandbox-max-* ceiling); not retried until the spec or the node changes; what served keeps serving"},
+	{Code: MemoryExceeded, BlockKind: BlockProvider, Blocks: true, GRPC: codes.Unavailable, RunGRPC: codes.ResourceExhausted,
+		Meaning: "the kernel killed a provider for exceeding its memory bound (its sandbox cgroup); counted like a crash"},
 	{Code: InvalidRequest, GRPC: codes.InvalidArgument, Caller: true,
 		Meaning: "a field of the request is missing or malformed"},
 	{Code: NotFound, GRPC: codes.NotFound, Caller: true,

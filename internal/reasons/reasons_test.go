@@ -52,7 +52,8 @@ func TestConditionReasonsAreTheAPIConstants(t *testing.T) {
 		RollbackFailed: iteronv1.ReasonRollbackFailed, LedgerCorrupt: iteronv1.ReasonLedgerCorrupt,
 		LedgerUnwritable: iteronv1.ReasonLedgerUnwritable, QueueFull: iteronv1.ReasonQueueFull,
 		Recovering: iteronv1.ReasonRecovering, ArtifactUnavailable: iteronv1.ReasonArtifactUnavailable,
-		ArtifactRefused: iteronv1.ReasonArtifactRefused,
+		ArtifactRefused: iteronv1.ReasonArtifactRefused, SandboxUnavailable: iteronv1.ReasonSandboxUnavailable,
+		MemoryExceeded: iteronv1.ReasonMemoryExceeded,
 	}
 	for _, r := range All() {
 		if r.Caller {
@@ -92,6 +93,8 @@ func TestTheDesignTableHolds(t *testing.T) {
 		{Recovering, iteronv1.ReasonRecovering, "", false, codes.Unavailable, codes.Unavailable, false},
 		{ArtifactUnavailable, iteronv1.ReasonArtifactUnavailable, "", false, codes.Unavailable, codes.Unavailable, false},
 		{ArtifactRefused, iteronv1.ReasonArtifactRefused, "", false, codes.FailedPrecondition, codes.FailedPrecondition, true},
+		{SandboxUnavailable, iteronv1.ReasonSandboxUnavailable, BlockValidation, true, codes.FailedPrecondition, codes.FailedPrecondition, true},
+		{MemoryExceeded, iteronv1.ReasonMemoryExceeded, BlockProvider, true, codes.Unavailable, codes.ResourceExhausted, false},
 		{NotFound, "", "", false, codes.NotFound, codes.NotFound, false},
 	} {
 		if got := ConditionReason(string(tc.code)); got != tc.condition {

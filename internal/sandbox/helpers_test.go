@@ -36,25 +36,15 @@ func guard(tb testing.TB) *cgroups.Layout {
 	if missing := own.Missing(); len(missing) > 0 {
 		tb.Skipf("this machine's cgroups lack %v", missing)
 	}
-	tree, err := own.NewTree("iteron-test-guard-" + strconv.Itoa(os.Getpid()))
+	l, remove, err := own.Below("iteron-test-guard-"+strconv.Itoa(os.Getpid()), filepathSafe(tb.Name()), cgroups.Limits{MemoryBytes: 2 << 30, Tasks: 2048})
 	if err != nil {
-		tb.Fatal(err)
-	}
-	g, err := tree.NewGroup(filepathSafe(tb.Name()), cgroups.Limits{MemoryBytes: 2 << 30, Tasks: 2048})
-	if err != nil {
-		tree.Remove()
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() {
-		if err := g.Remove(); err != nil {
+		if err := remove(); err != nil {
 			tb.Errorf("removing the guard cgroup: %v", err)
 		}
-		tree.Remove()
 	})
-	l := &cgroups.Layout{}
-	for i, h := range own.Hierarchies {
-		l.Hierarchies = append(l.Hierarchies, cgroups.Hierarchy{Version: h.Version, Dir: g.Dirs()[i], Controllers: h.Controllers})
-	}
 	return l
 }
 

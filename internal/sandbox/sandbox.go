@@ -22,6 +22,8 @@ import (
 	ll "github.com/landlock-lsm/go-landlock/landlock/syscall"
 	"golang.org/x/sys/unix"
 
+	"iteron.dev/operator/internal/activation"
+	"iteron.dev/operator/internal/reasons"
 	"iteron.dev/operator/internal/sandbox/cgroups"
 	"iteron.dev/operator/internal/sandbox/launcher"
 	"iteron.dev/operator/internal/spawn"
@@ -581,7 +583,7 @@ func (l *Launch) violation(name string) {
 // turns the launcher's exit status back into the provider's (128+n is
 // signal n), reads whether the kernel killed the provider for its memory,
 // and removes its cgroup. It returns the provider's exit, and the reason
-// of its own when memory is why it died (MemoryExceeded), "" otherwise.
+// of its own when memory is why it died (reasons.MemoryExceeded), "" otherwise.
 // Safe to call more than once.
 func (l *Launch) Finish(exit spawn.Exit) (spawn.Exit, string) {
 	if l == nil {
@@ -602,14 +604,10 @@ func (l *Launch) Finish(exit spawn.Exit) (spawn.Exit, string) {
 		}
 	}
 	if l.oomKills > 0 {
-		return exit, MemoryExceeded
+		return exit, reasons.MemoryExceeded
 	}
 	return exit, ""
 }
-
-// MemoryExceeded is the reason a provider the kernel killed for exceeding
-// its memory bound is reported with.
-const MemoryExceeded = "memory_exceeded"
 
 // ProviderExit is the provider's exit from its launcher's: the launcher
 // exits with the provider's status, or 128+n when signal n killed it (a
@@ -701,4 +699,13 @@ func elfInterp(f *os.File) string {
 		}
 	}
 	return ""
+}
+
+// RequestOf reads a plan's sandbox request.
+func RequestOf(r activation.SandboxRequest) (Request, error) {
+	lvl, err := ParseLevel(r.Require)
+	if err != nil {
+		return Request{}, &Error{Field: "sandbox.require", Detail: err.Error()}
+	}
+	return Request{Require: lvl, Limits: Limits{MemoryBytes: r.MemoryBytes, CPUMillis: r.CPUMillis, Tasks: r.Tasks, TmpBytes: r.TmpBytes}}, nil
 }

@@ -16,6 +16,7 @@ import (
 
 	"iteron.dev/operator/examples/providers/providertest"
 	"iteron.dev/operator/internal/catalog"
+	"iteron.dev/operator/internal/reasons"
 	"iteron.dev/operator/internal/sandbox/cgroups"
 )
 
@@ -138,8 +139,8 @@ func TestTheBoundsStopAMemoryHogAForkBombAndACPUSpinner(t *testing.T) {
 	exe := hostile(t)
 	t.Run("a memory hog is killed and reported with a reason of its own", func(t *testing.T) {
 		r := run(t, sb, exe, nil, Request{Limits: Limits{MemoryBytes: 64 << 20}}, "", "memhog")
-		if r.exit.Exited || r.exit.Signal != syscall.SIGKILL || r.reason != MemoryExceeded {
-			t.Errorf("the hog ended with %v, reason %q; want killed by SIGKILL with %s (out %q)", r.exit, r.reason, MemoryExceeded, r.out)
+		if r.exit.Exited || r.exit.Signal != syscall.SIGKILL || r.reason != reasons.MemoryExceeded {
+			t.Errorf("the hog ended with %v, reason %q; want killed by SIGKILL with %s (out %q)", r.exit, r.reason, reasons.MemoryExceeded, r.out)
 		}
 	})
 	t.Run("a fork bomb stops at its tasks bound", func(t *testing.T) {

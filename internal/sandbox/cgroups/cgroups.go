@@ -676,3 +676,31 @@ func killAll(tree string) error {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// Below makes a cgroup of this process's own (the tree name, the group
+// sub) with bounds lim and returns the layout rooted there: the trees made
+// on it are bounded by lim whatever their own bounds say. Tests put the
+// sandbox under one, so that a bug in the bounds under test cannot take the
+// machine down. remove removes it once it is empty.
+func (l *Layout) Below(tree, sub string, lim Limits) (below *Layout, remove func() error, err error) {
+	t, err := l.NewTree(tree)
+	if err != nil {
+		return nil, nil, err
+	}
+	g, err := t.NewGroup(sub, lim)
+	if err != nil {
+		t.Remove()
+		return nil, nil, err
+	}
+	below = &Layout{}
+	for i, h := range l.Hierarchies {
+		below.Hierarchies = append(below.Hierarchies, Hierarchy{Version: h.Version, Dir: g.dirs[i], Controllers: h.Controllers})
+	}
+	return below, func() error {
+		err := g.Remove()
+		for _, dir := range t.dirs {
+			unix.Rmdir(dir) // another Below of this tree may still hold a group
+		}
+		return err
+	}, nil
+}
