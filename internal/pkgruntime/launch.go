@@ -99,11 +99,11 @@ type Runtime struct {
 	l       *Launcher
 	group   spawn.Group
 	sandbox *sandbox.Launch // nil without a sandbox
-	pidfd  *os.File
-	conn   *Conn
-	dir    string // the private socket directory
-	record string
-	errs   *spawn.Ring
+	pidfd   *os.File
+	conn    *Conn
+	dir     string // the private socket directory
+	record  string
+	errs    *spawn.Ring
 	// startedAt is when the process was started.
 	startedAt time.Time
 
