@@ -404,9 +404,10 @@ func sandboxRequestOf(sb *v1alpha1.SourceSandbox, field string) (SandboxRequest,
 	for _, q := range []struct {
 		name string
 		v    *resource.Quantity
-	}{{"memory", sb.Memory}, {"cpu", sb.CPU}, {"tmp", sb.Tmp}} {
-		if q.v != nil && q.v.Sign() <= 0 {
-			return r, failf(field+"."+q.name, ErrInvalidValue, "%s must be positive", q.v)
+		min  resource.Quantity
+	}{{"memory", sb.Memory, resource.MustParse("16Mi")}, {"cpu", sb.CPU, resource.MustParse("10m")}, {"tmp", sb.Tmp, resource.MustParse("1Mi")}} {
+		if q.v != nil && q.v.Cmp(q.min) < 0 {
+			return r, failf(field+"."+q.name, ErrInvalidValue, "%s is less than the least bound %s", q.v, &q.min)
 		}
 	}
 	if sb.Tasks != nil && *sb.Tasks <= 0 {
