@@ -130,25 +130,25 @@ type Policy struct {
 
 // withDefaults fills the zero fields of p.
 func (p Policy) withDefaults() Policy {
-	fill := func(l *Limits, d Limits) {
-		if l.MemoryBytes == 0 {
-			l.MemoryBytes = d.MemoryBytes
-		}
-		if l.CPUMillis == 0 {
-			l.CPUMillis = d.CPUMillis
-		}
-		if l.Tasks == 0 {
-			l.Tasks = d.Tasks
-		}
-		if l.TmpBytes == 0 {
-			l.TmpBytes = d.TmpBytes
+	fill := func(v *int64, def int64) {
+		if *v == 0 {
+			*v = def
 		}
 	}
 	if p.Mode == "" {
 		p.Mode = ModeEnforce
 	}
-	fill(&p.Defaults, DefaultLimits())
-	fill(&p.Ceiling, DefaultCeiling())
+	c, d := DefaultCeiling(), DefaultLimits()
+	fill(&p.Ceiling.MemoryBytes, c.MemoryBytes)
+	fill(&p.Ceiling.CPUMillis, c.CPUMillis)
+	fill(&p.Ceiling.Tasks, c.Tasks)
+	fill(&p.Ceiling.TmpBytes, c.TmpBytes)
+	// A built-in default never exceeds the node's ceiling (a node that
+	// lowers --sandbox-max-memory lowers the default with it).
+	fill(&p.Defaults.MemoryBytes, min(d.MemoryBytes, p.Ceiling.MemoryBytes))
+	fill(&p.Defaults.CPUMillis, min(d.CPUMillis, p.Ceiling.CPUMillis))
+	fill(&p.Defaults.Tasks, min(d.Tasks, p.Ceiling.Tasks))
+	fill(&p.Defaults.TmpBytes, min(d.TmpBytes, p.Ceiling.TmpBytes))
 	if p.ReadOnlyPaths == nil {
 		p.ReadOnlyPaths = DefaultReadOnlyPaths
 	}

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	ll "github.com/landlock-lsm/go-landlock/landlock/syscall"
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
 
 	"iteron.dev/operator/internal/activation"
@@ -55,6 +56,9 @@ func ScratchRoot(stateDir string) string { return filepath.Join(stateDir, "scrat
 // TreePrefix starts the name of the cgroup subtree a Sandbox makes below
 // its process's cgroup (the pid follows).
 const TreePrefix = "iteron-sandbox-"
+
+// instances numbers the Sandboxes of this process.
+var instances atomic.Int64
 
 // Sandbox builds every provider's sandbox on one node (in one manager or
 // survivor process).
@@ -117,7 +121,13 @@ func New(cfg Config) (*Sandbox, error) {
 			if removed, err := s.layout.SweepTrees(TreePrefix, alive); len(removed) > 0 || err != nil {
 				s.log("removed the cgroups of a process that is gone", "trees", removed, "error", err)
 			}
-			if s.tree, err = s.layout.NewTree(TreePrefix + strconv.Itoa(os.Getpid())); err != nil {
+			// One tree per Sandbox: a process may hold several (tests build
+			// many managers in one process), and each removes its own.
+			name := TreePrefix + strconv.Itoa(os.Getpid())
+			if n := instances.Add(1); n > 1 {
+				name += "." + strconv.FormatInt(n, 10)
+			}
+			if s.tree, err = s.layout.NewTree(name); err != nil {
 				s.cgroupsWhy = err.Error()
 			}
 		}
@@ -152,6 +162,9 @@ func fileDigest(path string) (string, error) {
 // Close removes this process's cgroup subtree (groups still holding
 // processes stay) and closes the sealed launcher.
 func (s *Sandbox) Close() error {
+	if s == nil {
+		return nil
+	}
 	var err error
 	if s.tree != nil {
 		err = s.tree.Remove()
@@ -266,6 +279,7 @@ type Start struct {
 // Launch is one sandboxed launch.
 type Launch struct {
 	s          *Sandbox
+	module     string
 	evidence   Evidence
 	group      *cgroups.Group
 	status     *os.File
@@ -410,7 +424,7 @@ func (s *Sandbox) Spawn(st Start, attr *syscall.ProcAttr, uid int) (spawn.Group,
 		cleanup()
 		return spawn.Group{}, pidfd, nil, fmt.Errorf("sandbox: starting the launcher: %w", err)
 	}
-	l := &Launch{s: s, evidence: ev, group: group, status: statR, statusDone: make(chan struct{}), violations: map[string]int64{}}
+	l := &Launch{s: s, module: st.Name, evidence: ev, group: group, status: statR, statusDone: make(chan struct{}), violations: map[string]int64{}}
 	started, serr := l.awaitStart()
 	if serr != nil {
 		unix.Kill(-g.PGID, unix.SIGKILL)
@@ -574,12 +588,13 @@ func (l *Launch) readViolations(r *bufio.Reader) {
 }
 
 func (l *Launch) violation(name string) {
+	violationsTotal.WithLabelValues(l.module, name).Inc()
 	l.mu.Lock()
 	l.violations[name]++
 	n := l.violations[name]
 	l.mu.Unlock()
 	if n == 1 || n&(n-1) == 0 {
-		l.s.log("sandbox violation (audit: allowed)", "syscall", name, "count", n)
+		l.s.log("sandbox violation (audit: allowed)", "module", l.module, "syscall", name, "count", n)
 	}
 }
 
@@ -713,3 +728,13 @@ func RequestOf(r activation.SandboxRequest) (Request, error) {
 	}
 	return Request{Require: lvl, Limits: Limits{MemoryBytes: r.MemoryBytes, CPUMillis: r.CPUMillis, Tasks: r.Tasks, TmpBytes: r.TmpBytes}}, nil
 }
+
+// violationsTotal counts what audited providers did that the enforced
+// sandbox refuses.
+var violationsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+	Name: "iteron_sandbox_violations_total",
+	Help: "Syscalls that providers under --sandbox=audit made and that --sandbox=enforce refuses (allowed and logged), by module and syscall.",
+}, []string{"module", "syscall"})
+
+// Collectors are the sandbox's metrics.
+func Collectors() []prometheus.Collector { return []prometheus.Collector{violationsTotal} }

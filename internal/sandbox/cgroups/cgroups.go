@@ -614,7 +614,7 @@ func rmdir(dir string) error {
 	}
 }
 
-// SweepTrees removes the trees named prefix+<pid> that a process no longer
+// SweepTrees removes the trees named prefix+<pid> (or prefix+<pid>.<n>) that a process no longer
 // alive left behind (a manager that was killed): every process still in
 // them is killed first — only the launcher puts processes there — and the
 // directories removed. It returns the trees removed.
@@ -628,7 +628,9 @@ func (l *Layout) SweepTrees(prefix string, alive func(pid int) bool) ([]string, 
 			continue
 		}
 		for _, e := range entries {
-			pid, err := strconv.Atoi(strings.TrimPrefix(e.Name(), prefix))
+			// <prefix><pid>, or <prefix><pid>.<n> for a process's n-th tree.
+			num, _, _ := strings.Cut(strings.TrimPrefix(e.Name(), prefix), ".")
+			pid, err := strconv.Atoi(num)
 			if !e.IsDir() || !strings.HasPrefix(e.Name(), prefix) || err != nil || pid <= 0 || alive(pid) {
 				continue
 			}
