@@ -53,8 +53,9 @@ vet: ## Run go vet.
 	$(GO) vet ./...
 
 .PHONY: build
-build: ## Build the manager and the kubectl plugin into bin/.
+build: ## Build the manager, its sandbox launcher and the kubectl plugin into bin/.
 	$(GO) build -o $(BIN_DIR)/manager ./cmd/manager
+	CGO_ENABLED=0 $(GO) build -o $(BIN_DIR)/iteron-sandbox ./cmd/iteron-sandbox
 	$(GO) build -o $(BIN_DIR)/kubectl-iteron ./cmd/kubectl-iteron
 
 .PHONY: controlplane
