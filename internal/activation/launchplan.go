@@ -211,6 +211,10 @@ type ConformanceTarget struct {
 	RuntimeDeadline, CancellationDeadline time.Duration
 	// EvidenceLimits bound each run's output and the stderr ring.
 	EvidenceLimits EvidenceLimits
+	// Admitted are the capabilities to run it as admitted (sorted, on the
+	// wire's list; none by default): what its sandbox allows, and what its
+	// load request says.
+	Admitted []string
 }
 
 // conformanceCandidate is the candidate digest conformance runs carry.
@@ -220,8 +224,8 @@ var conformanceCandidate = strictjson.Digest([]byte("iteron conformance"))
 // the conformance CLI's own door, and no other caller may use it: the plan it
 // returns proves nothing about a catalog or an activation, only that the CLI
 // hashed the bytes it names. Contracts are the built-in graph's for the
-// module; no capability is admitted; the candidate digest is a fixed
-// conformance digest.
+// module; the capabilities admitted are the target's (none unless given);
+// the candidate digest is a fixed conformance digest.
 func PlanForConformance(t ConformanceTarget) (LaunchPlan, error) {
 	switch {
 	case t.ProtocolVersion != 1 && t.ProtocolVersion != 2:
@@ -237,14 +241,18 @@ func PlanForConformance(t ConformanceTarget) (LaunchPlan, error) {
 	case t.RuntimeDeadline <= 0 || t.CancellationDeadline <= 0:
 		return LaunchPlan{}, fmt.Errorf("conformance: deadlines must be positive")
 	}
-	authority, err := strictjson.DigestOf([]string{})
-	if err != nil {
-		return LaunchPlan{}, err
+	admitted := slices.Clone(t.Admitted)
+	if admitted == nil {
+		admitted = []string{}
 	}
+	if err := catalog.CheckCapabilitySet("capabilities", admitted); err != nil {
+		return LaunchPlan{}, fmt.Errorf("conformance: %v", err)
+	}
+	authority := catalog.AuthorityDigest(admitted)
 	return newLaunchPlan(LaunchPlanFields{
 		Module: t.Module, ImplementationID: t.ImplementationID, ProtocolVersion: t.ProtocolVersion,
 		ArtifactSHA256: t.ArtifactSHA256, ArtifactRoot: filepath.Dir(t.Executable), Executable: t.Executable,
-		Argv: t.Argv, CandidateSHA256: conformanceCandidate, AdmittedCapabilities: []string{}, AuthoritySHA256: authority,
+		Argv: t.Argv, CandidateSHA256: conformanceCandidate, AdmittedCapabilities: admitted, AuthoritySHA256: authority,
 		RuntimeDeadline: t.RuntimeDeadline, CancellationDeadline: t.CancellationDeadline,
 		EvidenceLimits: t.EvidenceLimits, Contracts: protocol.BuiltinContracts(t.Module), FailurePolicy: "fail_closed",
 	}), nil

@@ -4,6 +4,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -27,7 +28,7 @@ type Flags struct {
 // and the --sandbox-max-* ceilings to fs, with def as --sandbox's default.
 func (f *Flags) Register(fs *flag.FlagSet, def Mode) {
 	fs.StringVar(&f.mode, "sandbox", string(def), "how providers are sandboxed: enforce (every kernel rule their capabilities map to, and their bounds), audit (the bounds only; what enforce refuses is allowed, logged and counted) or off (docs/security.md)")
-	fs.StringVar(&f.launcher, "sandbox-launcher", "", "the "+LauncherName+" executable (default: "+LauncherName+" beside this executable)")
+	fs.StringVar(&f.launcher, "sandbox-launcher", "", "the "+LauncherName+" executable (default: "+LauncherName+" beside this executable, else on PATH)")
 	fs.StringVar(&f.readOnly, "sandbox-read-only-paths", strings.Join(DefaultReadOnlyPaths, ","), "comma-separated node paths a sandboxed provider sees, read-only (those the node lacks are skipped)")
 	fs.StringVar(&f.maxMemory, "sandbox-max-memory", resource.NewQuantity(DefaultMaxMemoryBytes, resource.BinarySI).String(), "the most memory a source may ask for one provider (spec.sources[].sandbox.memory); the default is 512Mi or this, the lower")
 	fs.StringVar(&f.maxCPU, "sandbox-max-cpu", resource.NewMilliQuantity(DefaultMaxCPUMillis, resource.DecimalSI).String(), "the most CPU a source may ask for one provider (spec.sources[].sandbox.cpu); the default is 1 or this, the lower")
@@ -95,6 +96,13 @@ func (f *Flags) Parsed() (Policy, string, error) {
 			return Policy{}, "", &FlagError{"sandbox-launcher", "", "cannot find this executable to look beside it: " + err.Error()}
 		}
 		launcher = filepath.Join(filepath.Dir(self), LauncherName)
+		if _, err := os.Stat(launcher); err != nil {
+			if onPath, err := exec.LookPath(LauncherName); err == nil {
+				if abs, err := filepath.Abs(onPath); err == nil {
+					launcher = abs
+				}
+			}
+		}
 	}
 	if !filepath.IsAbs(launcher) {
 		return Policy{}, "", &FlagError{"sandbox-launcher", launcher, "must be an absolute path"}
