@@ -418,6 +418,14 @@ func (s *Sandbox) Spawn(st Start, attr *syscall.ProcAttr, uid int) (spawn.Group,
 	}
 	argv := []string{"/proc/self/fd/" + strconv.Itoa(n), "iteron-sandbox", strconv.Itoa(n)}
 	g, pidfd, err := spawn.SpawnLauncher(argv, &la, uid)
+	if errors.Is(err, unix.ENOSYS) && la.Sys.UseCgroupFD {
+		// clone3, which CLONE_INTO_CGROUP needs, is refused here (a
+		// container runtime's seccomp profile answers ENOSYS): the launcher
+		// joins its v2 cgroup itself, first thing, as on v1 (its
+		// configuration lists the v2 group's cgroup.procs too).
+		la.Sys.UseCgroupFD, la.Sys.CgroupFD = false, 0
+		g, pidfd, err = spawn.SpawnLauncher(argv, &la, uid)
+	}
 	statW.Close()
 	if err != nil {
 		statR.Close()
@@ -452,6 +460,10 @@ func (s *Sandbox) launcherConfig(st Start, rules Rules, lim Limits, enforce bool
 	}
 	if group != nil {
 		cfg.Cgroups, cfg.ThreadCgroups = group.Procs(), group.ProviderTasks()
+		if dir := group.Dir(); dir != "" {
+			// Already in it when cloned into it; the write is then a no-op.
+			cfg.Cgroups = append(cfg.Cgroups, filepath.Join(dir, "cgroup.procs"))
+		}
 	}
 	var clone uintptr
 	if s.rootless {
