@@ -289,7 +289,18 @@ type Launch struct {
 	violations map[string]int64
 	finished   bool
 	oomKills   int64
+	steps      []Step
 }
+
+// Step is one step of a launch and how long it took.
+type Step struct {
+	Name     string
+	Duration time.Duration
+}
+
+// Steps are the launch's steps in order, the host's and the launcher's:
+// the launch-cost breakdown.
+func (l *Launch) Steps() []Step { return slices.Clone(l.steps) }
 
 // Evidence is what the launch applied.
 func (l *Launch) Evidence() Evidence { return l.evidence }
@@ -337,6 +348,13 @@ func (s *Sandbox) Spawn(st Start, attr *syscall.ProcAttr, uid int) (spawn.Group,
 		g, pidfd, err := spawn.SpawnGroup(append([]string{"/proc/self/fd/3"}, st.Argv...), attr, uid)
 		return g, pidfd, &Launch{s: s, evidence: Off()}, err
 	}
+	t0 := time.Now()
+	var steps []Step
+	mark := func(name string) {
+		now := time.Now()
+		steps = append(steps, Step{name, now.Sub(t0)})
+		t0 = now
+	}
 	rules := Derive(st.Capabilities)
 	enforce := s.policy.Mode == ModeEnforce
 	ev := Evidence{Mode: s.policy.Mode, Level: c.Level, Network: NetworkNode, Exec: true, Cgroups: c.Cgroups, Seccomp: "off", Launcher: s.digest}
@@ -352,6 +370,7 @@ func (s *Sandbox) Spawn(st Start, attr *syscall.ProcAttr, uid int) (spawn.Group,
 		}
 		ev.Limits = Limits{MemoryBytes: lim.MemoryBytes, CPUMillis: lim.CPUMillis, Tasks: lim.Tasks}
 	}
+	mark("host: make the cgroup")
 	cleanup := func() {
 		if group != nil {
 			group.Remove()
@@ -417,6 +436,7 @@ func (s *Sandbox) Spawn(st Start, attr *syscall.ProcAttr, uid int) (spawn.Group,
 		la.Sys.UseCgroupFD, la.Sys.CgroupFD = true, int(cg.Fd())
 	}
 	argv := []string{"/proc/self/fd/" + strconv.Itoa(n), "iteron-sandbox", strconv.Itoa(n)}
+	mark("host: configure (filter, root, pipes)")
 	g, pidfd, err := spawn.SpawnLauncher(argv, &la, uid)
 	if errors.Is(err, unix.ENOSYS) && la.Sys.UseCgroupFD {
 		// clone3, which CLONE_INTO_CGROUP needs, is refused here (a
@@ -432,6 +452,8 @@ func (s *Sandbox) Spawn(st Start, attr *syscall.ProcAttr, uid int) (spawn.Group,
 		cleanup()
 		return spawn.Group{}, pidfd, nil, fmt.Errorf("sandbox: starting the launcher: %w", err)
 	}
+	spawned := time.Now()
+	mark("host: clone the namespaces, exec the launcher")
 	l := &Launch{s: s, module: st.Name, evidence: ev, group: group, status: statR, statusDone: make(chan struct{}), violations: map[string]int64{}}
 	started, serr := l.awaitStart()
 	if serr != nil {
@@ -448,6 +470,13 @@ func (s *Sandbox) Spawn(st Start, attr *syscall.ProcAttr, uid int) (spawn.Group,
 			l.evidence.Level = LevelLimits
 		}
 	}
+	if started.StartedAtNs > 0 {
+		steps = append(steps, Step{"launcher: Go runtime start", time.Unix(0, started.StartedAtNs).Sub(spawned)})
+		for _, name := range []string{"launcher: read config", "launcher: join cgroups", "launcher: private root", "launcher: landlock, seccomp, fork+exec the provider"} {
+			steps = append(steps, Step{name, time.Duration(started.Steps[name])})
+		}
+	}
+	l.steps = steps
 	return g, pidfd, l, nil
 }
 

@@ -165,6 +165,10 @@ type Status struct {
 	// Violation names a syscall an audited provider made that the enforced
 	// sandbox would refuse.
 	Violation string `json:"violation,omitempty"`
+	// StartedAtNs is when the launcher's main began (Unix ns), and Steps how
+	// long each of its steps took (ns), for the launch-cost breakdown.
+	StartedAtNs int64            `json:"started_at_ns,omitempty"`
+	Steps       map[string]int64 `json:"steps,omitempty"`
 }
 
 // ExitSetupFailed is the launcher's exit status when it could not build the

@@ -10,6 +10,7 @@ import (
 	"runtime"
 	"strconv"
 	"syscall"
+	"time"
 	"unsafe"
 
 	"github.com/landlock-lsm/go-landlock/landlock"
@@ -22,6 +23,14 @@ import (
 // n is the launcher's own sealed memfd, n+1 the config pipe and n+2 the
 // status pipe. It never returns.
 func Main() {
+	t0 := time.Now()
+	steps := map[string]int64{}
+	last := t0
+	step := func(name string) {
+		now := time.Now()
+		steps[name] = int64(now.Sub(last))
+		last = now
+	}
 	if len(os.Args) != 2 {
 		fmt.Fprintln(os.Stderr, "iteron-sandbox: this is the sandbox launcher of iteron-operator's process executor; it is started by the manager, the survivor or `kubectl iteron conformance`, never by hand")
 		os.Exit(2)
@@ -56,6 +65,7 @@ func Main() {
 	if err != nil {
 		fail("%v", err)
 	}
+	step("launcher: read config")
 	// A provider running as another uid may not read this process's memory
 	// or attach to it, whatever its own rules.
 	unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0)
@@ -79,12 +89,14 @@ func Main() {
 			fail("unshare(CLONE_NEWCGROUP): %v", err)
 		}
 	}
+	step("launcher: join cgroups")
 	var st Status
 	if cfg.Root != nil {
 		if err := buildRoot(cfg.Root); err != nil {
 			fail("building the private root: %v", err)
 		}
 	}
+	step("launcher: private root")
 	if cfg.MemfdNoexec {
 		// Per PID namespace (Linux 6.3+), and it can only be raised: nothing
 		// the provider starts can lower it.
@@ -123,7 +135,9 @@ func Main() {
 	if s.err != nil {
 		fail("%v", s.err)
 	}
+	step("launcher: landlock, seccomp, fork+exec the provider")
 	st.Started, st.Landlock = true, s.landlock
+	st.StartedAtNs, st.Steps = t0.UnixNano(), steps
 	// The kernel's OOM killer picks the provider, not the launcher, when
 	// their shared memory bound is reached: the launcher then reports how
 	// the provider ended.
