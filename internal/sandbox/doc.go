@@ -11,37 +11,50 @@
 //
 // Go's ForkExec has no hook between fork and exec, and most of a sandbox
 // can only be built from inside the new process: mounts in its own mount
-// namespace, Landlock and seccomp on its own thread, its own cgroup v1
+// namespace, Landlock and seccomp on its own thread, its own cgroup
 // membership. So a provider is started by a launcher, cmd/iteron-sandbox
 // (package launcher), and the sequence is:
 //
-//  1. the manager (or the survivor, or `kubectl iteron conformance`)
-//     creates the provider's cgroup and writes its bounds (package
-//     cgroups), writes the launcher's configuration into a pipe, and forks
-//     the launcher from spawn's launcher thread (locked for the life of
-//     the process: Pdeathsig; no_new_privs) into new PID, mount, IPC, UTS
-//     and, without irreversible_external, network namespaces — on cgroup
-//     v2 straight into the provider's cgroup (CLONE_INTO_CGROUP) — exec'ing
-//     the launcher's own sealed memfd, with the provider's descriptors
-//     (fd 3 its sealed memfd) first, an empty environment and a process
-//     group of its own;
-//  2. the launcher joins the provider's cgroups on v1 (before anything
-//     else, so nothing it or the provider forks starts outside them),
-//     builds the private root (a read-only tmpfs with the node's system
-//     directories, the artifact root read-only, a private /tmp, /dev and
-//     /proc) and pivots into it, sets vm.memfd_noexec=2 in the new PID
-//     namespace, and on one locked thread applies Landlock, empties the
-//     capability bounding set, installs the seccomp filter and forks the
-//     provider as uid 65534 executing /proc/self/fd/3 — the sealed memfd,
-//     the verified bytes;
-//  3. it reports on a status pipe that the provider runs (or why it could
-//     not start it: then nothing of the provider ran, and the host kills
-//     and reaps the group and removes the cgroup), keeps only CAP_KILL,
-//     and stays as the namespace's init: it forwards SIGTERM and the other
-//     termination signals to the provider (which, not being PID 1, keeps
-//     their default effect), reaps whatever the provider leaves, and exits
-//     with the provider's status (128+n for signal n) — and when it exits
-//     the kernel kills every process left in the namespace.
+//  1. ahead of any launch (pool.go), the manager (or the survivor, or
+//     `kubectl iteron conformance`) forks a launcher from spawn's launcher
+//     thread (locked for the life of the process: Pdeathsig; no_new_privs)
+//     into new mount, PID, IPC and UTS namespaces, exec'ing the launcher's
+//     own sealed memfd with an empty environment and a process group of
+//     its own, and tells it on its control socket what does not depend on
+//     the launch: it joins a fresh cgroup of the tree (before anything
+//     else, so that nothing it or the provider forks starts outside; cgroup
+//     v1 has no CLONE_INTO_CGROUP, and on v2 the launcher exists before
+//     its launch is known), moves the thread that will start the provider
+//     into the provider's own child of it, makes that thread's network
+//     namespace, and builds the node's part of the private root (a tmpfs
+//     with the node's system directories read-only, a private /dev and a
+//     /proc of its PID namespace);
+//  2. at the launch, the host writes the provider's bounds into that
+//     cgroup and hands the launcher, in one message, its configuration and
+//     the provider's descriptors (SCM_RIGHTS; fd 3 the provider's sealed
+//     memfd): the launcher finishes the root (its artifact root read-only,
+//     a private size-bounded /tmp, its scratch directory) and pivots into
+//     it, sets vm.memfd_noexec=2 in its PID namespace, and on the starting
+//     thread goes back to the node's network if the provider may use it,
+//     applies Landlock, empties the capability bounding set, installs the
+//     seccomp filter and forks the provider as uid 65534 executing
+//     /proc/self/fd/3 — the sealed memfd, the verified bytes;
+//  3. it reports that the provider runs (or why it could not start it:
+//     then nothing of the provider ran, and the host kills and reaps the
+//     group and removes the cgroup), keeps only CAP_KILL, and stays as the
+//     namespace's init: it forwards SIGTERM and the other termination
+//     signals to the provider (which, not being PID 1, keeps their default
+//     effect), reaps whatever the provider leaves, and exits with the
+//     provider's status (128+n for signal n) — and when it exits the
+//     kernel kills every process left in the namespace.
+//
+// Two launchers are kept ready and a new one is started 50 ms after each
+// launch (not at once: it would compete with the provider's own start).
+// A launch in a burst, after the ready ones are used, starts its own. The
+// launch-cost breakdown (Launch.Steps, BenchmarkSandboxedLaunch in
+// internal/procexec) shows why: exec'ing the launcher and starting its Go
+// runtime is most of what a sandbox costs, and none of it depends on the
+// launch.
 //
 // Every launch guarantee holds: the verified bytes only (the provider is
 // exec'd from its sealed memfd, never a path), an empty environment, its
@@ -56,9 +69,11 @@
 // manager would run the package initialisers of client-go,
 // controller-runtime, gRPC, protobuf and Prometheus (those that sort
 // before this module's packages run first, whatever the launcher does) on
-// every launch, and its sealed copy would hold the manager's ~80 MB in
-// memory for as long as it runs; the launcher starts in about a
-// millisecond and its sealed copy costs 3.5 MB. The price is one more file
+// every launch — measured on these machines, the manager binary takes a
+// median 58 ms from exec to exit doing nothing (--help), the launcher 6.5
+// ms, an empty Go program 4.4 ms — and its sealed copy would hold the
+// manager's 70 MB in memory for as long as the manager runs; the
+// launcher's costs 3.5 MB. The price is one more file
 // to ship: the manager's and the survivor's images carry it next to their
 // binaries (--sandbox-launcher finds it there by default), tests build it
 // once per test binary (providertest.SandboxLauncher), and `kubectl

@@ -1,7 +1,6 @@
 package sandbox
 
 import (
-	"bufio"
 	"crypto/sha256"
 	"debug/elf"
 	"encoding/hex"
@@ -77,6 +76,9 @@ type Sandbox struct {
 	mu      sync.Mutex
 	filters map[filterKind]*compiled
 	seq     atomic.Uint64
+	ready   []*idleLauncher
+	filling int
+	closed  bool
 }
 
 // New seals the launcher, detects what this node can apply (cgroups,
@@ -165,6 +167,7 @@ func (s *Sandbox) Close() error {
 	if s == nil {
 		return nil
 	}
+	s.drain()
 	var err error
 	if s.tree != nil {
 		err = s.tree.Remove()
@@ -199,6 +202,9 @@ type Capacity struct {
 	Launcher string
 	// Tree is this process's cgroup subtree (one directory per hierarchy).
 	Tree []string
+	// Ready are the cgroups (directory names in Tree) of the launchers
+	// started ahead of their launch.
+	Ready []string
 }
 
 // Capacity reports what this node applies.
@@ -207,6 +213,7 @@ func (s *Sandbox) Capacity() Capacity {
 	if s.tree != nil {
 		c.Cgroups = s.layout.Version()
 		c.Tree = s.tree.Dirs()
+		c.Ready = s.readyGroups()
 	}
 	switch {
 	case s.policy.Mode == ModeOff:
@@ -362,105 +369,60 @@ func (s *Sandbox) Spawn(st Start, attr *syscall.ProcAttr, uid int) (spawn.Group,
 		ev.Network, ev.Exec = rules.Network, rules.Exec
 	}
 
-	var group *cgroups.Group
-	if s.tree != nil {
+	idle, fresh, err := s.take(uid)
+	if err != nil {
+		return spawn.Group{}, -1, nil, err
+	}
+	if fresh {
+		mark("host: start a launcher (none was ready)")
+	} else {
+		mark("host: take a ready launcher")
+	}
+	group := idle.group
+	if group != nil {
 		cl := cgroups.Limits{MemoryBytes: lim.MemoryBytes, CPUMillis: lim.CPUMillis, Tasks: lim.Tasks}
-		if group, err = s.tree.NewGroup(groupName(st.Name, s.seq.Add(1)), cl); err != nil {
+		if err := group.SetLimits(cl); err != nil {
+			idle.kill()
 			return spawn.Group{}, -1, nil, fmt.Errorf("sandbox: %w", err)
 		}
 		ev.Limits = Limits{MemoryBytes: lim.MemoryBytes, CPUMillis: lim.CPUMillis, Tasks: lim.Tasks}
 	}
-	mark("host: make the cgroup")
-	cleanup := func() {
-		if group != nil {
-			group.Remove()
-		}
-	}
-	cfg, clone, err := s.launcherConfig(st, rules, lim, enforce, group, attr.Sys.Credential, &ev)
+	mark("host: write the bounds")
+	cfg, err := s.launcherConfig(st, rules, lim, enforce, attr.Sys.Credential, &ev)
 	if err != nil {
-		cleanup()
+		idle.kill()
 		return spawn.Group{}, -1, nil, err
 	}
 	raw, err := json.Marshal(cfg)
 	if err != nil {
-		cleanup()
+		idle.kill()
 		return spawn.Group{}, -1, nil, err
 	}
-
-	// Descriptors: the provider's 0..n-1, then the launcher's memfd, its
-	// config pipe and its status pipe.
-	n := len(attr.Files)
-	cfgR, cfgW, err := os.Pipe()
-	if err != nil {
-		cleanup()
-		return spawn.Group{}, -1, nil, err
-	}
-	defer cfgR.Close()
-	unix.FcntlInt(cfgW.Fd(), unix.F_SETPIPE_SZ, launcher.MaxConfigBytes)
 	if len(raw) > launcher.MaxConfigBytes {
-		cfgW.Close()
-		cleanup()
+		idle.kill()
 		return spawn.Group{}, -1, nil, fmt.Errorf("sandbox: the launcher's config is %d bytes", len(raw))
 	}
-	_, werr := cfgW.Write(raw)
-	cfgW.Close()
-	if werr != nil {
-		cleanup()
-		return spawn.Group{}, -1, nil, fmt.Errorf("sandbox: writing the launcher's config: %w", werr)
+	mark("host: configure (filter, root)")
+	// The configuration and the provider's descriptors, in one message:
+	// the launcher maps the descriptors to the provider's 0..n-1.
+	fds := make([]int, len(attr.Files))
+	for i, f := range attr.Files {
+		fds[i] = int(f)
 	}
-	statR, statW, err := os.Pipe()
-	if err != nil {
-		cleanup()
-		return spawn.Group{}, -1, nil, err
+	if err := unix.Sendmsg(idle.ctl, raw, unix.UnixRights(fds...), nil, 0); err != nil {
+		idle.kill()
+		return spawn.Group{}, -1, nil, fmt.Errorf("sandbox: handing the launch to the launcher: %w", err)
 	}
-	la := *attr
-	sys := *attr.Sys
-	la.Sys = &sys
-	la.Files = append(slices.Clone(attr.Files), s.launcher.File().Fd(), cfgR.Fd(), statW.Fd())
-	la.Sys.Credential = nil // the launcher runs as this process; it sets the provider's ids
-	la.Sys.Cloneflags = clone
-	if s.rootless && clone&unix.CLONE_NEWUSER != 0 {
-		la.Sys.UidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Geteuid(), Size: 1}}
-		la.Sys.GidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Getegid(), Size: 1}}
-		la.Sys.GidMappingsEnableSetgroups = false
-	}
-	if group != nil && group.Dir() != "" {
-		cg, err := os.Open(group.Dir())
-		if err != nil {
-			statR.Close()
-			statW.Close()
-			cleanup()
-			return spawn.Group{}, -1, nil, fmt.Errorf("sandbox: opening the provider's cgroup: %w", err)
-		}
-		defer cg.Close()
-		la.Sys.UseCgroupFD, la.Sys.CgroupFD = true, int(cg.Fd())
-	}
-	argv := []string{"/proc/self/fd/" + strconv.Itoa(n), "iteron-sandbox", strconv.Itoa(n)}
-	mark("host: configure (filter, root, pipes)")
-	g, pidfd, err := spawn.SpawnLauncher(argv, &la, uid)
-	if errors.Is(err, unix.ENOSYS) && la.Sys.UseCgroupFD {
-		// clone3, which CLONE_INTO_CGROUP needs, is refused here (a
-		// container runtime's seccomp profile answers ENOSYS): the launcher
-		// joins its v2 cgroup itself, first thing, as on v1 (its
-		// configuration lists the v2 group's cgroup.procs too).
-		la.Sys.UseCgroupFD, la.Sys.CgroupFD = false, 0
-		g, pidfd, err = spawn.SpawnLauncher(argv, &la, uid)
-	}
-	statW.Close()
-	if err != nil {
-		statR.Close()
-		cleanup()
-		return spawn.Group{}, pidfd, nil, fmt.Errorf("sandbox: starting the launcher: %w", err)
-	}
-	spawned := time.Now()
-	mark("host: clone the namespaces, exec the launcher")
+	// Pollable, so that the wait for the launcher is bounded.
+	unix.SetNonblock(idle.ctl, true)
+	statR := os.NewFile(uintptr(idle.ctl), "launcher-control")
+	idle.ctl = -1 // statR owns it now
+	g, pidfd := idle.g, idle.pidfd
 	l := &Launch{s: s, module: st.Name, evidence: ev, group: group, status: statR, statusDone: make(chan struct{}), violations: map[string]int64{}}
 	started, serr := l.awaitStart()
 	if serr != nil {
-		unix.Kill(-g.PGID, unix.SIGKILL)
-		spawn.WaitPidfd(pidfd, unix.WEXITED)
-		unix.Close(pidfd)
-		spawn.Unregister(g)
+		idle.group = nil // Finish removes it
+		idle.kill()
 		l.Finish(spawn.Exit{})
 		return spawn.Group{}, -1, nil, serr
 	}
@@ -471,8 +433,8 @@ func (s *Sandbox) Spawn(st Start, attr *syscall.ProcAttr, uid int) (spawn.Group,
 		}
 	}
 	if started.StartedAtNs > 0 {
-		steps = append(steps, Step{"launcher: Go runtime start", time.Unix(0, started.StartedAtNs).Sub(spawned)})
-		for _, name := range []string{"launcher: read config", "launcher: join cgroups", "launcher: private root", "launcher: landlock, seccomp, fork+exec the provider"} {
+		for _, name := range []string{"launcher: read config", "launcher: private root", "launcher: /proc/sys/vm/memfd_noexec, chdir",
+			"launcher: landlock", "launcher: bounding set, seccomp", "launcher: fork+exec the provider"} {
 			steps = append(steps, Step{name, time.Duration(started.Steps[name])})
 		}
 	}
@@ -482,62 +444,54 @@ func (s *Sandbox) Spawn(st Start, attr *syscall.ProcAttr, uid int) (spawn.Group,
 
 // launcherConfig is the launcher's configuration for st and the clone
 // flags of its namespaces.
-func (s *Sandbox) launcherConfig(st Start, rules Rules, lim Limits, enforce bool, group *cgroups.Group, cred *syscall.Credential, ev *Evidence) (*launcher.Config, uintptr, error) {
+func (s *Sandbox) launcherConfig(st Start, rules Rules, lim Limits, enforce bool, cred *syscall.Credential, ev *Evidence) (*launcher.Config, error) {
 	cfg := &launcher.Config{Version: launcher.ConfigVersion, Argv: st.Argv, Dir: st.ArtifactRoot}
 	if cred != nil && !s.rootless {
 		cfg.SetIDs, cfg.UID, cfg.GID = true, cred.Uid, cred.Gid
 	}
-	if group != nil {
-		cfg.Cgroups, cfg.ThreadCgroups = group.Procs(), group.ProviderTasks()
-		if dir := group.Dir(); dir != "" {
-			// Already in it when cloned into it; the write is then a no-op.
-			cfg.Cgroups = append(cfg.Cgroups, filepath.Join(dir, "cgroup.procs"))
-		}
-	}
-	var clone uintptr
-	if s.rootless {
-		clone |= unix.CLONE_NEWUSER
+	if s.rootless && enforce {
 		ev.Namespaces = append(ev.Namespaces, "user")
 	}
 	filter, err := s.filter(filterKind{audit: !enforce, network: rules.Network == NetworkNode, exec: rules.Exec})
 	if err != nil {
-		return nil, 0, err
+		return nil, err
 	}
 	cfg.Seccomp = filter.raw
 	ev.Seccomp = filter.digest
 	if !enforce {
 		cfg.Audit, cfg.AuditNames = true, filter.names
-		return cfg, clone, nil
+		return cfg, nil
 	}
-	clone |= unix.CLONE_NEWNS | unix.CLONE_NEWPID | unix.CLONE_NEWIPC | unix.CLONE_NEWUTS
-	cfg.CgroupNamespace = true
+	// The launcher was cloned into new mount, PID, IPC and UTS namespaces
+	// (pool.go); the network and cgroup namespaces it makes itself, as the
+	// launch says.
 	ev.Namespaces = append(ev.Namespaces, "cgroup", "ipc", "mnt", "pid", "uts")
 	if rules.Network == NetworkNone {
-		clone |= unix.CLONE_NEWNET
+		cfg.PrivateNetwork = true
 		ev.Namespaces = append(ev.Namespaces, "net")
 	}
 	slices.Sort(ev.Namespaces)
 	exec := execNeeds(st.Exe, st.Interpreter)
-	ro := slices.Clone(s.policy.ReadOnlyPaths)
+	var more []string
 	for _, f := range exec {
-		if !underAny(f, ro) {
-			ro = append(ro, f)
+		if !underAny(f, s.policy.ReadOnlyPaths) {
+			more = append(more, f)
 		}
 	}
-	cfg.Root = &launcher.Root{ReadOnly: ro, ArtifactRoot: st.ArtifactRoot, TmpBytes: lim.TmpBytes, Exec: rules.Exec}
+	cfg.Root = &launcher.Root{ReadOnly: more, ArtifactRoot: st.ArtifactRoot, TmpBytes: lim.TmpBytes, Exec: rules.Exec}
 	ev.Limits.TmpBytes = lim.TmpBytes
 	writable := []string{"/tmp"}
 	if rules.Scratch && s.scratch != "" && st.Scratch != "" {
 		dir, err := s.scratchDir(st.Scratch, cfg)
 		if err != nil {
-			return nil, 0, err
+			return nil, err
 		}
 		cfg.Root.Scratch, cfg.Root.ScratchTarget = dir, ScratchTarget
 		writable = append(writable, ScratchTarget)
 	}
 	cfg.MemfdNoexec = !rules.Exec
 	cfg.Landlock = &launcher.Landlock{Writable: writable, Devices: launcher.DeviceFiles(), Execute: exec, ExecuteAll: rules.Exec, Network: rules.Network == NetworkNone}
-	return cfg, clone, nil
+	return cfg, nil
 }
 
 // scratchDir makes (once) the scratch directory key below the node's
@@ -579,14 +533,14 @@ func (s *Sandbox) RemoveScratch(key string) error {
 	return os.RemoveAll(filepath.Join(s.scratch, clean))
 }
 
-// awaitStart reads the status pipe until the launcher says the provider
+// awaitStart reads the launcher's messages until it says the provider
 // runs or why it could not, then keeps reading violations.
 func (l *Launch) awaitStart() (launcher.Status, error) {
 	l.status.SetReadDeadline(time.Now().Add(startTimeout))
-	r := bufio.NewReaderSize(l.status, 4096)
+	buf := make([]byte, 64<<10)
 	for {
-		line, err := r.ReadSlice('\n')
-		if err != nil {
+		n, err := l.status.Read(buf)
+		if err != nil || n == 0 {
 			l.status.Close()
 			close(l.statusDone)
 			if errors.Is(err, os.ErrDeadlineExceeded) {
@@ -595,7 +549,7 @@ func (l *Launch) awaitStart() (launcher.Status, error) {
 			return launcher.Status{}, errors.New("sandbox: the launcher ended before starting the provider")
 		}
 		var st launcher.Status
-		if err := json.Unmarshal(line, &st); err != nil {
+		if err := json.Unmarshal(buf[:n], &st); err != nil {
 			continue
 		}
 		switch {
@@ -607,22 +561,22 @@ func (l *Launch) awaitStart() (launcher.Status, error) {
 			l.violation(st.Violation)
 		case st.Started:
 			l.status.SetReadDeadline(time.Time{})
-			go l.readViolations(r)
+			go l.readViolations(buf)
 			return st, nil
 		}
 	}
 }
 
-func (l *Launch) readViolations(r *bufio.Reader) {
+func (l *Launch) readViolations(buf []byte) {
 	defer close(l.statusDone)
 	defer l.status.Close()
 	for {
-		line, err := r.ReadSlice('\n')
-		if err != nil {
+		n, err := l.status.Read(buf)
+		if err != nil || n == 0 {
 			return
 		}
 		var st launcher.Status
-		if json.Unmarshal(line, &st) == nil && st.Violation != "" {
+		if json.Unmarshal(buf[:n], &st) == nil && st.Violation != "" {
 			l.violation(st.Violation)
 		}
 	}

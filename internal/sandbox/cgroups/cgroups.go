@@ -12,11 +12,11 @@
 // one cgroup never share one), and each provider's Group is a directory
 // below the Tree.
 //
-// Joining happens before the provider's first instruction: on v2 the
-// launcher is cloned into the group (CLONE_INTO_CGROUP, Group.Dir); on v1,
-// which has no such flag, the launcher writes itself into every
-// hierarchy's cgroup.procs (Group.Procs) before it builds anything else, so
-// that no process it or the provider forks starts outside.
+// Joining happens before the provider's first instruction: the launcher
+// writes itself into every hierarchy's cgroup.procs (Group.Procs) before it
+// builds anything else, so that no process it or the provider forks starts
+// outside. (CLONE_INTO_CGROUP, v2 only, cannot serve: the launcher is
+// started before its launch is known, so that it is ready when it is.)
 package cgroups
 
 import (
@@ -385,30 +385,15 @@ func (t *Tree) NewGroup(name string, lim Limits) (*Group, error) {
 			return fail(fmt.Errorf("cgroups: creating %s: %w", dir, err))
 		}
 		g.dirs = append(g.dirs, dir)
-		groupLim := lim
-		if groupLim.Tasks > 0 {
-			groupLim.Tasks += LauncherTasks
-		}
-		for _, w := range limitFiles(h, groupLim) {
-			if err := writeLimit(dir, w.file, w.value, w.optional); err != nil {
-				return fail(err)
-			}
-		}
-		var leaves []string
 		if h.Version == 1 && slices.Contains(h.Controllers, "pids") {
-			leaves = []string{providerLeaf}
-		}
-		for _, leaf := range leaves {
-			ld := filepath.Join(dir, leaf)
+			ld := filepath.Join(dir, providerLeaf)
 			if err := os.Mkdir(ld, 0o755); err != nil {
 				return fail(fmt.Errorf("cgroups: creating %s: %w", ld, err))
 			}
-			if leaf == providerLeaf && lim.Tasks > 0 && slices.Contains(h.Controllers, "pids") {
-				if err := writeLimit(ld, "pids.max", strconv.FormatInt(lim.Tasks, 10), false); err != nil {
-					return fail(err)
-				}
-			}
 		}
+	}
+	if err := g.SetLimits(lim); err != nil {
+		return fail(err)
 	}
 	return g, nil
 }
@@ -470,17 +455,43 @@ func writeIfPresent(dir, file, value string, optional bool) error {
 	return nil
 }
 
-// Limits are the limits the group was made with.
+// SetLimits writes the group's bounds (a group may be made before its
+// bounds are known: a launcher joins it while it waits for its launch).
+// The group's task bound is LauncherTasks above lim's; the provider's
+// child (v1) has lim's.
+func (g *Group) SetLimits(lim Limits) error {
+	g.limits = lim
+	for i, h := range g.tree.layout.Hierarchies {
+		groupLim := lim
+		if groupLim.Tasks > 0 {
+			groupLim.Tasks += LauncherTasks
+		}
+		for _, w := range limitFiles(h, groupLim) {
+			if err := writeLimit(g.dirs[i], w.file, w.value, w.optional); err != nil {
+				return err
+			}
+		}
+		if h.Version == 1 && lim.Tasks > 0 && slices.Contains(h.Controllers, "pids") {
+			if err := writeLimit(filepath.Join(g.dirs[i], providerLeaf), "pids.max", strconv.FormatInt(lim.Tasks, 10), false); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// Name is the group's directory name.
+func (g *Group) Name() string { return g.name }
+
+// Limits are the limits last written.
 func (g *Group) Limits() Limits { return g.limits }
 
-// Procs are the cgroup.procs files of the group in its v1 hierarchies,
-// which the launcher writes itself into.
+// Procs are the cgroup.procs files of the group, one per hierarchy, which
+// the launcher writes itself into before anything else.
 func (g *Group) Procs() []string {
 	var out []string
-	for i, h := range g.tree.layout.Hierarchies {
-		if h.Version == 1 {
-			out = append(out, filepath.Join(g.dirs[i], "cgroup.procs"))
-		}
+	for _, dir := range g.dirs {
+		out = append(out, filepath.Join(dir, "cgroup.procs"))
 	}
 	return out
 }
@@ -499,8 +510,7 @@ func (g *Group) ProviderTasks() []string {
 	return out
 }
 
-// Dir is the group in the v2 hierarchy ("" without one): the launcher is
-// cloned into it (CLONE_INTO_CGROUP).
+// Dir is the group in the v2 hierarchy ("" without one).
 func (g *Group) Dir() string {
 	for i, h := range g.tree.layout.Hierarchies {
 		if h.Version == 2 {

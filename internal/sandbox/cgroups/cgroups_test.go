@@ -139,14 +139,14 @@ func TestLimitsAreWrittenInEachVersionsOwnFiles(t *testing.T) {
 			t.Errorf("%s/%s = %q, want %q", c.dir, c.file, got, c.want)
 		}
 	}
-	if got, want := g.Procs(), []string{filepath.Join(g.Dirs()[0], "cgroup.procs")}; !slices.Equal(got, want) {
-		t.Errorf("Procs (the v1 files the launcher writes itself into) = %v, want %v", got, want)
+	if got, want := g.Procs(), []string{filepath.Join(g.Dirs()[0], "cgroup.procs"), filepath.Join(g.Dirs()[1], "cgroup.procs")}; !slices.Equal(got, want) {
+		t.Errorf("Procs (the files the launcher writes itself into) = %v, want %v", got, want)
 	}
 	if got, want := g.ProviderTasks(), []string{filepath.Join(g.Dirs()[0], "provider", "tasks")}; !slices.Equal(got, want) {
 		t.Errorf("ProviderTasks (the v1 file the thread that forks the provider moves into) = %v, want %v", got, want)
 	}
 	if g.Dir() != g.Dirs()[1] {
-		t.Errorf("Dir (the v2 group the launcher is cloned into) = %q, want %q", g.Dir(), g.Dirs()[1])
+		t.Errorf("Dir (the v2 group) = %q, want %q", g.Dir(), g.Dirs()[1])
 	}
 	os.WriteFile(filepath.Join(g.Dirs()[0], "memory.oom_control"), []byte("oom_kill_disable 0\nunder_oom 0\noom_kill 2\n"), 0o644)
 	os.WriteFile(filepath.Join(g.Dirs()[1], "memory.events"), []byte("low 0\nhigh 0\nmax 9\noom 1\noom_kill 1\n"), 0o644)

@@ -5,8 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
-	"slices"
 )
+
+// Protocol is the launcher's only argument: the version of the messages
+// of its control socket (descriptor 3). A launcher given another refuses to
+// start.
+const Protocol = "control/1"
 
 // ConfigVersion is the version of Config this launcher reads. The host and
 // the launcher are built from the same tree; a launcher that reads another
@@ -35,17 +39,9 @@ type Config struct {
 	SetIDs bool   `json:"set_ids"`
 	UID    uint32 `json:"uid"`
 	GID    uint32 `json:"gid"`
-	// Cgroups are cgroup.procs files the launcher writes itself into before
-	// anything else (cgroup v1 has no CLONE_INTO_CGROUP): the provider and
-	// every process it forks start inside its bounds.
-	Cgroups []string `json:"cgroups,omitempty"`
-	// ThreadCgroups are v1 tasks files the thread that forks the provider
-	// moves itself into, so that the provider starts in its own child of
-	// the group (its task bound below the launcher's).
-	ThreadCgroups []string `json:"thread_cgroups,omitempty"`
-	// CgroupNamespace unshares a cgroup namespace after the join, so that
-	// the provider sees its own cgroup as the root.
-	CgroupNamespace bool `json:"cgroup_namespace,omitempty"`
+	// PrivateNetwork gives the provider a new, empty network namespace
+	// (made on the thread that starts it); otherwise it has the node's.
+	PrivateNetwork bool `json:"private_network,omitempty"`
 	// Root, when set, builds a private root: the launcher runs in a new
 	// mount namespace (the host cloned it), and the provider sees only
 	// what Root lists.
@@ -67,12 +63,55 @@ type Config struct {
 	AuditNames map[int]string `json:"audit_names,omitempty"`
 }
 
-// Root is the provider's file system view.
+// Prepare is what a launcher does while it waits for its launch.
+type Prepare struct {
+	// Version is ConfigVersion.
+	Version int `json:"version"`
+	// Cgroups are cgroup.procs files the launcher writes itself into before
+	// anything else: the provider and every process it forks start inside
+	// the bounds the launch writes into them.
+	Cgroups []string `json:"cgroups,omitempty"`
+	// ThreadCgroups are v1 tasks files the thread that forks the provider
+	// moves itself into, so that the provider starts in its own child of
+	// the group (its task bound below the launcher's).
+	ThreadCgroups []string `json:"thread_cgroups,omitempty"`
+	// CgroupNamespace unshares a cgroup namespace after the join, so that
+	// the provider sees its own cgroup as the root.
+	CgroupNamespace bool `json:"cgroup_namespace,omitempty"`
+	// PrivateNetwork makes the starting thread's network namespace now.
+	PrivateNetwork bool `json:"private_network,omitempty"`
+	// ReadOnly, when not nil, starts the private root (the launcher is in
+	// a mount namespace of its own): the node paths bound read-only at the
+	// same path (directories or symlinks to them, such as /bin on a
+	// merged-/usr system; a missing one is skipped), a private /dev and
+	// /proc.
+	ReadOnly []string `json:"read_only,omitempty"`
+}
+
+// ParsePrepare decodes and checks a preparation.
+func ParsePrepare(b []byte) (*Prepare, error) {
+	var p Prepare
+	if err := json.Unmarshal(b, &p); err != nil {
+		return nil, fmt.Errorf("preparation: %w", err)
+	}
+	if p.Version != ConfigVersion {
+		return nil, fmt.Errorf("preparation: version %d, this launcher reads %d", p.Version, ConfigVersion)
+	}
+	for _, set := range [][]string{p.Cgroups, p.ThreadCgroups, p.ReadOnly} {
+		for _, path := range set {
+			if !filepath.IsAbs(path) || filepath.Clean(path) != path {
+				return nil, fmt.Errorf("preparation: %q is not an absolute, clean path", path)
+			}
+		}
+	}
+	return &p, nil
+}
+
+// Root is the provider's file system view, finished at the launch.
 type Root struct {
-	// ReadOnly are the host paths bound read-only at the same path
-	// (directories or symlinks to them, such as /bin on a merged-/usr
-	// system); a missing one is skipped.
-	ReadOnly []string `json:"read_only"`
+	// ReadOnly are more node paths bound read-only at the same path, for
+	// this launch (the interpreters it needs outside the node's paths).
+	ReadOnly []string `json:"read_only,omitempty"`
 	// ArtifactRoot is bound read-only at the same path.
 	ArtifactRoot string `json:"artifact_root"`
 	// Scratch, when set, is a host directory bound read-write at
@@ -116,9 +155,6 @@ func Parse(b []byte) (*Config, error) {
 		return nil, errors.New("config: argv is empty")
 	}
 	paths := []struct{ field, p string }{{"dir", c.Dir}}
-	for _, p := range append(slices.Clone(c.Cgroups), c.ThreadCgroups...) {
-		paths = append(paths, struct{ field, p string }{"cgroups", p})
-	}
 	if r := c.Root; r != nil {
 		paths = append(paths, struct{ field, p string }{"root.artifact_root", r.ArtifactRoot})
 		for _, p := range r.ReadOnly {

@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/signal"
 	"runtime"
@@ -19,10 +18,104 @@ import (
 )
 
 // Main is the launcher: cmd/iteron-sandbox runs it and nothing else. Its
-// only argument is the number n of the provider's descriptors; descriptor
-// n is the launcher's own sealed memfd, n+1 the config pipe and n+2 the
-// status pipe. It never returns.
+// only argument is Protocol. Descriptor 3 is its control socket (a
+// SOCK_SEQPACKET socket pair), 4 its own sealed memfd; 0-2 are /dev/null.
+//
+// It is started before its launch is known. Its first message, a Prepare,
+// has it do, while it waits, everything that does not depend on the
+// launch: join the cgroup it will share with the provider, make the
+// network namespace, build the unchanging part of the private root. Its
+// second, the Config with the provider's descriptors (SCM_RIGHTS, which
+// become the provider's 0..n-1, 3 its sealed executable), has it finish
+// the root, apply Landlock, the empty bounding set and seccomp to the
+// thread that then starts the provider. It answers with Status messages on
+// the same socket, and exits when the socket is closed before a launch. It
+// never returns.
 func Main() {
+	if len(os.Args) != 2 || os.Args[1] != Protocol {
+		fmt.Fprintln(os.Stderr, "iteron-sandbox: this is the sandbox launcher of iteron-operator's process executor; it is started by the manager, the survivor or `kubectl iteron conformance`, never by hand")
+		os.Exit(2)
+	}
+	unix.Close(4) // our own image: the kernel holds it now
+	const ctl = 3
+	unix.CloseOnExec(ctl)
+	report := func(s Status) {
+		b, _ := json.Marshal(s)
+		unix.Sendmsg(ctl, b, nil, nil, 0)
+	}
+	fail := func(format string, args ...any) {
+		report(Status{Error: fmt.Sprintf(format, args...)})
+		os.Exit(ExitSetupFailed)
+	}
+	// Signals are set up before the provider runs: a provider that uses up
+	// its tasks must not leave the launcher needing a thread for them.
+	// Two channels: a burst of SIGCHLD must never crowd out a SIGTERM
+	// (signal.Notify drops what a full channel cannot take).
+	sigs, children := make(chan os.Signal, 8), make(chan os.Signal, 1)
+	signal.Notify(sigs, unix.SIGTERM, unix.SIGINT, unix.SIGHUP, unix.SIGQUIT, unix.SIGUSR1, unix.SIGUSR2)
+	signal.Notify(children, unix.SIGCHLD)
+	// A provider running as another uid may not read this process's memory
+	// or attach to it, whatever its own rules.
+	unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0)
+	warmDecoder()
+
+	buf, oob := make([]byte, MaxConfigBytes+1), make([]byte, unix.CmsgSpace(64*4))
+	recv := func(what string) (int, []int) {
+		n, oobn, _, _, err := unix.Recvmsg(ctl, buf, oob, unix.MSG_CMSG_CLOEXEC)
+		if err != nil {
+			fail("reading the %s: %v", what, err)
+		}
+		if n == 0 && oobn == 0 {
+			os.Exit(0) // closed without a launch
+		}
+		if n > MaxConfigBytes {
+			fail("the %s is larger than %d bytes", what, MaxConfigBytes)
+		}
+		fds, err := rights(oob[:oobn])
+		if err != nil {
+			fail("%v", err)
+		}
+		return n, fds
+	}
+	n, _ := recv("preparation")
+	prep, err := ParsePrepare(buf[:n])
+	if err != nil {
+		fail("%v", err)
+	}
+	for _, procs := range prep.Cgroups {
+		if err := os.WriteFile(procs, []byte("0"), 0); err != nil {
+			fail("joining the provider's cgroup %s: %v", procs, err)
+		}
+	}
+	var providerCgroups []*os.File
+	for _, tasks := range prep.ThreadCgroups {
+		f, err := os.OpenFile(tasks, os.O_WRONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			fail("opening the provider's cgroup %s: %v", tasks, err)
+		}
+		providerCgroups = append(providerCgroups, f)
+	}
+	if prep.CgroupNamespace {
+		if err := unix.Unshare(unix.CLONE_NEWCGROUP); err != nil {
+			fail("unshare(CLONE_NEWCGROUP): %v", err)
+		}
+	}
+	var root *rootBuilder
+	if prep.ReadOnly != nil {
+		if root, err = prepareRoot(prep.ReadOnly); err != nil {
+			fail("building the private root: %v", err)
+		}
+	}
+	// The thread that will start the provider is chosen now, and takes its
+	// cgroups and its network namespace while the launcher waits.
+	thread := &starter{launch: make(chan launchOrder), done: make(chan started, 1)}
+	ready := make(chan error, 1)
+	go thread.run(prep, providerCgroups, ready, report)
+	if err := <-ready; err != nil {
+		fail("%v", err)
+	}
+
+	n, fds := recv("launch")
 	t0 := time.Now()
 	steps := map[string]int64{}
 	last := t0
@@ -31,68 +124,20 @@ func Main() {
 		steps[name] = int64(now.Sub(last))
 		last = now
 	}
-	if len(os.Args) != 2 {
-		fmt.Fprintln(os.Stderr, "iteron-sandbox: this is the sandbox launcher of iteron-operator's process executor; it is started by the manager, the survivor or `kubectl iteron conformance`, never by hand")
-		os.Exit(2)
-	}
-	n, err := strconv.Atoi(os.Args[1])
-	if err != nil || n < 3 || n > 64 {
-		fmt.Fprintf(os.Stderr, "iteron-sandbox: %q is not a descriptor count\n", os.Args[1])
-		os.Exit(2)
-	}
-	unix.Close(n) // our own image: the kernel holds it now
-	status := os.NewFile(uintptr(n+2), "status")
-	report := func(s Status) {
-		b, _ := json.Marshal(s)
-		status.Write(append(b, '\n'))
-	}
-	fail := func(format string, args ...any) {
-		report(Status{Error: fmt.Sprintf(format, args...)})
-		os.Exit(ExitSetupFailed)
-	}
-	unix.CloseOnExec(n + 1)
-	unix.CloseOnExec(n + 2)
-	cfgFile := os.NewFile(uintptr(n+1), "config")
-	raw, err := io.ReadAll(io.LimitReader(cfgFile, MaxConfigBytes+1))
-	cfgFile.Close()
-	if err != nil {
-		fail("reading the config pipe: %v", err)
-	}
-	if len(raw) > MaxConfigBytes {
-		fail("the config is larger than %d bytes", MaxConfigBytes)
-	}
-	cfg, err := Parse(raw)
+	cfg, err := Parse(buf[:n])
 	if err != nil {
 		fail("%v", err)
 	}
+	if len(fds) < 4 {
+		fail("the launch carries %d descriptors; the provider's are at least 0-3", len(fds))
+	}
 	step("launcher: read config")
-	// A provider running as another uid may not read this process's memory
-	// or attach to it, whatever its own rules.
-	unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0)
-	for _, procs := range cfg.Cgroups {
-		if err := os.WriteFile(procs, []byte("0"), 0); err != nil {
-			fail("joining the provider's cgroup %s: %v", procs, err)
-		}
-	}
-	// The provider's own cgroups are opened now: once the private root is
-	// built they are out of sight.
-	var providerCgroups []*os.File
-	for _, tasks := range cfg.ThreadCgroups {
-		f, err := os.OpenFile(tasks, os.O_WRONLY, 0)
-		if err != nil {
-			fail("opening the provider's cgroup %s: %v", tasks, err)
-		}
-		providerCgroups = append(providerCgroups, f)
-	}
-	if cfg.CgroupNamespace {
-		if err := unix.Unshare(unix.CLONE_NEWCGROUP); err != nil {
-			fail("unshare(CLONE_NEWCGROUP): %v", err)
-		}
-	}
-	step("launcher: join cgroups")
 	var st Status
 	if cfg.Root != nil {
-		if err := buildRoot(cfg.Root); err != nil {
+		if root == nil {
+			fail("the launch has a private root the preparation did not start")
+		}
+		if err := root.finish(cfg.Root); err != nil {
 			fail("building the private root: %v", err)
 		}
 	}
@@ -108,34 +153,15 @@ func Main() {
 	if err := os.Chdir(cfg.Dir); err != nil {
 		fail("chdir %s: %v", cfg.Dir, err)
 	}
-	// Signals are set up before the provider runs: a provider that uses up
-	// its tasks must not leave the launcher needing a thread for them.
-	// Two channels: a burst of SIGCHLD must never crowd out a SIGTERM
-	// (signal.Notify drops what a full channel cannot take).
-	sigs, children := make(chan os.Signal, 8), make(chan os.Signal, 1)
-	signal.Notify(sigs, unix.SIGTERM, unix.SIGINT, unix.SIGHUP, unix.SIGQUIT, unix.SIGUSR1, unix.SIGUSR2)
-	signal.Notify(children, unix.SIGCHLD)
-	type started struct {
-		pid      int
-		landlock int
-		listener int
-		err      error
-	}
-	done := make(chan started, 1)
-	go func() {
-		// Everything the provider inherits is set on this thread only, and
-		// the thread is never given back to the runtime (returning while
-		// locked ends it): the launcher's other threads stay free to wait,
-		// forward signals and answer the audit listener.
-		runtime.LockOSThread()
-		pid, abi, listener, err := restrictAndStart(cfg, report, providerCgroups)
-		done <- started{pid, abi, listener, err}
-	}()
-	s := <-done
+	step("launcher: /proc/sys/vm/memfd_noexec, chdir")
+	thread.launch <- launchOrder{cfg: cfg, fds: fds}
+	s := <-thread.done
 	if s.err != nil {
 		fail("%v", s.err)
 	}
-	step("launcher: landlock, seccomp, fork+exec the provider")
+	for _, sub := range s.steps {
+		steps[sub[0].(string)] = sub[1].(int64)
+	}
 	st.Started, st.Landlock = true, s.landlock
 	st.StartedAtNs, st.Steps = t0.UnixNano(), steps
 	// The kernel's OOM killer picks the provider, not the launcher, when
@@ -152,16 +178,93 @@ func Main() {
 	os.Exit(waitFor(s.pid, sigs, children))
 }
 
-// restrictAndStart applies Landlock, the empty bounding set and the seccomp
-// filter to the calling (locked) thread and starts the provider from it.
-func restrictAndStart(cfg *Config, report func(Status), threadCgroups []*os.File) (pid, abi, listener int, err error) {
-	listener = -1
+// starter is the thread that starts the provider. Everything the provider
+// inherits is set on this thread only, and the thread is never given back
+// to the runtime (its goroutine returns while locked, which ends it): the
+// launcher's other threads stay free to wait, forward signals and answer
+// the audit listener.
+type starter struct {
+	launch chan launchOrder
+	done   chan started
+}
+
+type launchOrder struct {
+	cfg *Config
+	fds []int
+}
+
+type started struct {
+	pid, landlock, listener int
+	steps                   [][2]any // name, ns
+	err                     error
+}
+
+func (s *starter) run(prep *Prepare, cgroups []*os.File, ready chan<- error, report func(Status)) {
+	runtime.LockOSThread()
 	tid := strconv.Itoa(unix.Gettid())
-	for _, f := range threadCgroups {
+	for _, f := range cgroups {
 		if _, err := f.WriteString(tid); err != nil {
-			return 0, 0, -1, fmt.Errorf("moving the provider's thread into %s: %w", f.Name(), err)
+			ready <- fmt.Errorf("moving the provider's thread into %s: %w", f.Name(), err)
+			return
 		}
 		f.Close()
+	}
+	// The network namespace of a provider without the node's network is
+	// made now; a launch that has the node's goes back to this one.
+	host := -1
+	if prep.PrivateNetwork {
+		var err error
+		if host, err = unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0); err != nil {
+			ready <- fmt.Errorf("the node's network namespace: %w", err)
+			return
+		}
+		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+			ready <- fmt.Errorf("unshare(CLONE_NEWNET): %w", err)
+			return
+		}
+	}
+	ready <- nil
+	o := <-s.launch
+	if host >= 0 {
+		if !o.cfg.PrivateNetwork {
+			if err := unix.Setns(host, unix.CLONE_NEWNET); err != nil {
+				s.done <- started{err: fmt.Errorf("joining the node's network namespace: %w", err)}
+				return
+			}
+		}
+		unix.Close(host)
+	} else if o.cfg.PrivateNetwork {
+		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+			s.done <- started{err: fmt.Errorf("unshare(CLONE_NEWNET): %w", err)}
+			return
+		}
+	}
+	var steps [][2]any
+	pid, abi, listener, err := restrictAndStart(o.cfg, o.fds, report, func(name string, d time.Duration) {
+		steps = append(steps, [2]any{name, int64(d)})
+	})
+	s.done <- started{pid, abi, listener, steps, err}
+}
+
+// warmDecoder decodes a configuration once, so that the decoder's caches
+// are built while the launcher waits rather than during its launch.
+func warmDecoder() {
+	var c Config
+	json.Unmarshal([]byte(`{"version":1,"argv":["x"],"dir":"/x","root":{"read_only":["/x"],"artifact_root":"/x","tmp_bytes":1},"landlock":{"writable":["/x"],"devices":["/x"]},"seccomp":"AAAAAAAAAAA=","audit_names":{"1":"x"}}`), &c)
+	var p Prepare
+	json.Unmarshal([]byte(`{"version":1,"cgroups":["/x"],"read_only":["/x"]}`), &p)
+	json.Marshal(Status{Started: true, Steps: map[string]int64{"x": 1}})
+}
+
+// restrictAndStart applies Landlock, the empty bounding set and the seccomp
+// filter to the calling (locked) thread and starts the provider from it.
+func restrictAndStart(cfg *Config, fds []int, report func(Status), took func(string, time.Duration)) (pid, abi, listener int, err error) {
+	listener = -1
+	t := time.Now()
+	step := func(name string) {
+		now := time.Now()
+		took(name, now.Sub(t))
+		t = now
 	}
 	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
 		return 0, 0, -1, fmt.Errorf("prctl(PR_SET_NO_NEW_PRIVS): %w", err)
@@ -171,6 +274,7 @@ func restrictAndStart(cfg *Config, report func(Status), threadCgroups []*os.File
 			return 0, 0, -1, err
 		}
 	}
+	step("launcher: landlock")
 	if err := dropBoundingSet(); err != nil {
 		return 0, 0, -1, fmt.Errorf("emptying the capability bounding set: %w", err)
 	}
@@ -184,19 +288,9 @@ func restrictAndStart(cfg *Config, report func(Status), threadCgroups []*os.File
 			go supervise(listener, cfg.AuditNames, report)
 		}
 	}
-	attr := &syscall.ProcAttr{
-		Dir:   cfg.Dir,
-		Env:   []string{},
-		Files: []uintptr{0, 1, 2, 3},
-		Sys:   &syscall.SysProcAttr{},
-	}
-	for fd := 4; ; fd++ {
-		// Descriptors 4… the host gave the provider (a package runtime's
-		// socket and key pipe) are passed on as they are; the launcher's own
-		// start after them and are close-on-exec.
-		if n, _ := strconv.Atoi(os.Args[1]); fd >= n {
-			break
-		}
+	step("launcher: bounding set, seccomp")
+	attr := &syscall.ProcAttr{Dir: cfg.Dir, Env: []string{}, Sys: &syscall.SysProcAttr{}}
+	for _, fd := range fds {
 		attr.Files = append(attr.Files, uintptr(fd))
 	}
 	if cfg.SetIDs {
@@ -206,6 +300,7 @@ func restrictAndStart(cfg *Config, report func(Status), threadCgroups []*os.File
 	if err != nil {
 		return 0, 0, -1, fmt.Errorf("executing the provider: %w", err)
 	}
+	step("launcher: fork+exec the provider")
 	return pid, abi, listener, nil
 }
 
@@ -392,4 +487,21 @@ func supervise(listener int, names map[int]string, report func(Status)) {
 		resp := seccompNotifResp{ID: n.ID, Flags: unix.SECCOMP_USER_NOTIF_FLAG_CONTINUE}
 		unix.Syscall(unix.SYS_IOCTL, uintptr(listener), unix.SECCOMP_IOCTL_NOTIF_SEND, uintptr(unsafe.Pointer(&resp)))
 	}
+}
+
+// rights returns the descriptors a control message carries.
+func rights(oob []byte) ([]int, error) {
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return nil, fmt.Errorf("the launch's descriptors: %w", err)
+	}
+	var fds []int
+	for _, m := range msgs {
+		r, err := unix.ParseUnixRights(&m)
+		if err != nil {
+			return nil, fmt.Errorf("the launch's descriptors: %w", err)
+		}
+		fds = append(fds, r...)
+	}
+	return fds, nil
 }

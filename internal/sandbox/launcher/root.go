@@ -22,6 +22,14 @@ func DeviceFiles() []string {
 	return out
 }
 
+// rootBuilder is a private root under construction. It is built on /dev
+// of the launcher's own mount namespace (a directory every system has and
+// under which no artifact root lies), so that the host's paths stay in
+// sight until the launch attaches its own and pivots.
+type rootBuilder struct {
+	base string
+}
+
 // attach is a detached copy of a host path, to be attached in the new root.
 type attach struct {
 	fd   int
@@ -29,123 +37,130 @@ type attach struct {
 	file bool
 }
 
-// buildRoot replaces the launcher's root (in its own mount namespace) with
-// a tmpfs holding only what r lists: the read-only system paths, the
-// artifact root read-only, a private size-bounded /tmp, a private /dev with
-// a few device files, a /proc of the new PID namespace and, when given, the
-// scratch directory read-write. The tmpfs itself ends read-only.
-//
-// Every host path is cloned (open_tree) before anything is mounted over
-// it, so a source under the directory the new root is built on is still
-// reachable; nothing is ever mounted on the host's side (propagation is cut
-// first).
-func buildRoot(r *Root) error {
-	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_SLAVE, ""); err != nil {
-		return fmt.Errorf("making / a slave: %w", err)
+// clone copies src (recursively) as a detached mount with attr set.
+func clone(src, dst string, recursive, file bool, attr uint64) (attach, error) {
+	flags := uint(unix.OPEN_TREE_CLONE | unix.OPEN_TREE_CLOEXEC)
+	if recursive {
+		flags |= unix.AT_RECURSIVE
 	}
-	var (
-		attaches []attach
-		links    [][2]string // target, link path
-	)
+	fd, err := unix.OpenTree(unix.AT_FDCWD, src, flags)
+	if err != nil {
+		return attach{}, fmt.Errorf("open_tree %s: %w", src, err)
+	}
+	if attr != 0 {
+		setFlags := uint(unix.AT_EMPTY_PATH)
+		if recursive {
+			setFlags |= unix.AT_RECURSIVE
+		}
+		if err := unix.MountSetattr(fd, "", setFlags, &unix.MountAttr{Attr_set: attr}); err != nil {
+			unix.Close(fd)
+			return attach{}, fmt.Errorf("mount_setattr %s: %w", src, err)
+		}
+	}
+	return attach{fd: fd, dst: dst, file: file}, nil
+}
+
+const roAttr = uint64(unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV)
+
+// cloneReadOnly clones the node paths readOnly (a symlink is kept as a
+// symlink; a missing path is skipped).
+func cloneReadOnly(readOnly []string) (attaches []attach, links [][2]string, err error) {
+	for _, p := range readOnly {
+		fi, err := os.Lstat(p)
+		if err != nil {
+			continue // a path this host does not have
+		}
+		if fi.Mode()&os.ModeSymlink != 0 {
+			target, err := os.Readlink(p)
+			if err != nil {
+				return attaches, links, err
+			}
+			links = append(links, [2]string{target, p})
+			continue
+		}
+		a, err := clone(p, p, true, !fi.IsDir(), roAttr)
+		if err != nil {
+			return attaches, links, err
+		}
+		attaches = append(attaches, a)
+	}
+	return attaches, links, nil
+}
+
+// prepareRoot starts the private root: the node's paths readOnly, a
+// private /dev and a /proc of the launcher's PID namespace, on a tmpfs
+// mounted over /dev in this mount namespace only (propagation is cut
+// first: nothing is ever mounted on the host's side).
+func prepareRoot(readOnly []string) (*rootBuilder, error) {
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_SLAVE, ""); err != nil {
+		return nil, fmt.Errorf("making / a slave: %w", err)
+	}
+	attaches, links, err := cloneReadOnly(readOnly)
 	defer func() {
 		for _, a := range attaches {
 			unix.Close(a.fd)
 		}
 	}()
-	clone := func(src, dst string, recursive, file bool, attr uint64) error {
-		flags := uint(unix.OPEN_TREE_CLONE | unix.OPEN_TREE_CLOEXEC)
-		if recursive {
-			flags |= unix.AT_RECURSIVE
-		}
-		fd, err := unix.OpenTree(unix.AT_FDCWD, src, flags)
-		if err != nil {
-			return fmt.Errorf("open_tree %s: %w", src, err)
-		}
-		attaches = append(attaches, attach{fd: fd, dst: dst, file: file})
-		if attr != 0 {
-			setFlags := uint(unix.AT_EMPTY_PATH)
-			if recursive {
-				setFlags |= unix.AT_RECURSIVE
-			}
-			if err := unix.MountSetattr(fd, "", setFlags, &unix.MountAttr{Attr_set: attr}); err != nil {
-				return fmt.Errorf("mount_setattr %s: %w", src, err)
-			}
-		}
-		return nil
-	}
-	ro := uint64(unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV)
-	for _, p := range r.ReadOnly {
-		fi, err := os.Lstat(p)
-		if err != nil {
-			continue // a system path this host does not have
-		}
-		if fi.Mode()&os.ModeSymlink != 0 {
-			target, err := os.Readlink(p)
-			if err != nil {
-				return err
-			}
-			links = append(links, [2]string{target, p})
-			continue
-		}
-		if err := clone(p, p, true, !fi.IsDir(), ro); err != nil {
-			return err
-		}
-	}
-	if err := clone(r.ArtifactRoot, r.ArtifactRoot, false, false, ro); err != nil {
-		return err
-	}
-	if r.Scratch != "" {
-		attr := uint64(unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV)
-		if !r.Exec {
-			attr |= unix.MOUNT_ATTR_NOEXEC
-		}
-		if err := clone(r.Scratch, r.ScratchTarget, false, false, attr); err != nil {
-			return err
-		}
+	if err != nil {
+		return nil, err
 	}
 	for _, d := range devices {
-		if err := clone("/dev/"+d, "/dev/"+d, false, true, uint64(unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NOEXEC)); err != nil {
-			return err
+		a, err := clone("/dev/"+d, "/dev/"+d, false, true, uint64(unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NOEXEC))
+		if err != nil {
+			return nil, err
 		}
+		attaches = append(attaches, a)
 	}
-
-	// The new root is built on a directory every system has; in this mount
-	// namespace only.
-	base := "/tmp"
-	if fi, err := os.Stat(base); err != nil || !fi.IsDir() {
-		base = "/dev"
+	r := &rootBuilder{base: "/dev"}
+	if err := unix.Mount("iteron-root", r.base, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "size=1m,nr_inodes=4096,mode=755"); err != nil {
+		return nil, fmt.Errorf("mounting the root tmpfs: %w", err)
 	}
-	if err := unix.Mount("iteron-root", base, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "size=1m,nr_inodes=4096,mode=755"); err != nil {
-		return fmt.Errorf("mounting the root tmpfs: %w", err)
-	}
-	at := func(p string) string { return filepath.Join(base, p) }
 	for _, d := range []string{"/proc", "/tmp", "/dev"} {
-		if err := os.MkdirAll(at(d), 0o755); err != nil {
-			return err
+		if err := os.MkdirAll(r.at(d), 0o755); err != nil {
+			return nil, err
 		}
 	}
-	tmpFlags := uintptr(unix.MS_NOSUID | unix.MS_NODEV)
-	if !r.Exec {
-		tmpFlags |= unix.MS_NOEXEC
+	if err := unix.Mount("proc", r.at("/proc"), "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+		return nil, fmt.Errorf("mounting /proc of the new PID namespace: %w", err)
 	}
-	if err := unix.Mount("tmp", at("/tmp"), "tmpfs", tmpFlags, "mode=1777,size="+strconv.FormatInt(r.TmpBytes, 10)); err != nil {
-		return fmt.Errorf("mounting the private /tmp: %w", err)
+	if err := r.link(links); err != nil {
+		return nil, err
 	}
-	// The private /tmp and /proc first: an artifact root under /tmp (a
-	// test's) is attached on top of the private /tmp, not hidden by it.
-	if err := unix.Mount("proc", at("/proc"), "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
-		return fmt.Errorf("mounting /proc of the new PID namespace: %w", err)
+	if err := r.attach(attaches); err != nil {
+		return nil, err
 	}
+	attaches = nil
+	for name, target := range map[string]string{"fd": "/proc/self/fd", "stdin": "/proc/self/fd/0", "stdout": "/proc/self/fd/1", "stderr": "/proc/self/fd/2"} {
+		if err := os.Symlink(target, r.at("/dev/"+name)); err != nil {
+			return nil, err
+		}
+	}
+	return r, nil
+}
+
+func (r *rootBuilder) at(p string) string { return filepath.Join(r.base, p) }
+
+func (r *rootBuilder) link(links [][2]string) error {
 	for _, l := range links {
-		if err := os.MkdirAll(filepath.Dir(at(l[1])), 0o755); err != nil {
+		if err := os.MkdirAll(filepath.Dir(r.at(l[1])), 0o755); err != nil {
 			return err
 		}
-		if err := os.Symlink(l[0], at(l[1])); err != nil {
+		if err := os.Symlink(l[0], r.at(l[1])); err != nil && !os.IsExist(err) {
 			return err
 		}
 	}
+	return nil
+}
+
+// attach attaches detached copies in the new root (and closes them).
+func (r *rootBuilder) attach(attaches []attach) error {
+	defer func() {
+		for _, a := range attaches {
+			unix.Close(a.fd)
+		}
+	}()
 	for _, a := range attaches {
-		dst := at(a.dst)
+		dst := r.at(a.dst)
 		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
 			return err
 		}
@@ -162,12 +177,49 @@ func buildRoot(r *Root) error {
 			return fmt.Errorf("attaching %s: %w", a.dst, err)
 		}
 	}
-	for name, target := range map[string]string{"fd": "/proc/self/fd", "stdin": "/proc/self/fd/0", "stdout": "/proc/self/fd/1", "stderr": "/proc/self/fd/2"} {
-		if err := os.Symlink(target, at("/dev/"+name)); err != nil {
+	return nil
+}
+
+// finish adds the launch's part of the root — its private, size-bounded
+// /tmp, its artifact root read-only, its scratch directory read-write, the
+// node paths only it needs — pivots into the root and makes it read-only.
+func (r *rootBuilder) finish(c *Root) error {
+	attaches, links, err := cloneReadOnly(c.ReadOnly)
+	if err != nil {
+		return err
+	}
+	a, err := clone(c.ArtifactRoot, c.ArtifactRoot, false, false, roAttr)
+	if err != nil {
+		return err
+	}
+	attaches = append(attaches, a)
+	if c.Scratch != "" {
+		attr := uint64(unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV)
+		if !c.Exec {
+			attr |= unix.MOUNT_ATTR_NOEXEC
+		}
+		a, err := clone(c.Scratch, c.ScratchTarget, false, false, attr)
+		if err != nil {
 			return err
 		}
+		attaches = append(attaches, a)
 	}
-	if err := os.Chdir(base); err != nil {
+	// The private /tmp first: an artifact root under /tmp (a test's) is
+	// attached on top of it, not hidden by it.
+	tmpFlags := uintptr(unix.MS_NOSUID | unix.MS_NODEV)
+	if !c.Exec {
+		tmpFlags |= unix.MS_NOEXEC
+	}
+	if err := unix.Mount("tmp", r.at("/tmp"), "tmpfs", tmpFlags, "mode=1777,size="+strconv.FormatInt(c.TmpBytes, 10)); err != nil {
+		return fmt.Errorf("mounting the private /tmp: %w", err)
+	}
+	if err := r.link(links); err != nil {
+		return err
+	}
+	if err := r.attach(attaches); err != nil {
+		return err
+	}
+	if err := os.Chdir(r.base); err != nil {
 		return err
 	}
 	if err := unix.PivotRoot(".", "."); err != nil {
