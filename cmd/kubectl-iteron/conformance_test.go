@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"context"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"iteron.dev/operator/examples/providers/artifacts"
 	"iteron.dev/operator/examples/providers/providertest"
+	"iteron.dev/operator/internal/sandbox"
 )
 
 // exampleBinary builds one example provider into a directory the provider
@@ -48,7 +50,7 @@ func TestConformanceExitsZeroForAConformantProviderOneForViolationsTwoForUsage(t
 			[]string{"ok    load", "ok    snapshot", "ok    migrate", "ok    restore", "ok    readiness", "ok    stop", "conformant: 8 operations passed"}},
 		{"stateless as protocol 1", []string{"conformance", stateless, "--protocol", "1", "--module", "tool_exposure", "--input", `{"text":"x"}`}, 0,
 			[]string{"ok    cancel", "conformant: 4 operations passed",
-				"sandbox applied: mode=enforce level=isolated ns=cgroup,ipc,mnt,net,pid,uts network=none exec=no memory=536870912 cpu=1000m tasks=256 tmp=67108864"}},
+				"sandbox applied: mode=enforce level=isolated ns=cgroup,ipc,mnt,net,pid,uts network=none exec=no memory=536870912 cpu=" + strconv.FormatInt(sandbox.DefaultCPUMillis, 10) + "m tasks=256 tmp=67108864"}},
 		{"stateless admitted irreversible_external gets the node's network", []string{"conformance", stateless, "--protocol", "1", "--module", "tool_exposure", "--capabilities", "irreversible_external"}, 0,
 			[]string{"capabilities [irreversible_external]", "sandbox applied: mode=enforce level=isolated ns=cgroup,ipc,mnt,pid,uts network=node exec=no"}},
 		{"stateless without the sandbox", []string{"conformance", stateless, "--protocol", "1", "--module", "tool_exposure", "--sandbox=off"}, 0,

@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"fmt"
+	"runtime"
 	"strconv"
 	"strings"
 )
@@ -89,10 +90,14 @@ type Limits struct {
 // a node's size, and what real Go and JVM providers still run under.
 const (
 	DefaultMemoryBytes = 512 << 20
-	DefaultCPUMillis   = 1000
 	DefaultTasks       = 256
 	DefaultTmpBytes    = 64 << 20
 )
+
+// DefaultCPUMillis is the default CPU bound: one CPU, or a quarter of the
+// node's CPUs on a node of fewer than four (at least 100m), so that one
+// spinning provider never takes half of a small node.
+var DefaultCPUMillis = int64(min(1000, max(100, runtime.NumCPU()*250)))
 
 // The default node-wide ceilings (the most a source may ask).
 const (

@@ -113,7 +113,7 @@ type deployed struct {
 
 // deploy activates the hostile provider admitted v, with the sandbox
 // request sb (nil: the node's defaults), and waits until it serves.
-func deploy(t *testing.T, v variant, sb *iteronv1.SourceSandbox) deployed {
+func deploy(t testing.TB, v variant, sb *iteronv1.SourceSandbox) deployed {
 	t.Helper()
 	impl := providertest.Implement(t, artifacts.Spec{Binary: providertest.Program(t, "iteron.dev/operator/test/sandbox/hostile"),
 		ImplementationID: "hostile", Version: catalog.Version{1, 0, 0}, Protocol: 1, Module: "prompt_system", Capabilities: v.caps})
@@ -151,13 +151,13 @@ type answer struct {
 }
 
 // call asks d's provider to do act with arg, through the gateway.
-func call(t *testing.T, d deployed, act, arg string, deadline time.Duration) answer {
+func call(t testing.TB, d deployed, act, arg string, deadline time.Duration) answer {
 	t.Helper()
 	return callVia(t, socket, d, act, arg, deadline)
 }
 
 // callVia is call through the gateway at sock.
-func callVia(t *testing.T, sock string, d deployed, act, arg string, deadline time.Duration) answer {
+func callVia(t testing.TB, sock string, d deployed, act, arg string, deadline time.Duration) answer {
 	t.Helper()
 	c, err := gateway.Dial(sock)
 	if err != nil {

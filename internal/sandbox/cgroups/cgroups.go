@@ -242,14 +242,17 @@ type Limits struct {
 	// group wrote, kernel memory); no swap.
 	MemoryBytes int64
 	// CPUMillis bounds CPU time in thousandths of a CPU (1000 = one CPU)
-	// per 100 ms period.
+	// per 10 ms period.
 	CPUMillis int64
 	// Tasks bounds processes and threads together.
 	Tasks int64
 }
 
-// cpuPeriodUs is the CFS period.
-const cpuPeriodUs = 100000
+// cpuPeriodUs is the CFS period: 10 ms rather than the kernel's 100 ms, so
+// that a provider spinning on every CPU it can is throttled after a few
+// milliseconds of each period instead of taking the node's CPUs for tens
+// of milliseconds at a time (what its neighbours' latency would show).
+const cpuPeriodUs = 10000
 
 // Tree is this process's subtree in every hierarchy of a layout.
 type Tree struct {
