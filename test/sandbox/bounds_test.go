@@ -70,7 +70,7 @@ func TestAForkBombStopsAtItsTasksBoundAndItsNeighbourIsUnaffected(t *testing.T) 
 			note = r.Reason
 		}
 	}
-	if !strings.HasPrefix(note, "sandbox: mode=enforce level=isolated ns=cgroup,ipc,mnt,net,pid,uts network=none exec=no memory=536870912 cpu=" + strconv.FormatInt(sandbox.DefaultCPUMillis, 10) + "m tasks=64 ") {
+	if !strings.HasPrefix(note, "sandbox: mode=enforce level=isolated ns=cgroup,ipc,mnt,net,pid,uts network=none exec=no memory=536870912 cpu="+strconv.FormatInt(sandbox.DefaultCPUMillis, 10)+"m tasks=64 ") {
 		t.Errorf("the shadow_load record's note is %q", note)
 	}
 	pids := map[string]int{"bomb": int(bomb.gen.Status.Pid), "neighbour": int(neighbour.gen.Status.Pid)}
