@@ -140,8 +140,12 @@ func detect(procCgroup, mountinfo []byte, v2Controllers func(dir string) ([]stri
 			ownV1[c] = parts[2]
 		}
 	}
-	l := &Layout{}
-	seen := map[string]bool{}
+	// A mount point may be mounted over (a pod with the node's cgroups
+	// bound over the runtime's read-only ones): the last mount of a point
+	// is the one in sight.
+	type mount struct{ root, fstype, opts string }
+	var points []string
+	mounts := map[string]mount{}
 	sc := bufio.NewScanner(bytes.NewReader(mountinfo))
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
@@ -154,35 +158,44 @@ func detect(procCgroup, mountinfo []byte, v2Controllers func(dir string) ([]stri
 		if len(lf) < 5 || len(rf) < 3 {
 			continue
 		}
-		root, point := unescape(lf[3]), unescape(lf[4])
-		switch rf[0] {
+		point := unescape(lf[4])
+		if _, ok := mounts[point]; !ok {
+			points = append(points, point)
+		}
+		mounts[point] = mount{root: unescape(lf[3]), fstype: rf[0], opts: rf[2]}
+	}
+	if err := sc.Err(); err != nil {
+		return nil, err
+	}
+	l := &Layout{}
+	for _, point := range points {
+		m := mounts[point]
+		switch m.fstype {
 		case "cgroup":
 			var held []string
 			path := ""
-			for _, opt := range strings.Split(rf[2], ",") {
+			for _, opt := range strings.Split(m.opts, ",") {
 				if slices.Contains(Controllers, opt) {
 					held = append(held, opt)
 					path = ownV1[opt]
 				}
 			}
-			if len(held) == 0 || seen[point] {
+			if len(held) == 0 {
 				continue
 			}
-			dir, ok := below(point, root, path)
+			dir, ok := below(point, m.root, path)
 			if !ok {
 				continue
 			}
-			seen[point] = true
 			l.Hierarchies = append(l.Hierarchies, Hierarchy{Version: 1, Dir: dir, Controllers: held})
 		case "cgroup2":
-			if !hasV2 || seen[point] {
+			if !hasV2 {
 				continue
 			}
-			dir, ok := below(point, root, ownV2)
+			dir, ok := below(point, m.root, ownV2)
 			if !ok {
 				continue
 			}
-			seen[point] = true
 			avail, err := v2Controllers(dir)
 			if err != nil {
 				continue
@@ -200,7 +213,7 @@ func detect(procCgroup, mountinfo []byte, v2Controllers func(dir string) ([]stri
 			}
 		}
 	}
-	return l, sc.Err()
+	return l, nil
 }
 
 // below maps a cgroup path to its directory under a mount of the

@@ -38,6 +38,23 @@ const unifiedCgroup = "0::/system.slice/iteron.service\n"
 const unifiedMountinfo = `25 1 0:22 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:4 - cgroup2 cgroup2 rw,nsdelegate,memory_recursiveprot
 `
 const podCgroup = "0::/\n"
+
+// A v1 pod whose container has the node's hierarchies bound over the
+// runtime's read-only ones (config/manager/survivor.yaml): the bound ones,
+// mounted last, are in sight.
+const podV1Cgroup = `4:memory:/kubepods/besteffort/pod1/c1
+8:pids:/kubepods/besteffort/pod1/c1
+1:cpu:/kubepods/besteffort/pod1/c1
+`
+const podV1Mountinfo = `900 800 0:50 / /sys/fs/cgroup ro,nosuid - tmpfs tmpfs ro
+901 900 0:31 /kubepods/besteffort/pod1/c1 /sys/fs/cgroup/memory ro,nosuid - cgroup cgroup rw,memory
+902 900 0:35 /kubepods/besteffort/pod1/c1 /sys/fs/cgroup/pids ro,nosuid - cgroup cgroup rw,pids
+903 900 0:28 /kubepods/besteffort/pod1/c1 /sys/fs/cgroup/cpu ro,nosuid - cgroup cgroup rw,cpu
+950 800 0:27 / /sys/fs/cgroup rw - tmpfs tmpfs rw
+951 950 0:31 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory
+952 950 0:35 / /sys/fs/cgroup/pids rw - cgroup cgroup rw,pids
+953 950 0:28 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu
+`
 const podMountinfo = `1200 1190 0:22 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup rw
 `
 
@@ -63,6 +80,11 @@ func TestDetectFindsEachControllersHierarchyBelowTheProcesssOwnCgroup(t *testing
 		{"a pod with a cgroup namespace sees its own cgroup at the mount's root", podCgroup, podMountinfo, all, []Hierarchy{
 			{2, "/sys/fs/cgroup", []string{"memory", "cpu", "pids"}},
 		}, "v2", nil},
+		{"a v1 pod with the node's hierarchies bound over the runtime's finds its own cgroup in them, never their root", podV1Cgroup, podV1Mountinfo, none, []Hierarchy{
+			{1, "/sys/fs/cgroup/memory/kubepods/besteffort/pod1/c1", []string{"memory"}},
+			{1, "/sys/fs/cgroup/pids/kubepods/besteffort/pod1/c1", []string{"pids"}},
+			{1, "/sys/fs/cgroup/cpu/kubepods/besteffort/pod1/c1", []string{"cpu"}},
+		}, "v1", nil},
 		{"a v2 hierarchy without the controllers gives no bounds", unifiedCgroup, unifiedMountinfo, none, nil, "", []string{"memory", "cpu", "pids"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
