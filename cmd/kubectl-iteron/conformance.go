@@ -236,7 +236,7 @@ func printCapacity(out io.Writer, sb *sandbox.Sandbox) {
 	c := sb.Capacity()
 	fmt.Fprintf(out, "sandbox: mode %s, level %s, cgroups %s, landlock %s", c.Mode, c.Level, c.Cgroups, landlockName(c.Landlock))
 	if c.Rootless {
-		fmt.Fprint(out, ", rootless (a user namespace)")
+		fmt.Fprint(out, ", rootless (a user namespace: no bounds, and memfds it writes stay executable)")
 	}
 	if c.CgroupsWhy != "" {
 		fmt.Fprintf(out, "; no bounds: %s", c.CgroupsWhy)

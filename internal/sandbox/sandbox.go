@@ -489,7 +489,9 @@ func (s *Sandbox) launcherConfig(st Start, rules Rules, lim Limits, enforce bool
 		cfg.Root.Scratch, cfg.Root.ScratchTarget = dir, ScratchTarget
 		writable = append(writable, ScratchTarget)
 	}
-	cfg.MemfdNoexec = !rules.Exec
+	// vm.memfd_noexec is written as the node's root only: a rootless
+	// launcher (a user namespace) cannot, and says so (Capacity.Rootless).
+	cfg.MemfdNoexec = !rules.Exec && !s.rootless
 	cfg.Landlock = &launcher.Landlock{Writable: writable, Devices: launcher.DeviceFiles(), Execute: exec, ExecuteAll: rules.Exec, Network: rules.Network == NetworkNone}
 	return cfg, nil
 }
