@@ -36,7 +36,9 @@ RUN --mount=type=cache,target=/go/pkg/mod \
     CGO_ENABLED=0 GOOS=${TARGETOS} GOARCH=${TARGETARCH} \
       go build -trimpath -ldflags='-s -w' -o /out/kubectl-iteron ./cmd/kubectl-iteron && \
     CGO_ENABLED=0 GOOS=${TARGETOS} GOARCH=${TARGETARCH} \
-      go build -trimpath -ldflags='-s -w' -o /out/iteron-survivor ./cmd/survivor
+      go build -trimpath -ldflags='-s -w' -o /out/iteron-survivor ./cmd/survivor && \
+    CGO_ENABLED=0 GOOS=${TARGETOS} GOARCH=${TARGETARCH} \
+      go build -trimpath -ldflags='-s -w' -o /out/iteron-sandbox ./cmd/iteron-sandbox
 
 # ---- busybox: the /bin/sh of provider scripts -------------------------------
 # The same file `make image` (hack/image) puts in the image: Debian's
@@ -59,6 +61,7 @@ RUN apt-get update -q && apt-get download busybox-static && \
 FROM scratch AS survivor
 COPY --from=busybox /rootfs/ /
 COPY --from=build /out/iteron-survivor /iteron-survivor
+COPY --from=build /out/iteron-sandbox /iteron-sandbox
 ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 USER 0:0
 ENTRYPOINT ["/iteron-survivor"]
@@ -74,6 +77,7 @@ ENTRYPOINT ["/iteron-survivor"]
 FROM scratch
 COPY --from=busybox /rootfs/ /
 COPY --from=build /out/manager /manager
+COPY --from=build /out/iteron-sandbox /iteron-sandbox
 COPY --from=build /out/kubectl-iteron /usr/local/bin/kubectl-iteron
 ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 

@@ -57,8 +57,9 @@ vet: ## Run go vet.
 	$(GO) vet ./...
 
 .PHONY: build
-build: ## Build the manager and the kubectl plugin into bin/.
+build: ## Build the manager, its sandbox launcher and the kubectl plugin into bin/.
 	$(GO) build -o $(BIN_DIR)/manager ./cmd/manager
+	CGO_ENABLED=0 $(GO) build -o $(BIN_DIR)/iteron-sandbox ./cmd/iteron-sandbox
 	$(GO) build -o $(BIN_DIR)/kubectl-iteron ./cmd/kubectl-iteron
 
 .PHONY: controlplane
@@ -99,7 +100,17 @@ faults: controlplane ## The full ledger-fault tables (root, /dev/fuse): every ph
 	ITERON_FAULTS=all $(GO) test $(GO_TEST_FLAGS) -count=1 -v -timeout 10m -run '^TestALedgerAppendThatFails' ./internal/hotswap
 	ITERON_FAULTS=all $(GO) test $(GO_TEST_FLAGS) -count=1 -v -timeout 18m -run '^(TestALedgerThatCannotBeWritten|TestARestartBeforeTheLedgerHeals)' ./test/crash
 
+.PHONY: test-sandbox
+test-sandbox: controlplane ## The sandbox (root): the whole hostile-provider table through the manager (test/sandbox, with a network namespace of its own), the launcher, cgroups and profile tests (internal/sandbox). make test runs a named subset.
+	ITERON_SANDBOX_FULL=1 $(GO) test $(GO_TEST_FLAGS) -count=1 -v -timeout 10m ./test/sandbox/ ./internal/sandbox/...
+
 BENCH_COUNT ?= 5
+.PHONY: bench-sandbox
+bench-sandbox: controlplane ## The sandbox's costs (issue 30, root): Launch + Load sandboxed ÷ unsandboxed, cold, warm and in a burst, with the median of each step; one call start → terminal with and without it; a neighbour's call p99 beside a CPU spinner ÷ alone; medians of BENCH_COUNT runs.
+	$(GO) test -count=$(BENCH_COUNT) -run '^$$' -bench '^BenchmarkSandboxedLaunch$$' -benchtime 30x -timeout 10m ./internal/procexec/ | tee /dev/stderr | $(GO) run ./bench/benchmed
+	$(GO) test -count=$(BENCH_COUNT) -run '^$$' -bench '^BenchmarkSandboxedStartToTerminal$$' -benchtime 2000x -timeout 10m ./internal/procexec/ | tee /dev/stderr | $(GO) run ./bench/benchmed
+	$(GO) test -count=$(BENCH_COUNT) -run '^$$' -bench '^BenchmarkNeighbourLatencyBesideACPUSpinner$$' -benchtime 300x -timeout 10m ./test/sandbox/ | grep -v '^{"level"' | tee /dev/stderr | $(GO) run ./bench/benchmed
+
 .PHONY: bench-activation
 bench-activation: ## Parallel activation: apply → all 28 family modules Active, --max-parallel-activations=1 ÷ the default, and plan computation for 28 and 64 modules; medians of BENCH_COUNT runs.
 	$(GO) test -count=$(BENCH_COUNT) -run '^$$' -bench '^BenchmarkFamilyApply$$' -benchtime 3x -timeout 15m ./bench/ | $(GO) run ./bench/benchmed

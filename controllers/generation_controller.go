@@ -1,8 +1,11 @@
 package controllers
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -169,6 +172,7 @@ func mirrorGeneration(gen *iteronv1.Generation, gs hotswap.GenerationStatus) {
 	s.StartedAt = timeOrNil(metav1.NewTime(gs.StartedAt))
 	s.ActivatedAt = timeOrNil(metav1.NewTime(gs.ActivatedAt))
 	s.DrainedAt = timeOrNil(metav1.NewTime(gs.DrainedAt))
+	s.Sandbox = boundedSandbox(gs.Sandbox)
 	ready := metav1.Condition{Type: iteronv1.ConditionReady, Status: metav1.ConditionFalse, Reason: iteronv1.ReasonProgressing, Message: string(gs.Phase) + " at " + string(gs.Step), ObservedGeneration: gen.Generation}
 	reconciling := metav1.Condition{Type: iteronv1.ConditionReconciling, Status: metav1.ConditionFalse, Reason: iteronv1.ReasonSucceeded, Message: string(gs.Phase), ObservedGeneration: gen.Generation}
 	stalled := metav1.Condition{Type: iteronv1.ConditionStalled, Status: metav1.ConditionFalse, Reason: iteronv1.ReasonSucceeded, Message: "not stalled", ObservedGeneration: gen.Generation}
@@ -221,4 +225,32 @@ func (r *GenerationReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		b = b.WatchesRawSource(source.Channel(r.Notifications, &handler.EnqueueRequestForObject{}))
 	}
 	return b.Complete(r)
+}
+
+// maxViolationKinds bounds status.sandbox.violations (its CRD schema's
+// maxProperties).
+const maxViolationKinds = 64
+
+// boundedSandbox is the sandbox status within the CRD's bounds: at most
+// maxViolationKinds syscalls, the most frequent kept.
+func boundedSandbox(sb *iteronv1.SandboxStatus) *iteronv1.SandboxStatus {
+	if sb == nil || len(sb.Violations) <= maxViolationKinds {
+		return sb
+	}
+	out := *sb
+	names := make([]string, 0, len(sb.Violations))
+	for n := range sb.Violations {
+		names = append(names, n)
+	}
+	slices.SortFunc(names, func(a, b string) int {
+		if c := cmp.Compare(sb.Violations[b], sb.Violations[a]); c != 0 {
+			return c
+		}
+		return strings.Compare(a, b)
+	})
+	out.Violations = make(map[string]int64, maxViolationKinds)
+	for _, n := range names[:maxViolationKinds] {
+		out.Violations[n] = sb.Violations[n]
+	}
+	return &out
 }

@@ -55,6 +55,8 @@ table=(
   "test/lifecycle    3m       serial"   # 21.9-36.0s (3 runs, 2 Dec 2026; a control plane, the manager in-process with a custom seam graph, nine requirement activations and one hot swap held at two phases)
   "internal/gateway  5m       parallel" # 35-47s (2 Dec 2026, idle and beside two CPU hogs; with the package-runtime fault table, which links the seed runtime once per fault: a cold build cache adds those links)
   "internal/artifacts 3m      parallel" # 4.1-7.4s (a registry of its own; a puller re-executed and SIGKILLed)
+  "internal/sandbox/... 3m    parallel" # 6.6-15.1s (5 Dec 2026, load 0.5-9; real launchers and providers as uid 65534 below a guard cgroup; builds the launcher and the hostile provider)
+  "test/sandbox      4m       serial"   # 17-29s (5 Dec 2026, load 0.5-9; the subset: a control plane, the manager in-process with the sandbox enforced, the manager binary in audit mode; make test-sandbox runs the whole table)
 )
 
 # Packages whose tests build a binary of this repository with `go build` or

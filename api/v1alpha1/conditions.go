@@ -50,6 +50,8 @@ const (
 	ReasonRecovering            = "Recovering"
 	ReasonArtifactUnavailable   = "ArtifactUnavailable"
 	ReasonArtifactRefused       = "ArtifactRefused"
+	ReasonSandboxUnavailable    = "SandboxUnavailable"
+	ReasonMemoryExceeded        = "MemoryExceeded"
 
 	// ReasonNotImplemented is set while a reconciler has nothing to act with.
 	ReasonNotImplemented = "NotImplemented"

@@ -270,6 +270,61 @@ type GenerationStatus struct {
 	// drainedAt is when the generation's process was drained.
 	// +optional
 	DrainedAt *metav1.Time `json:"drainedAt,omitempty"`
+	// sandbox is what the launch of the current (or last) process applied:
+	// the same evidence as its shadow_load ledger record.
+	// +optional
+	Sandbox *SandboxStatus `json:"sandbox,omitempty"`
+}
+
+// SandboxStatus is what one launch's sandbox applied (docs/security.md).
+type SandboxStatus struct {
+	// mode is the node's sandbox mode: enforce, audit or off.
+	// +kubebuilder:validation:MaxLength=16
+	Mode string `json:"mode"`
+	// level is the level applied: none, limits or isolated.
+	// +kubebuilder:validation:MaxLength=16
+	Level string `json:"level"`
+	// namespaces the provider got of its own (cgroup, ipc, mnt, net, pid,
+	// uts, user).
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=8
+	// +kubebuilder:validation:items:MaxLength=16
+	Namespaces []string `json:"namespaces,omitempty"`
+	// network is none (a private, empty network namespace) or node.
+	// +kubebuilder:validation:MaxLength=16
+	Network string `json:"network"`
+	// exec reports whether the provider may execute programs.
+	Exec bool `json:"exec"`
+	// memoryBytes, cpuMillis, tasks and tmpBytes are the bounds applied; 0
+	// is unbounded.
+	// +optional
+	MemoryBytes int64 `json:"memoryBytes,omitempty"`
+	// +optional
+	CPUMillis int64 `json:"cpuMillis,omitempty"`
+	// +optional
+	Tasks int64 `json:"tasks,omitempty"`
+	// +optional
+	TmpBytes int64 `json:"tmpBytes,omitempty"`
+	// cgroups is the cgroup layout the bounds are on (v1, v2, v1+v2) or
+	// unavailable.
+	// +kubebuilder:validation:MaxLength=16
+	Cgroups string `json:"cgroups"`
+	// seccomp is the digest of the seccomp program, or off.
+	// +kubebuilder:validation:MaxLength=71
+	Seccomp string `json:"seccomp"`
+	// landlock is the Landlock ABI applied, 0 when unavailable.
+	// +optional
+	Landlock int32 `json:"landlock,omitempty"`
+	// launcher is the digest of the sandbox launcher.
+	// +optional
+	// +kubebuilder:validation:MaxLength=71
+	Launcher string `json:"launcher,omitempty"`
+	// violations counts what a provider under --sandbox=audit did that the
+	// enforced sandbox refuses (allowed and logged), by syscall.
+	// +optional
+	// +kubebuilder:validation:MaxProperties=64
+	Violations map[string]int64 `json:"violations,omitempty"`
 }
 
 // Generation is one generation of one module of an ImplementationActivation:

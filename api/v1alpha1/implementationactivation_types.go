@@ -1,6 +1,7 @@
 package v1alpha1
 
 import (
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -102,6 +103,56 @@ type ActivationSource struct {
 	// +kubebuilder:validation:MaxLength=71
 	// +kubebuilder:validation:Pattern=`^sha256:[0-9a-f]{64}$`
 	ArtifactSHA256 string `json:"artifactSHA256"`
+
+	// sandbox is what this source asks of the node's sandbox: a level the
+	// launch must apply and the provider's bounds. Empty takes the node's
+	// defaults (docs/security.md, "The sandbox").
+	// +optional
+	Sandbox *SourceSandbox `json:"sandbox,omitempty"`
+}
+
+// SandboxLevel orders what a launch applies: None (the launch guarantees
+// only), Limits (and the memory, CPU and task bounds) and Isolated (and
+// every kernel rule the provider's capabilities map to).
+// +kubebuilder:validation:Enum=None;Limits;Isolated
+type SandboxLevel string
+
+// The sandbox levels, lowest first.
+const (
+	SandboxLevelNone     SandboxLevel = "None"
+	SandboxLevelLimits   SandboxLevel = "Limits"
+	SandboxLevelIsolated SandboxLevel = "Isolated"
+)
+
+// SourceSandbox is what a source asks of the node's sandbox. A bound left
+// out takes the node's default; one above the node's ceiling
+// (--sandbox-max-*) is refused at launch with sandbox_unavailable. The
+// manager refuses a memory bound under 16Mi, a CPU bound under 10m and a
+// tmp bound under 1Mi (verification_failed, naming the field).
+type SourceSandbox struct {
+	// require is the least level the launch must apply. A node that cannot
+	// apply it refuses the launch (the generation fails with
+	// sandbox_unavailable) and what serves keeps serving.
+	// +optional
+	Require SandboxLevel `json:"require,omitempty"`
+
+	// memory bounds the provider's memory, no swap (for example 512Mi).
+	// +optional
+	Memory *resource.Quantity `json:"memory,omitempty"`
+
+	// cpu bounds the provider's CPU time (for example 500m, or 2).
+	// +optional
+	CPU *resource.Quantity `json:"cpu,omitempty"`
+
+	// tasks bounds the provider's processes and threads together.
+	// +optional
+	// +kubebuilder:validation:Minimum=8
+	// +kubebuilder:validation:Maximum=65536
+	Tasks *int32 `json:"tasks,omitempty"`
+
+	// tmp bounds the provider's private /tmp (for example 64Mi).
+	// +optional
+	Tmp *resource.Quantity `json:"tmp,omitempty"`
 }
 
 // OCISource names a provider artifact in an OCI registry, pinned by digest.

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -16,8 +17,10 @@ import (
 	"github.com/spf13/cobra"
 
 	"iteron.dev/operator/internal/activation"
+	"iteron.dev/operator/internal/catalog"
 	"iteron.dev/operator/internal/procexec"
 	"iteron.dev/operator/internal/procexec/conformance"
+	"iteron.dev/operator/internal/sandbox"
 	"iteron.dev/operator/pkg/protocol"
 	"iteron.dev/operator/pkg/strictjson"
 )
@@ -35,6 +38,8 @@ func newConformanceCmd() *cobra.Command {
 		trace           bool
 		kind            string
 		pr              packageRuntimeFlags
+		sandboxFlags    sandbox.Flags
+		capabilities    string
 	)
 	cmd := &cobra.Command{
 		Use:   "conformance <executable> --protocol 1|2 --module <module> [-- argv...] | --kind package-runtime <manifest.json>",
@@ -58,13 +63,23 @@ each export named by --watch EXPORT=JSON is watched to its first event and
 cancelled, and the status of an invocation it never saw is asked. Each
 violation is printed with the runtime's offending message.
 
+The provider runs in the sandbox a node gives it (--sandbox=enforce by default,
+as the manager): its capabilities (--capabilities for a provider, the
+manifest's requested capabilities within --capability-ceiling for a package
+runtime) become the kernel rules of docs/security.md, and the sandbox applied is
+printed. A provider that needs more than it declares fails here as it would on
+a node. Run as root for the full sandbox; without root the launcher uses a user
+namespace and the memory, CPU and task bounds are unavailable (said so). The
+launcher, iteron-sandbox, is looked for beside kubectl-iteron, then on PATH
+(--sandbox-launcher); --sandbox=off runs the provider as before the sandbox.
+
 Exit status: 0 conformant, 1 violations found, 2 usage.`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			switch kind {
 			case "provider":
 			case "package-runtime":
-				return runPackageRuntimeConformance(cmd, args, pr, uid, gid, interpreters)
+				return runPackageRuntimeConformance(cmd, args, pr, uid, gid, interpreters, &sandboxFlags)
 			default:
 				return usage(fmt.Errorf("--kind must be provider or package-runtime, not %q", kind))
 			}
@@ -118,9 +133,13 @@ Exit status: 0 conformant, 1 violations found, 2 usage.`,
 			if err != nil {
 				return usage(fmt.Errorf("executable: %w", err))
 			}
+			admitted, err := catalog.ParseCeiling(capabilities)
+			if err != nil {
+				return usage(fmt.Errorf("--capabilities: %v", err))
+			}
 			plan, err := activation.PlanForConformance(activation.ConformanceTarget{
 				Module: module, ImplementationID: implID, ProtocolVersion: protocolVersion,
-				Executable: exe, ArtifactSHA256: digest, Argv: argv,
+				Executable: exe, ArtifactSHA256: digest, Argv: argv, Admitted: admitted,
 				RuntimeDeadline: max(20*timeout, time.Minute), CancellationDeadline: timeout,
 				EvidenceLimits: activation.EvidenceLimits{StdoutBytes: 4 << 20, StderrBytes: stderrBytes, Observations: 4096},
 			})
@@ -148,11 +167,18 @@ Exit status: 0 conformant, 1 violations found, 2 usage.`,
 					fmt.Fprintf(out, "%s%s\n", dir, frame)
 				}
 			}
+			sb, err := conformanceSandbox(&sandboxFlags, records)
+			if err != nil {
+				return err
+			}
+			defer sb.Close()
+			cfg.Sandbox = sb
 			ex, err := procexec.NewExecutor(cfg)
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(out, "conformance of %s (protocol %d, module %s, %s, uid %d gid %d)\n", exe, protocolVersion, module, digest, uid, gid)
+			fmt.Fprintf(out, "conformance of %s (protocol %d, module %s, %s, uid %d gid %d, capabilities %v)\n", exe, protocolVersion, module, digest, uid, gid, admitted)
+			printCapacity(out, sb)
 			ctx := cmd.Context()
 			if ctx == nil {
 				ctx = context.Background()
@@ -188,7 +214,41 @@ Exit status: 0 conformant, 1 violations found, 2 usage.`,
 	f.StringArrayVar(&pr.watch, "watch", nil, "package-runtime: EXPORT=JSON, an export to watch to its first event and cancel; repeatable")
 	f.StringVar(&pr.ceiling, "capability-ceiling", "read_only,reversible_local", "package-runtime: the capabilities admitted at most (as the manager's flag)")
 	f.StringVar(&pr.namespace, "namespace", "conformance", "package-runtime: the caller namespace the grants name")
+	f.StringVar(&capabilities, "capabilities", "", "provider: comma-separated capabilities to run it as admitted (what its sandbox allows: docs/security.md); none by default")
+	goFlags := flag.NewFlagSet("sandbox", flag.ContinueOnError)
+	sandboxFlags.Register(goFlags, sandbox.ModeEnforce)
+	f.AddGoFlagSet(goFlags)
 	return cmd
+}
+
+// conformanceSandbox is the sandbox of a conformance run, as the flags
+// say; its scratch directories go under dir.
+func conformanceSandbox(f *sandbox.Flags, dir string) (*sandbox.Sandbox, error) {
+	policy, launcher, err := f.Parsed()
+	if err != nil {
+		return nil, usage(err)
+	}
+	return sandbox.New(sandbox.Config{Policy: policy, Launcher: launcher, ScratchDir: filepath.Join(dir, "scratch")})
+}
+
+// printCapacity says what the sandbox applies here, and why not more.
+func printCapacity(out io.Writer, sb *sandbox.Sandbox) {
+	c := sb.Capacity()
+	fmt.Fprintf(out, "sandbox: mode %s, level %s, cgroups %s, landlock %s", c.Mode, c.Level, c.Cgroups, landlockName(c.Landlock))
+	if c.Rootless {
+		fmt.Fprint(out, ", rootless (a user namespace: no bounds, and memfds it writes stay executable)")
+	}
+	if c.CgroupsWhy != "" {
+		fmt.Fprintf(out, "; no bounds: %s", c.CgroupsWhy)
+	}
+	fmt.Fprintln(out)
+}
+
+func landlockName(abi int) string {
+	if abi == 0 {
+		return "unavailable"
+	}
+	return fmt.Sprintf("ABI %d", abi)
 }
 
 func hashFile(path string) (string, error) {
@@ -212,6 +272,9 @@ func hashFile(path string) (string, error) {
 }
 
 func printReport(w io.Writer, rep *conformance.Report) {
+	if rep.Sandbox != "" {
+		fmt.Fprintf(w, "  sandbox applied: %s\n", rep.Sandbox)
+	}
 	for _, s := range rep.Steps {
 		status := "ok  "
 		if !s.OK {

@@ -14,6 +14,7 @@ import (
 	caminopb "iteron.dev/operator/api/quixos/camino"
 	"iteron.dev/operator/internal/catalog"
 	"iteron.dev/operator/internal/pkgruntime"
+	"iteron.dev/operator/internal/sandbox"
 )
 
 // packageRuntimeFlags are the flags of `conformance --kind package-runtime`.
@@ -48,7 +49,7 @@ func exportInputs(flag string, values []string, m catalog.PackageRuntimeManifest
 
 // runPackageRuntimeConformance launches the runtime a package-runtime
 // manifest describes, as the manager launches one, and drives it.
-func runPackageRuntimeConformance(cmd *cobra.Command, args []string, f packageRuntimeFlags, uid, gid int, interpreters []string) error {
+func runPackageRuntimeConformance(cmd *cobra.Command, args []string, f packageRuntimeFlags, uid, gid int, interpreters []string, sf *sandbox.Flags) error {
 	if len(args) != 1 {
 		return usage(fmt.Errorf("--kind package-runtime takes one argument, the runtime's manifest (got %q)", args))
 	}
@@ -94,9 +95,14 @@ func runPackageRuntimeConformance(cmd *cobra.Command, args []string, f packageRu
 		return err
 	}
 	defer os.RemoveAll(tmp)
+	sb, err := conformanceSandbox(sf, tmp)
+	if err != nil {
+		return err
+	}
+	defer sb.Close()
 	l, err := pkgruntime.NewLauncher(pkgruntime.LaunchConfig{
 		ProviderUID: uint32(uid), ProviderGID: uint32(gid), RecordDir: filepath.Join(tmp, "records"), SocketDir: filepath.Join(tmp, "s"),
-		Interpreters: interpreters, KillTimeout: 5 * time.Second,
+		Interpreters: interpreters, KillTimeout: 5 * time.Second, Sandbox: sb,
 	})
 	if err != nil {
 		return err
@@ -105,7 +111,8 @@ func runPackageRuntimeConformance(cmd *cobra.Command, args []string, f packageRu
 	pin := pkgruntime.Pin{Manifest: m, Admitted: admitted, WorkspaceEpoch: "conformance",
 		BindingDigest: catalog.AuthorityDigest(admitted), Owner: "conformance/" + m.Module}
 	out := cmd.OutOrStdout()
-	fmt.Fprintf(out, "conformance of package runtime %s (module %s, sha256:%s, uid %d gid %d)\n", m.PackageRevisionID, m.Module, m.ArtifactSHA256, uid, gid)
+	fmt.Fprintf(out, "conformance of package runtime %s (module %s, sha256:%s, uid %d gid %d, capabilities %v)\n", m.PackageRevisionID, m.Module, m.ArtifactSHA256, uid, gid, admitted)
+	printCapacity(out, sb)
 	ctx := cmd.Context()
 	if ctx == nil {
 		ctx = context.Background()
@@ -115,6 +122,9 @@ func runPackageRuntimeConformance(cmd *cobra.Command, args []string, f packageRu
 		fmt.Fprintf(out, "  FAIL  launch and handshake: %v\n", err)
 		fmt.Fprintln(out, "not conformant: the runtime did not start")
 		return invalid(err)
+	}
+	if ev, ok := rt.Sandbox(); ok {
+		fmt.Fprintf(out, "  sandbox applied: %s\n", ev)
 	}
 	checks := pkgruntime.Conform(ctx, rt.Conn(), pkgruntime.ConformanceInput{Invoke: invoke, Watch: watch, Namespace: f.namespace})
 	td := rt.Stop(time.Duration(m.Deadlines.CancelMs) * time.Millisecond)

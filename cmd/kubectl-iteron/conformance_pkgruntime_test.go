@@ -54,7 +54,7 @@ func TestConformanceDrivesAPackageRuntimeWhicheverWayItWasWritten(t *testing.T) 
 			[]string{"ok    handshake", "ok    invoke put", "ok    watch watch: first event", "ok    watch watch: stream ends after cancel",
 				"runtime exit status 0 after SIGTERM", "conformant: 11 checks passed"}},
 		{"a runtime written from the proto alone conforms", runtimeManifest(t, bins[pkgruntimetest.Seed], "seed-kv-1"), kvFlags, 0,
-			[]string{"ok    status of invoke get", "ok    watch watch: cancel", "conformant: 11 checks passed"}},
+			[]string{"ok    status of invoke get", "ok    watch watch: cancel", "conformant: 11 checks passed", "sandbox applied: mode=enforce level=isolated"}},
 		{"a first watch event without initial is a violation, shown", runtimeManifest(t, notInitial, "seed-kv-1"), kvFlags, 1,
 			[]string{"FAIL  watch watch: first event", "the first event of a watch must have initial set", `message: { "watchId": "inv-4"`, "not conformant: 1 violation(s)"}},
 		{"a wrong proof fails the launch", runtimeManifest(t, wrongProof, "seed-kv-1"), kvFlags, 1,
@@ -63,7 +63,7 @@ func TestConformanceDrivesAPackageRuntimeWhicheverWayItWasWritten(t *testing.T) 
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			args := append([]string{"conformance", "--kind", "package-runtime", c.manifest}, c.extra...)
+			args := append([]string{"conformance", "--kind", "package-runtime", "--sandbox-launcher=" + providertest.SandboxLauncher(t), c.manifest}, c.extra...)
 			code, out, errOut := runCLI(t, "", args...)
 			if code != c.code {
 				t.Fatalf("exit %d, want %d\nstdout:\n%s\nstderr:\n%s", code, c.code, out, errOut)

@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"context"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"iteron.dev/operator/examples/providers/artifacts"
 	"iteron.dev/operator/examples/providers/providertest"
+	"iteron.dev/operator/internal/sandbox"
 )
 
 // exampleBinary builds one example provider into a directory the provider
@@ -37,6 +39,7 @@ func TestConformanceExitsZeroForAConformantProviderOneForViolationsTwoForUsage(t
 	counter := exampleBinary(t, artifacts.CounterV2)
 	faulty := exampleBinary(t, artifacts.Faulty)
 	stateless := exampleBinary(t, artifacts.Stateless)
+	launcher := providertest.SandboxLauncher(t)
 	cases := []struct {
 		name string
 		args []string
@@ -46,7 +49,13 @@ func TestConformanceExitsZeroForAConformantProviderOneForViolationsTwoForUsage(t
 		{"counter v2 as protocol 2", []string{"conformance", counter, "--protocol", "2", "--module", "prompt_system"}, 0,
 			[]string{"ok    load", "ok    snapshot", "ok    migrate", "ok    restore", "ok    readiness", "ok    stop", "conformant: 8 operations passed"}},
 		{"stateless as protocol 1", []string{"conformance", stateless, "--protocol", "1", "--module", "tool_exposure", "--input", `{"text":"x"}`}, 0,
-			[]string{"ok    cancel", "conformant: 4 operations passed"}},
+			[]string{"ok    cancel", "conformant: 4 operations passed",
+				"sandbox applied: mode=enforce level=isolated ns=cgroup,ipc,mnt,net,pid,uts network=none exec=no memory=536870912 cpu=" + strconv.FormatInt(sandbox.DefaultCPUMillis, 10) + "m tasks=256 tmp=67108864"}},
+		{"stateless admitted irreversible_external gets the node's network", []string{"conformance", stateless, "--protocol", "1", "--module", "tool_exposure", "--capabilities", "irreversible_external"}, 0,
+			[]string{"capabilities [irreversible_external]", "sandbox applied: mode=enforce level=isolated ns=cgroup,ipc,mnt,pid,uts network=node exec=no"}},
+		{"stateless without the sandbox", []string{"conformance", stateless, "--protocol", "1", "--module", "tool_exposure", "--sandbox=off"}, 0,
+			[]string{"sandbox: mode off, level none", "sandbox applied: mode=off level=none ns=none network=node exec=yes"}},
+		{"an unknown capability", []string{"conformance", stateless, "--protocol", "1", "--module", "tool_exposure", "--capabilities", "root"}, 2, nil},
 		{"faulty's argv after --", []string{"conformance", faulty, "--protocol", "2", "--module", "prompt_system", "--timeout", "500ms", "--", "--fault", "miscorrelate", "--at", "load"}, 1,
 			[]string{"FAIL  load", "violation during load: mis-correlation", `frame: {"protocol":"iteron-implementation/2","request_id":"host-999999"`, "not conformant: 1 violation(s)"}},
 		{"a provider that hangs", []string{"conformance", faulty, "--protocol", "2", "--module", "prompt_system", "--timeout", "300ms", "--", "--fault", "hang", "--at", "start"}, 1,
@@ -56,7 +65,7 @@ func TestConformanceExitsZeroForAConformantProviderOneForViolationsTwoForUsage(t
 				`< {"protocol":"iteron-implementation/1","request_id":"host-1","implementation_id":"t.1","module":"tool_exposure","payload":{"result":"loaded",`,
 				`> {"protocol":"iteron-implementation/1","request_id":"host-2",`, `"payload":{"operation":"start",`,
 				`< {"protocol":"iteron-implementation/1","implementation_id":"t.1","module":"tool_exposure","run_id":"conformance-1","sequence":0,`,
-				`"payload":{"result":"stopped"}}` + "\n  ok    load"}},
+				`"payload":{"result":"stopped"}}` + "\n  sandbox applied: mode=enforce", "\n  ok    load"}},
 		{"a missing module", []string{"conformance", counter, "--protocol", "2"}, 2, nil},
 		{"an unknown protocol", []string{"conformance", counter, "--protocol", "3", "--module", "prompt_system"}, 2, nil},
 		{"two executables", []string{"conformance", counter, counter, "--protocol", "2", "--module", "prompt_system"}, 2, nil},
@@ -66,7 +75,10 @@ func TestConformanceExitsZeroForAConformantProviderOneForViolationsTwoForUsage(t
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			var stdout, stderr bytes.Buffer
-			code := run(tc.args, strings.NewReader(""), &stdout, &stderr)
+			// Sandboxed as a node sandboxes, with the launcher built for
+			// the tests (a user's is beside kubectl-iteron).
+			args := append([]string{tc.args[0], "--sandbox-launcher=" + launcher}, tc.args[1:]...)
+			code := run(args, strings.NewReader(""), &stdout, &stderr)
 			if code != tc.code {
 				t.Fatalf("exit %d, want %d\nstdout:\n%s\nstderr:\n%s", code, tc.code, stdout.String(), stderr.String())
 			}

@@ -88,6 +88,7 @@ func run(args []string, stderr io.Writer) int {
 		Log:        ctrl.Log,
 		KubeAPIQPS: float32(opts.kubeAPIQPS), KubeAPIBurst: opts.kubeAPIBurst,
 		MaxParallelActivations: opts.maxParallel,
+		Sandbox:                opts.sandbox,
 	})
 	if err != nil {
 		fmt.Fprintln(stderr, "manager:", err)

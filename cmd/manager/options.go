@@ -19,6 +19,7 @@ import (
 	"iteron.dev/operator/internal/artifacts"
 	"iteron.dev/operator/internal/catalog"
 	"iteron.dev/operator/internal/gateway"
+	"iteron.dev/operator/internal/sandbox"
 )
 
 // options are the manager's validated flags.
@@ -42,6 +43,7 @@ type options struct {
 	maxParallel            int
 	kubeAPIQPS             float64
 	kubeAPIBurst           int
+	sandbox                *app.SandboxOptions // nil with --sandbox=off
 }
 
 // maxSocketPath is the longest unix socket path Linux accepts (sun_path is
@@ -93,6 +95,8 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.maxParallel, "max-parallel-activations", runtime.NumCPU(), "how many provider processes of one activation are spawned and loaded (or stopped) together; their ledger transactions still run one at a time in plan order; 1 starts each inside its transaction")
 	fs.Float64Var(&o.kubeAPIQPS, "kube-api-qps", app.DefaultKubeAPIQPS, "sustained requests per second the manager's API client may send (client-side rate limit)")
 	fs.IntVar(&o.kubeAPIBurst, "kube-api-burst", app.DefaultKubeAPIBurst, "requests the manager's API client may send at once above --kube-api-qps")
+	var sandboxFlags sandbox.Flags
+	sandboxFlags.Register(fs, sandbox.ModeEnforce)
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -186,6 +190,11 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	if o.kubeAPIBurst < 1 {
 		return nil, &flagError{"kube-api-burst", strconv.Itoa(o.kubeAPIBurst), "must be at least 1"}
 	}
+	policy, launcher, err := sandboxFlags.Parsed()
+	if err != nil {
+		return nil, err
+	}
+	o.sandbox = &app.SandboxOptions{Policy: policy, Launcher: launcher}
 	if o.survivorSocket != "" {
 		if err := checkAbsoluteClean("survivor-socket", o.survivorSocket); err != nil {
 			return nil, err

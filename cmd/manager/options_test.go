@@ -3,9 +3,13 @@ package main
 import (
 	"errors"
 	"io"
+	"os"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"testing"
+
+	"iteron.dev/operator/internal/sandbox"
 )
 
 func TestParseOptionsRefusesBadValuesNamingTheFlag(t *testing.T) {
@@ -35,6 +39,11 @@ func TestParseOptionsRefusesBadValuesNamingTheFlag(t *testing.T) {
 		{"a negative API rate", []string{"--kube-api-qps=-5"}, "--kube-api-qps"},
 		{"an API rate that is not a number", []string{"--kube-api-qps=NaN"}, "--kube-api-qps=\"NaN\": must be a positive number"},
 		{"an API burst of zero", []string{"--kube-api-burst=0"}, "--kube-api-burst"},
+		{"an unknown sandbox mode", []string{"--sandbox=strict"}, `--sandbox="strict": must be enforce, audit or off`},
+		{"a sandbox memory ceiling that is not a quantity", []string{"--sandbox=off", "--sandbox-max-memory=lots"}, "--sandbox-max-memory"},
+		{"a sandbox CPU ceiling of zero", []string{"--sandbox=off", "--sandbox-max-cpu=0"}, "--sandbox-max-cpu"},
+		{"a relative read-only path", []string{"--sandbox=off", "--sandbox-read-only-paths=/usr,etc"}, "--sandbox-read-only-paths"},
+		{"a sandbox launcher that does not exist", []string{"--sandbox-launcher=/nonexistent/iteron-sandbox"}, "--sandbox=off to start providers unsandboxed"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -47,9 +56,15 @@ func TestParseOptionsRefusesBadValuesNamingTheFlag(t *testing.T) {
 }
 
 func TestParseOptionsDefaults(t *testing.T) {
-	o, err := parseOptions(nil, io.Discard)
+	launcher := filepath.Join(t.TempDir(), "iteron-sandbox")
+	os.WriteFile(launcher, []byte("x"), 0o755)
+	o, err := parseOptions([]string{"--sandbox-launcher=" + launcher}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if sb := o.sandbox; sb == nil || sb.Policy.Mode != sandbox.ModeEnforce || sb.Launcher != launcher ||
+		sb.Policy.Ceiling != (sandbox.Limits{MemoryBytes: 4 << 30, CPUMillis: 4000, Tasks: 4096, TmpBytes: 1 << 30}) {
+		t.Fatalf("sandbox defaults: %+v", o.sandbox)
 	}
 	if o.stateDir != "/var/lib/iteron/state" || strings.Join(o.allowedRoots, ",") != "/var/lib/iteron/providers" ||
 		strings.Join(o.interpreters, ",") != "/bin/sh" || o.providerUID != 65534 || o.providerGID != 65534 ||
@@ -60,7 +75,7 @@ func TestParseOptionsDefaults(t *testing.T) {
 }
 
 func TestParseOptionsGatewayAllow(t *testing.T) {
-	o, err := parseOptions([]string{"--gateway-allow=uid:1000=team-a,team-b", "--gateway-allow=gid:2000=*", "--gateway-allow=uid:1000=team-c"}, io.Discard)
+	o, err := parseOptions([]string{"--sandbox=off", "--gateway-allow=uid:1000=team-a,team-b", "--gateway-allow=gid:2000=*", "--gateway-allow=uid:1000=team-c"}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}

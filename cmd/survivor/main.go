@@ -20,6 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"iteron.dev/operator/internal/procexec"
+	"iteron.dev/operator/internal/sandbox"
 	"iteron.dev/operator/internal/survivor"
 )
 
@@ -47,11 +48,23 @@ func run(args []string, stderr io.Writer) int {
 		return exitUsage
 	}
 	log := zap.New(zap.WriteTo(stderr)).WithName("survivor")
+	// The survivor launches the node's providers, so it builds their
+	// sandbox, below its own cgroup (docs/security.md).
+	sbLog := log.WithName("sandbox")
+	sb, err := sandbox.New(sandbox.Config{Policy: opts.sandbox, Launcher: opts.launcher, ScratchDir: sandbox.ScratchRoot(opts.stateDir),
+		Log: func(msg string, kv ...any) { sbLog.Info(msg, kv...) }})
+	if err != nil {
+		fmt.Fprintln(stderr, "survivor:", err)
+		return exitFailure
+	}
+	defer sb.Close()
+	c := sb.Capacity()
+	log.Info("providers are sandboxed", "mode", c.Mode, "level", c.Level.String(), "cgroups", c.Cgroups, "cgroupsWhy", c.CgroupsWhy, "landlock", c.Landlock, "launcher", c.Launcher)
 	srv, err := survivor.NewServer(survivor.ServerConfig{
 		StateDir: opts.stateDir, GatewaySocket: opts.gatewaySocket, GatewayGroup: opts.gatewayGroup,
 		ManagerUID: opts.managerUID, CheckpointTimeout: opts.checkpointTimeout, Log: log,
 		Executor: procexec.Config{ProviderUID: opts.providerUID, ProviderGID: opts.providerGID, Interpreters: opts.interpreters,
-			ExecutableCacheBytes: procexec.DefaultExecutableCacheBytes},
+			ExecutableCacheBytes: procexec.DefaultExecutableCacheBytes, Sandbox: sb},
 	})
 	if err != nil {
 		fmt.Fprintln(stderr, "survivor:", err)

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"iteron.dev/operator/internal/sandbox"
 	"iteron.dev/operator/internal/survivor"
 )
 
@@ -23,6 +24,8 @@ type options struct {
 	providerGID       uint32
 	interpreters      []string
 	checkpointTimeout time.Duration
+	sandbox           sandbox.Policy
+	launcher          string // "" with --sandbox=off
 }
 
 // flagError is a bad flag value: it names the flag, the value and why.
@@ -45,6 +48,8 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&gid, "provider-gid", "65534", "gid providers run as")
 	fs.StringVar(&interpreters, "interpreters", "/bin/sh", "comma-separated absolute interpreter paths a '#!' provider script may name")
 	fs.DurationVar(&o.checkpointTimeout, "checkpoint-timeout", 30*time.Second, "on SIGTERM, how long to wait for the manager to checkpoint before the providers are stopped")
+	var sandboxFlags sandbox.Flags
+	sandboxFlags.Register(fs, sandbox.ModeEnforce)
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -88,6 +93,9 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	}
 	if o.checkpointTimeout <= 0 || o.checkpointTimeout > 5*time.Minute {
 		return nil, &flagError{"checkpoint-timeout", o.checkpointTimeout.String(), "must be in (0, 5m]"}
+	}
+	if o.sandbox, o.launcher, err = sandboxFlags.Parsed(); err != nil {
+		return nil, err
 	}
 	return &o, nil
 }

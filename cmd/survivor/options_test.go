@@ -2,8 +2,12 @@ package main
 
 import (
 	"io"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+
+	"iteron.dev/operator/internal/sandbox"
 )
 
 func TestBadFlagsAreRefusedNamingTheFlag(t *testing.T) {
@@ -21,6 +25,8 @@ func TestBadFlagsAreRefusedNamingTheFlag(t *testing.T) {
 		{[]string{"--interpreters=/bin/sh,sh"}, `--interpreters="/bin/sh,sh": "sh" must be an absolute, clean path`},
 		{[]string{"--checkpoint-timeout=0s"}, `--checkpoint-timeout="0s": must be in (0, 5m]`},
 		{[]string{"extra"}, `unexpected arguments: ["extra"]`},
+		{[]string{"--sandbox=permissive"}, `--sandbox="permissive": must be enforce, audit or off`},
+		{[]string{"--sandbox-launcher=/nonexistent"}, `--sandbox-launcher="/nonexistent"`},
 	} {
 		_, err := parseOptions(tc.args, io.Discard)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -29,11 +35,14 @@ func TestBadFlagsAreRefusedNamingTheFlag(t *testing.T) {
 		}
 		t.Logf("%v: %v", tc.args, err)
 	}
-	o, err := parseOptions(nil, io.Discard)
+	launcher := filepath.Join(t.TempDir(), "iteron-sandbox")
+	os.WriteFile(launcher, []byte("x"), 0o755)
+	o, err := parseOptions([]string{"--sandbox-launcher=" + launcher}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if o.stateDir != "/var/lib/iteron/state" || o.gatewaySocket != "/run/iteron/gateway.sock" || o.providerUID != 65534 || o.managerUID != 0 {
+	if o.stateDir != "/var/lib/iteron/state" || o.gatewaySocket != "/run/iteron/gateway.sock" || o.providerUID != 65534 || o.managerUID != 0 ||
+		o.sandbox.Mode != sandbox.ModeEnforce || o.launcher != launcher {
 		t.Fatalf("defaults: %+v", o)
 	}
 }

@@ -82,10 +82,15 @@ func run(out, tag, survivorOut, survivorTag, pauseOut, pauseTag, debs, note stri
 	if survivorOut != "" {
 		bins["iteron-survivor"] = "./cmd/survivor"
 	}
+	if out != "" || survivorOut != "" {
+		// The sandbox launcher, beside the manager and the survivor (their
+		// --sandbox-launcher default).
+		bins["iteron-sandbox"] = "./cmd/iteron-sandbox"
+	}
 	if pauseOut != "" {
 		bins["pause"] = "./hack/image/pause"
 	}
-	for _, bin := range []string{"manager", "kubectl-iteron", "iteron-survivor", "pause"} {
+	for _, bin := range []string{"manager", "kubectl-iteron", "iteron-survivor", "iteron-sandbox", "pause"} {
 		if bins[bin] == "" {
 			continue
 		}
@@ -167,6 +172,7 @@ func managerImage(work string, base []entry, out, tag string) error {
 	own := []entry{
 		{path: "manager", mode: 0o755, file: filepath.Join(work, "manager")},
 		{path: "usr/local/bin/kubectl-iteron", mode: 0o755, file: filepath.Join(work, "kubectl-iteron")},
+		{path: "iteron-sandbox", mode: 0o755, file: filepath.Join(work, "iteron-sandbox")},
 	}
 	img, err := image([][]entry{base, own}, v1.Config{
 		Entrypoint: []string{"/manager"},
@@ -184,9 +190,13 @@ func managerImage(work string, base []entry, out, tag string) error {
 }
 
 // survivorImage writes the survivor's image: the base layer (its /bin/sh
-// runs provider scripts), then /iteron-survivor.
+// runs provider scripts), then /iteron-survivor and the sandbox launcher
+// beside it.
 func survivorImage(work string, base []entry, out, tag string) error {
-	own := []entry{{path: "iteron-survivor", mode: 0o755, file: filepath.Join(work, "iteron-survivor")}}
+	own := []entry{
+		{path: "iteron-survivor", mode: 0o755, file: filepath.Join(work, "iteron-survivor")},
+		{path: "iteron-sandbox", mode: 0o755, file: filepath.Join(work, "iteron-sandbox")},
+	}
 	img, err := image([][]entry{base, own}, v1.Config{
 		Entrypoint: []string{"/iteron-survivor"},
 		User:       "0:0",

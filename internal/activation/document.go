@@ -5,8 +5,10 @@ import (
 	"encoding/hex"
 	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/go-json-experiment/json/jsontext"
+	"k8s.io/apimachinery/pkg/api/resource"
 
 	"iteron.dev/operator/api/v1alpha1"
 	"iteron.dev/operator/internal/catalog"
@@ -55,6 +57,9 @@ type Source struct {
 	// OCIRef, instead of CatalogPath and ArtifactRoot, names the provider
 	// artifact to pull by digest (oci_ref, docs/reference/activation.md).
 	OCIRef string
+	// Sandbox is what the source asks of the node's sandbox (only an
+	// ImplementationActivation spec carries it).
+	Sandbox SandboxRequest
 }
 
 // HasOCI reports whether the source is pulled from a registry.
@@ -230,6 +235,13 @@ func DocumentFromSpec(spec *v1alpha1.ImplementationActivationSpec) (*Document, e
 			Module: s.Module, ImplementationID: s.ImplementationID, CatalogPath: s.CatalogPath,
 			ArtifactRoot: s.ArtifactRoot, ManifestSHA256: s.ManifestSHA256, ArtifactSHA256: s.ArtifactSHA256,
 		}
+		if s.Sandbox != nil {
+			r, err := sandboxRequestOf(s.Sandbox, fmt.Sprintf("spec.sources[%d].sandbox", i))
+			if err != nil {
+				return nil, err
+			}
+			doc.Sources[i].Sandbox = r
+		}
 		if s.OCI != nil {
 			doc.Sources[i].OCIRef = s.OCI.Ref
 			if s.OCI.Ref == "" {
@@ -380,4 +392,40 @@ func (d *Document) Spec(nodeName string) v1alpha1.ImplementationActivationSpec {
 		spec.CapabilityCeiling = append(spec.CapabilityCeiling, v1alpha1.Capability(c))
 	}
 	return spec
+}
+
+// sandboxRequestOf converts a source's sandbox fields, refusing what the
+// API server's rules refuse (a spec may arrive another way).
+func sandboxRequestOf(sb *v1alpha1.SourceSandbox, field string) (SandboxRequest, error) {
+	r := SandboxRequest{Require: strings.ToLower(string(sb.Require))}
+	switch sb.Require {
+	case "", v1alpha1.SandboxLevelNone, v1alpha1.SandboxLevelLimits, v1alpha1.SandboxLevelIsolated:
+	default:
+		return r, failf(field+".require", ErrInvalidValue, "%q is not a sandbox level (None, Limits or Isolated)", sb.Require)
+	}
+	for _, q := range []struct {
+		name string
+		v    *resource.Quantity
+		min  resource.Quantity
+	}{{"memory", sb.Memory, resource.MustParse("16Mi")}, {"cpu", sb.CPU, resource.MustParse("10m")}, {"tmp", sb.Tmp, resource.MustParse("1Mi")}} {
+		if q.v != nil && q.v.Cmp(q.min) < 0 {
+			return r, failf(field+"."+q.name, ErrInvalidValue, "%s is less than the least bound %s", q.v, &q.min)
+		}
+	}
+	if sb.Tasks != nil && *sb.Tasks <= 0 {
+		return r, failf(field+".tasks", ErrInvalidValue, "must be positive")
+	}
+	if sb.Memory != nil {
+		r.MemoryBytes = sb.Memory.Value()
+	}
+	if sb.CPU != nil {
+		r.CPUMillis = sb.CPU.MilliValue()
+	}
+	if sb.Tasks != nil {
+		r.Tasks = int64(*sb.Tasks)
+	}
+	if sb.Tmp != nil {
+		r.TmpBytes = sb.Tmp.Value()
+	}
+	return r, nil
 }

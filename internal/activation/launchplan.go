@@ -23,6 +23,20 @@ type EvidenceLimits struct {
 	Observations int
 }
 
+// SandboxRequest is what a source asks of the node's sandbox
+// (spec.sources[].sandbox): the least level its launch must apply ("",
+// "none", "limits" or "isolated") and its bounds; a zero bound takes the
+// node's default. internal/sandbox resolves it against the node's policy.
+type SandboxRequest struct {
+	// Require is the least level ("" requires nothing).
+	Require string `json:"require,omitempty"`
+	// MemoryBytes, CPUMillis, Tasks and TmpBytes are the bounds asked.
+	MemoryBytes int64 `json:"memory_bytes,omitempty"`
+	CPUMillis   int64 `json:"cpu_millis,omitempty"`
+	Tasks       int64 `json:"tasks,omitempty"`
+	TmpBytes    int64 `json:"tmp_bytes,omitempty"`
+}
+
 // LaunchPlan is everything needed to run one verified provider, and nothing
 // that was not verified. Its fields are unexported: only this package's
 // verifier mints plans (and tests, through NewLaunchPlanForTest), so a plan in
@@ -48,6 +62,8 @@ type LaunchPlan struct {
 	// packageRuntime is set when the source is a package-runtime manifest
 	// (spec: docs/reference/package-runtimes.md) rather than a catalog.
 	packageRuntime *catalog.PackageRuntimeManifest
+	// sandbox is what the source asks of the sandbox.
+	sandbox SandboxRequest
 }
 
 // Module is the module the provider fills (snake_case).
@@ -104,6 +120,9 @@ func (p LaunchPlan) Contracts() protocol.ModuleContracts { return p.contracts }
 // every policy as fail_closed).
 func (p LaunchPlan) FailurePolicy() string { return p.failurePolicy }
 
+// Sandbox is what the source asks of the node's sandbox.
+func (p LaunchPlan) Sandbox() SandboxRequest { return p.sandbox }
+
 // PackageRuntime returns the verified package-runtime manifest when the
 // source is a package runtime (a quixos.runtime.PackageRuntime server), and
 // false for a line-protocol provider. A package runtime holds no state the
@@ -136,6 +155,8 @@ type LaunchPlanFields struct {
 	FailurePolicy                  string
 	// PackageRuntime, when set, makes the plan a package runtime's.
 	PackageRuntime *catalog.PackageRuntimeManifest
+	// Sandbox is what the source asks of the sandbox.
+	Sandbox SandboxRequest
 }
 
 // NewLaunchPlanForTest mints a plan without verification. It exists for the
@@ -156,6 +177,7 @@ func newLaunchPlan(f LaunchPlanFields) LaunchPlan {
 		admitted: slices.Clone(f.AdmittedCapabilities), authoritySHA256: f.AuthoritySHA256,
 		runtimeDeadline: f.RuntimeDeadline, cancellationDeadline: f.CancellationDeadline,
 		limits: f.EvidenceLimits, contracts: f.Contracts, failurePolicy: f.FailurePolicy,
+		sandbox: f.Sandbox,
 	}
 	if f.PackageRuntime != nil {
 		m := *f.PackageRuntime
@@ -189,6 +211,10 @@ type ConformanceTarget struct {
 	RuntimeDeadline, CancellationDeadline time.Duration
 	// EvidenceLimits bound each run's output and the stderr ring.
 	EvidenceLimits EvidenceLimits
+	// Admitted are the capabilities to run it as admitted (sorted, on the
+	// wire's list; none by default): what its sandbox allows, and what its
+	// load request says.
+	Admitted []string
 }
 
 // conformanceCandidate is the candidate digest conformance runs carry.
@@ -198,8 +224,8 @@ var conformanceCandidate = strictjson.Digest([]byte("iteron conformance"))
 // the conformance CLI's own door, and no other caller may use it: the plan it
 // returns proves nothing about a catalog or an activation, only that the CLI
 // hashed the bytes it names. Contracts are the built-in graph's for the
-// module; no capability is admitted; the candidate digest is a fixed
-// conformance digest.
+// module; the capabilities admitted are the target's (none unless given);
+// the candidate digest is a fixed conformance digest.
 func PlanForConformance(t ConformanceTarget) (LaunchPlan, error) {
 	switch {
 	case t.ProtocolVersion != 1 && t.ProtocolVersion != 2:
@@ -215,14 +241,18 @@ func PlanForConformance(t ConformanceTarget) (LaunchPlan, error) {
 	case t.RuntimeDeadline <= 0 || t.CancellationDeadline <= 0:
 		return LaunchPlan{}, fmt.Errorf("conformance: deadlines must be positive")
 	}
-	authority, err := strictjson.DigestOf([]string{})
-	if err != nil {
-		return LaunchPlan{}, err
+	admitted := slices.Clone(t.Admitted)
+	if admitted == nil {
+		admitted = []string{}
 	}
+	if err := catalog.CheckCapabilitySet("capabilities", admitted); err != nil {
+		return LaunchPlan{}, fmt.Errorf("conformance: %v", err)
+	}
+	authority := catalog.AuthorityDigest(admitted)
 	return newLaunchPlan(LaunchPlanFields{
 		Module: t.Module, ImplementationID: t.ImplementationID, ProtocolVersion: t.ProtocolVersion,
 		ArtifactSHA256: t.ArtifactSHA256, ArtifactRoot: filepath.Dir(t.Executable), Executable: t.Executable,
-		Argv: t.Argv, CandidateSHA256: conformanceCandidate, AdmittedCapabilities: []string{}, AuthoritySHA256: authority,
+		Argv: t.Argv, CandidateSHA256: conformanceCandidate, AdmittedCapabilities: admitted, AuthoritySHA256: authority,
 		RuntimeDeadline: t.RuntimeDeadline, CancellationDeadline: t.CancellationDeadline,
 		EvidenceLimits: t.EvidenceLimits, Contracts: protocol.BuiltinContracts(t.Module), FailurePolicy: "fail_closed",
 	}), nil

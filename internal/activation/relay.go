@@ -19,6 +19,7 @@ func (p LaunchPlan) Fields() LaunchPlanFields {
 		AdmittedCapabilities: slices.Clone(p.admitted), AuthoritySHA256: p.authoritySHA256,
 		RuntimeDeadline: p.runtimeDeadline, CancellationDeadline: p.cancellationDeadline,
 		EvidenceLimits: p.limits, Contracts: p.contracts, FailurePolicy: p.failurePolicy,
+		Sandbox: p.sandbox,
 	}
 }
 
@@ -60,6 +61,10 @@ func RelayedPlan(f LaunchPlanFields) (LaunchPlan, error) {
 		return bad("deadlines", "runtime %v and cancellation %v must be positive", f.RuntimeDeadline, f.CancellationDeadline)
 	case f.EvidenceLimits.StdoutBytes <= 0 || f.EvidenceLimits.StderrBytes < 0 || f.EvidenceLimits.Observations <= 0:
 		return bad("evidence_limits", "%+v", f.EvidenceLimits)
+	case !slices.Contains([]string{"", "none", "limits", "isolated"}, f.Sandbox.Require):
+		return bad("sandbox.require", "%q is not a sandbox level", f.Sandbox.Require)
+	case f.Sandbox.MemoryBytes < 0 || f.Sandbox.CPUMillis < 0 || f.Sandbox.Tasks < 0 || f.Sandbox.TmpBytes < 0:
+		return bad("sandbox", "negative bound in %+v", f.Sandbox)
 	}
 	for i, a := range f.Argv {
 		if len(a) > 4096 {

@@ -123,6 +123,8 @@ type VerifiedSource struct {
 	NotAdmittedCapabilities []string
 	// AuthoritySHA256 is the digest of AdmittedCapabilities.
 	AuthoritySHA256 string
+	// Sandbox is what the source asks of the node's sandbox.
+	Sandbox SandboxRequest
 	// Plan is the launch plan minted from exactly these verified values.
 	Plan LaunchPlan
 }
@@ -424,6 +426,7 @@ func (v *Verifier) verifySource(doc *Document, i int, ceiling []string, token st
 		AdmittedCapabilities:    admitted,
 		NotAdmittedCapabilities: catalog.NotAdmitted(pin.requested, admitted),
 		AuthoritySHA256:         catalog.AuthorityDigest(admitted),
+		Sandbox:                 s.Sandbox,
 	}
 	if pr != nil {
 		vs.Plan = mintPackageRuntime(vs, doc.CandidateSHA256, contracts)
@@ -463,7 +466,7 @@ func mint(vs *VerifiedSource, candidate string, contracts protocol.ModuleContrac
 			StdoutBytes: int64(m.EvidenceLimits.StdoutBytes), StderrBytes: int64(m.EvidenceLimits.StderrBytes),
 			Observations: int(m.EvidenceLimits.Observations),
 		},
-		Contracts: contracts, FailurePolicy: m.FailurePolicy,
+		Contracts: contracts, FailurePolicy: m.FailurePolicy, Sandbox: vs.Sandbox,
 	})
 }
 
@@ -490,7 +493,7 @@ func mintPackageRuntime(vs *VerifiedSource, candidate string, contracts protocol
 		CancellationDeadline: time.Duration(m.Deadlines.CancelMs) * time.Millisecond,
 		EvidenceLimits:       EvidenceLimits{StderrBytes: PackageRuntimeStderrBytes},
 		Contracts:            contracts, FailurePolicy: "fail_closed",
-		PackageRuntime: m,
+		PackageRuntime: m, Sandbox: vs.Sandbox,
 	})
 }
 

@@ -16,6 +16,7 @@ import (
 	"iteron.dev/operator/internal/catalog"
 	"iteron.dev/operator/internal/ledger"
 	"iteron.dev/operator/internal/reasons"
+	"iteron.dev/operator/internal/sandbox"
 )
 
 // DefaultOrphanGrace is how long a live, recorded provider group may go
@@ -603,7 +604,7 @@ func summarizeGeneration(g *iteronv1.Generation) *GenerationSummary {
 	if g.Status.Ledger != nil {
 		txn = g.Status.Ledger.TransactionID
 	}
-	return &GenerationSummary{
+	gs := &GenerationSummary{
 		TransactionID: txn,
 		Name:          g.Name, Lineage: g.Spec.Generation, Attempt: g.Spec.Attempt,
 		ImplementationID: g.Spec.Implementation.ID, Version: g.Spec.Implementation.Version,
@@ -611,6 +612,21 @@ func summarizeGeneration(g *iteronv1.Generation) *GenerationSummary {
 		Reason: g.Status.Reason, Message: g.Status.Message,
 		StderrTail: g.Status.StderrTail, StderrDroppedBytes: g.Status.StderrDroppedBytes, Renewals: g.Status.Renewals,
 	}
+	if sb := g.Status.Sandbox; sb != nil {
+		gs.Sandbox = sandboxLine(sb)
+		gs.SandboxViolations = sb.Violations
+	}
+	return gs
+}
+
+// sandboxLine is a Generation's status.sandbox as the ledger's note says it.
+func sandboxLine(sb *iteronv1.SandboxStatus) string {
+	lvl, _ := sandbox.ParseLevel(sb.Level)
+	return sandbox.Evidence{
+		Mode: sandbox.Mode(sb.Mode), Level: lvl, Namespaces: sb.Namespaces, Network: sandbox.Network(sb.Network), Exec: sb.Exec,
+		Limits:  sandbox.Limits{MemoryBytes: sb.MemoryBytes, CPUMillis: sb.CPUMillis, Tasks: sb.Tasks, TmpBytes: sb.TmpBytes},
+		Cgroups: sb.Cgroups, Seccomp: sb.Seccomp, Landlock: int(sb.Landlock), Launcher: sb.Launcher,
+	}.String()
 }
 
 // lastBlock is the module's last blocked record: from the ledger file when

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"sort"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -188,6 +189,24 @@ func (p *printer) module(m ModuleDiagnosis) {
 			p.f("      - %s\n", clean(r))
 		}
 		p.f("      all: %s\n", c.Command)
+	}
+	for _, g := range []*GenerationSummary{m.Target, m.Active} {
+		if g == nil || g.Sandbox == "" {
+			continue
+		}
+		p.f("    sandbox of %s: %s\n", g.Name, clean(g.Sandbox))
+		if len(g.SandboxViolations) > 0 {
+			names := make([]string, 0, len(g.SandboxViolations))
+			for n := range g.SandboxViolations {
+				names = append(names, n)
+			}
+			sort.Strings(names)
+			parts := make([]string, len(names))
+			for i, n := range names {
+				parts[i] = fmt.Sprintf("%s %d", clean(n), g.SandboxViolations[n])
+			}
+			p.f("    audit: %s did what --sandbox=enforce refuses: %s\n", g.Name, strings.Join(parts, ", "))
+		}
 	}
 	for _, g := range []*GenerationSummary{m.Target, m.Active} {
 		if g == nil || g.StderrTail == "" {

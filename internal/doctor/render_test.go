@@ -65,3 +65,25 @@ func TestWriteTextSaysWhenThereIsNoLedgerYet(t *testing.T) {
 		t.Fatalf("%s", text.String())
 	}
 }
+
+func TestWriteTextShowsWhatTheSandboxAppliedAndWhatAuditCounted(t *testing.T) {
+	a := activation("prompt_system")
+	ms := module(a, "prompt_system")
+	ms.Phase, ms.GenerationName, ms.Reason, ms.Message = iteronv1.PhaseFailed, "", reasons.MemoryExceeded, "exited (killed by signal 9); the kernel killed it for exceeding its memory bound of 67108864 bytes"
+	g := generation(a, "prompt_system", 1, 1, "prompt_system-impl", iteronv1.PhaseFailed, iteronv1.StepShadowLoad)
+	g.Status.Sandbox = &iteronv1.SandboxStatus{Mode: "audit", Level: "limits", Network: "node", Exec: true, MemoryBytes: 64 << 20, CPUMillis: 1000, Tasks: 256,
+		Cgroups: "v1", Seccomp: "sha256:ab", Violations: map[string]int64{"socket": 3, "execve": 1}}
+	r := Diagnose(input(a, g), nil, Options{Now: now})
+	var text bytes.Buffer
+	if err := WriteText(&text, r); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"sandbox of " + g.Name + ": mode=audit level=limits ns=none network=node exec=yes memory=67108864 cpu=1000m tasks=256 tmp=unbounded cgroups=v1 seccomp=sha256:ab landlock=unavailable",
+		"audit: " + g.Name + " did what --sandbox=enforce refuses: execve 1, socket 3",
+	} {
+		if !strings.Contains(text.String(), want) {
+			t.Fatalf("the text does not say %q:\n%s", want, text.String())
+		}
+	}
+}

@@ -203,6 +203,12 @@ type GenerationSummary struct {
 	// Receipts are the generation's effect receipts, cited for a Failed
 	// generation: what it did that its failure and rollback do not undo.
 	Receipts *ReceiptsCitation `json:"receipts,omitempty"`
+	// Sandbox is what its process's sandbox applied, as one line
+	// (docs/security.md), "" when status shows none.
+	Sandbox string `json:"sandbox,omitempty"`
+	// SandboxViolations are what it did under --sandbox=audit that the
+	// enforced sandbox refuses, by syscall.
+	SandboxViolations map[string]int64 `json:"sandboxViolations,omitempty"`
 }
 
 // ReceiptsCitation is what the doctor says of a Failed generation's receipts.

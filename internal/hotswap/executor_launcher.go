@@ -13,8 +13,8 @@ import (
 // NewExecutorLauncher adapts the process executor to a Launcher: every
 // provider is a procexec.Process started from its verified launch plan.
 func NewExecutorLauncher(exec *procexec.Executor) Launcher {
-	return func(_ context.Context, plan activation.LaunchPlan) (Provider, error) {
-		p, err := exec.Launch(plan)
+	return func(ctx context.Context, plan activation.LaunchPlan) (Provider, error) {
+		p, err := exec.LaunchIn(plan, scratchFor(ctx))
 		if err != nil {
 			return nil, err
 		}

@@ -126,6 +126,7 @@ func WithPackageRuntimes(line Launcher, runtimes *pkgruntime.Launcher) Launcher 
 		pin := pkgruntime.Pin{
 			Manifest: m, Admitted: plan.AdmittedCapabilities(), WorkspaceEpoch: lf.epoch,
 			BindingDigest: plan.AuthoritySHA256(), Owner: lf.owner,
+			Sandbox: plan.Sandbox(), Scratch: scratchFor(ctx),
 		}
 		r, err := runtimes.Launch(ctx, pin, plan.ArtifactRoot())
 		if err != nil {

@@ -32,7 +32,7 @@ func (r *txnRun) verifyPhase(check func() *phaseFailure) phase {
 
 // shadowLoadPhase spawns and loads g's process, tracked in its scope.
 func (r *txnRun) shadowLoadPhase(g *generationRuntime) phase {
-	return phase{name: ledger.PhaseShadowLoad, fallback: reasons.ActivationFailed, work: func() error { return r.launch(g) }}
+	return phase{name: ledger.PhaseShadowLoad, fallback: reasons.ActivationFailed, work: func() error { return r.launch(g) }, record: r.shadowLoadRecord(g)}
 }
 
 // quiescePhase stops dispatching and waits for the run in flight, cancelling
@@ -189,6 +189,7 @@ func (r *txnRun) launch(g *generationRuntime) error {
 	g.lastPid = proc.Pid()
 	g.procStartedAt = proc.StartedAt()
 	r.a.mu.Unlock()
+	r.a.noteSandbox(g, proc)
 	if err := trackProcess(r.ctx, g.scope, proc); err != nil {
 		// Track disposed it at once (the scope was closed): the error says
 		// whether closing it failed too.

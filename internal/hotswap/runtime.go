@@ -14,6 +14,7 @@ import (
 	"iteron.dev/operator/internal/effects"
 	"iteron.dev/operator/internal/ledger"
 	"iteron.dev/operator/internal/reasons"
+	"iteron.dev/operator/internal/sandbox"
 )
 
 // maxKeptGenerations bounds the generations a module remembers (active,
@@ -60,6 +61,9 @@ type generationRuntime struct {
 	procStartedAt time.Time
 	stderrTail    string
 	stderrDropped int64
+	// sandbox is what the launch of its current (or last) process's
+	// sandbox applied (sandbox.go); nil without one.
+	sandbox *sandbox.Evidence
 	// drainNote is the cleanup_failed note of the drain in progress.
 	drainNote string
 	// relaunchCause says why the generation's next relaunch happens (its
@@ -767,6 +771,7 @@ func (a *activationRuntime) generationStatus(g *generationRuntime) GenerationSta
 	if g.scope != nil {
 		gs.Resources = g.scope.Resources()
 	}
+	gs.Sandbox = g.sandboxStatus()
 	sum := a.receipts.Summary(g.name)
 	gs.Receipts = ReceiptCounts{Total: int32(sum.Total), Irreversible: int32(sum.Irreversible), Truncated: sum.Truncated,
 		IncompleteReason: sum.IncompleteReason, ReversibleRuns: sum.ReversibleRuns}

@@ -293,7 +293,7 @@ func TestGenerationsLeaveNoGoroutineBehind(t *testing.T) {
 	// The executor's permanent spawner and reaper goroutines are the test
 	// binary's, started before (or by) the first launch.
 	if err := goleak.Find(before,
-		goleak.IgnoreTopFunction("iteron.dev/operator/internal/spawn.spawnerLoop"),
+		goleak.IgnoreTopFunction("iteron.dev/operator/internal/spawn.(*spawnerThread).loop"),
 		goleak.IgnoreTopFunction("iteron.dev/operator/internal/spawn.reaperLoop")); err != nil {
 		t.Fatal(err)
 	}

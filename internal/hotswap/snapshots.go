@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"iteron.dev/operator/internal/ledger"
+	"iteron.dev/operator/internal/sandbox"
 	"iteron.dev/operator/pkg/protocol"
 	"iteron.dev/operator/pkg/strictjson"
 )
@@ -304,8 +305,8 @@ func syncDir(dir string) error {
 }
 
 // RemoveActivationState archives a deleted activation's ledger (bounded
-// archives under ledgers/archive) and removes its snapshots and its pending
-// close. Call it once the
+// archives under ledgers/archive) and removes its snapshots, its pending
+// close and its generations' sandbox scratch directories. Call it once the
 // coordinator has retired and forgotten the activation.
 func RemoveActivationState(stateDir, activationUID string, now time.Time) error {
 	if _, err := ledger.Archive(stateDir, activationUID, now, 0); err != nil {
@@ -318,6 +319,9 @@ func RemoveActivationState(stateDir, activationUID string, now time.Time) error 
 		return err
 	}
 	if err := removeReceipts(stateDir, activationUID); err != nil {
+		return err
+	}
+	if err := os.RemoveAll(filepath.Join(sandbox.ScratchRoot(stateDir), activationUID)); err != nil {
 		return err
 	}
 	return NewSnapshotStore(stateDir).RemoveActivation(activationUID)

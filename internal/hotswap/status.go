@@ -129,6 +129,8 @@ type GenerationStatus struct {
 	StartedAt        time.Time
 	ActivatedAt      time.Time
 	DrainedAt        time.Time
+	// Sandbox is what its process's sandbox applied (nil without one).
+	Sandbox *iteronv1.SandboxStatus
 }
 
 // CheckpointInfo is the newest durable snapshot of a generation.

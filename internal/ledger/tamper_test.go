@@ -175,6 +175,12 @@ func TestReplayRejectsEachTamperByItsRule(t *testing.T) {
 		{"a reason on an applied record, re-chained", func() []byte {
 			return s.edit(t, false, func(r []Record) []Record { r[swapShadow].Reason = strp("provider_failed: x"); return r })
 		}, RuleReason, swapShadow},
+		{"a shadow_load note that is an empty sandbox note, re-chained", func() []byte {
+			return s.edit(t, false, func(r []Record) []Record { r[swapShadow].Reason = strp(SandboxNotePrefix); return r })
+		}, RuleReason, swapShadow},
+		{"a sandbox note on a record other than shadow_load, re-chained", func() []byte {
+			return s.edit(t, false, func(r []Record) []Record { r[swapQuiesce].Reason = strp(SandboxNotePrefix + "mode=off"); return r })
+		}, RuleReason, swapQuiesce},
 		{"a drain note that is not cleanup_failed, re-chained", func() []byte {
 			return s.edit(t, false, func(r []Record) []Record { r[renewalDrain].Reason = strp("provider_failed: x"); return r })
 		}, RuleReason, renewalDrain},

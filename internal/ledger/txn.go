@@ -236,6 +236,21 @@ func (t *Txn) Verify() error { return t.step(PhaseVerify, OutcomeApplied, nil, n
 // ShadowLoad records the new process spawned and loaded.
 func (t *Txn) ShadowLoad() error { return t.step(PhaseShadowLoad, OutcomeApplied, nil, nil, "", "") }
 
+// SandboxNotePrefix starts the note of a shadow_load record whose process
+// was started in a sandbox.
+const SandboxNotePrefix = "sandbox: "
+
+// ShadowLoadSandboxed records the new process spawned and loaded with the
+// note "sandbox: <evidence>": what its sandbox applied (internal/sandbox's
+// Evidence, one line). An empty evidence is ShadowLoad.
+func (t *Txn) ShadowLoadSandboxed(evidence string) error {
+	if evidence == "" {
+		return t.ShadowLoad()
+	}
+	note := SandboxNotePrefix + evidence
+	return t.step(PhaseShadowLoad, OutcomeApplied, nil, &note, "", "")
+}
+
 // Quiesce records dispatching stopped and the in-flight run finished or
 // cancelled.
 func (t *Txn) Quiesce() error { return t.step(PhaseQuiesce, OutcomeApplied, nil, nil, "", "") }

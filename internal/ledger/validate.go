@@ -421,6 +421,10 @@ func (v *validator) checkFields(r *Record, known *Record) *RuleError {
 		}
 	case r.BlockKind != nil:
 		return v.fail(RuleReason, r, "block_kind is set on a %s record with outcome %s", r.Phase, r.Outcome)
+	case r.Reason != nil && !family && r.Phase == PhaseShadowLoad && r.Outcome == OutcomeApplied:
+		if !strings.HasPrefix(*r.Reason, SandboxNotePrefix) || len(*r.Reason) == len(SandboxNotePrefix) {
+			return v.fail(RuleReason, r, "a shadow_load note must be \"sandbox: <evidence>\", not %q", *r.Reason)
+		}
 	case r.Reason != nil:
 		if family || r.Phase != PhaseDrain || r.Outcome != OutcomeApplied {
 			return v.fail(RuleReason, r, "reason is set on a %s record with outcome %s without block_kind", r.Phase, r.Outcome)

@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	runtimepb "iteron.dev/operator/api/quixos/quixos/runtime"
+	"iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/catalog"
 	"iteron.dev/operator/internal/reasons"
 )
@@ -33,6 +34,11 @@ type Pin struct {
 	BindingDigest string
 	// Owner is "<activation uid>/<module>".
 	Owner string
+	// Sandbox is what the source asks of the node's sandbox, and Scratch
+	// names the runtime's scratch directory ("<activation uid>/<generation>"):
+	// the launch's, not the handshake's.
+	Sandbox activation.SandboxRequest
+	Scratch string
 }
 
 // Error is a runtime's failure as the host reports it: the reason code of

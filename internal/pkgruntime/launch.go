@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"iteron.dev/operator/internal/reasons"
+	"iteron.dev/operator/internal/sandbox"
 	"iteron.dev/operator/internal/spawn"
 )
 
@@ -36,6 +37,10 @@ type LaunchConfig struct {
 	StderrBytes int64
 	// SealCacheBytes bounds the sealed executables kept for relaunches.
 	SealCacheBytes int64
+	// Sandbox, when set, builds every runtime's sandbox
+	// (internal/sandbox): a runtime needs its inherited socket and nothing
+	// more, so it gets the network its capabilities say like any provider.
+	Sandbox *sandbox.Sandbox
 }
 
 // Launcher starts package runtimes with the guarantees every provider gets:
@@ -91,13 +96,14 @@ func (l *Launcher) Sweep() (spawn.SweepReport, error) {
 
 // Runtime is one launched, handshaken runtime process.
 type Runtime struct {
-	l      *Launcher
-	group  spawn.Group
-	pidfd  *os.File
-	conn   *Conn
-	dir    string // the private socket directory
-	record string
-	errs   *spawn.Ring
+	l       *Launcher
+	group   spawn.Group
+	sandbox *sandbox.Launch // nil without a sandbox
+	pidfd   *os.File
+	conn    *Conn
+	dir     string // the private socket directory
+	record  string
+	errs    *spawn.Ring
 	// startedAt is when the process was started.
 	startedAt time.Time
 
@@ -116,6 +122,9 @@ type Teardown struct {
 	Unreaped []int
 	// Reaped is how long the teardown took.
 	Reaped time.Duration
+	// Cause is reasons.MemoryExceeded when the kernel killed the runtime
+	// for its memory bound (its sandbox), "" otherwise.
+	Cause string
 }
 
 // Launch starts the runtime that pin's verified manifest describes, from
@@ -139,6 +148,10 @@ func (l *Launcher) Launch(ctx context.Context, pin Pin, artifactRoot string) (*R
 	}
 	r, err := l.start(pin, artifactRoot, exe, key)
 	if err != nil {
+		var se *sandbox.Error
+		if errors.As(err, &se) {
+			return nil, &Error{Code: reasons.SandboxUnavailable, Field: se.Field, Detail: se.Detail, Err: err}
+		}
 		return nil, &Error{Code: reasons.ActivationFailed, Field: "spawn", Detail: err.Error(), Err: err}
 	}
 	if err := spawn.Rehash(path, "sha256:"+m.ArtifactSHA256); err != nil {
@@ -228,12 +241,29 @@ func (l *Launcher) start(pin Pin, artifactRoot string, exe *spawn.Sealed, key []
 		Sys:   &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL, Credential: cred},
 	}
 	argv := []string{"/proc/self/fd/3", pin.Manifest.Executable}
-	g, pidfd, err := spawn.SpawnGroup(argv, attr, int(l.cfg.ProviderUID))
+	var g spawn.Group
+	var pidfd int
+	if l.cfg.Sandbox != nil {
+		var req sandbox.Request
+		if req, err = sandbox.RequestOf(pin.Sandbox); err == nil {
+			interp, _ := spawn.CheckInterpreter(exe.Head(), l.cfg.Interpreters)
+			g, pidfd, r.sandbox, err = l.cfg.Sandbox.Spawn(sandbox.Start{
+				Name: pin.Manifest.Module, Capabilities: pin.Admitted, Request: req, ArtifactRoot: artifactRoot,
+				Exe: exe.File(), Interpreter: interp, Scratch: pin.Scratch, Argv: argv[1:],
+			}, attr, int(l.cfg.ProviderUID))
+		}
+	} else {
+		g, pidfd, err = spawn.SpawnGroup(argv, attr, int(l.cfg.ProviderUID))
+	}
 	errW.Close()
 	if err != nil {
 		errR.Close()
 		if pidfd >= 0 {
 			syscall.Close(pidfd)
+		}
+		var se *sandbox.Error
+		if errors.As(err, &se) {
+			return fail(err)
 		}
 		return fail(fmt.Errorf("exec %s as %d:%d in %s: %w", pin.Manifest.Executable, l.cfg.ProviderUID, l.cfg.ProviderGID, artifactRoot, err))
 	}
@@ -245,6 +275,7 @@ func (l *Launcher) start(pin Pin, artifactRoot string, exe *spawn.Sealed, key []
 		spawn.WaitPidfd(pidfd, unix.WEXITED)
 		syscall.Close(pidfd)
 		spawn.Unregister(g)
+		r.sandbox.Finish(spawn.Exit{})
 		errR.Close()
 		return fail(fmt.Errorf("pidfd: %w", err))
 	}
@@ -316,6 +347,9 @@ func (r *Runtime) Kill() Teardown {
 		var rep Teardown
 		rep.Exit, rep.Unreaped = spawn.KillGroup(r.group, r.pidfd, r.exited, r.l.cfg.KillTimeout)
 		r.pidfd.Close()
+		if r.sandbox != nil && len(rep.Unreaped) == 0 {
+			rep.Exit, rep.Cause = r.sandbox.Finish(rep.Exit)
+		}
 		if len(rep.Unreaped) == 0 && r.record != "" {
 			os.Remove(r.record)
 		}
@@ -332,4 +366,21 @@ func (r *Runtime) Kill() Teardown {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.report
+}
+
+// Sandbox is what the runtime's sandbox applied, false without one.
+func (r *Runtime) Sandbox() (sandbox.Evidence, bool) {
+	if r.sandbox == nil {
+		return sandbox.Evidence{}, false
+	}
+	return r.sandbox.Evidence(), true
+}
+
+// SandboxViolations are the syscalls the runtime made, under
+// --sandbox=audit, that the enforced sandbox refuses, by name.
+func (r *Runtime) SandboxViolations() map[string]int64 {
+	if r.sandbox == nil {
+		return nil
+	}
+	return r.sandbox.Violations()
 }

@@ -34,6 +34,6 @@
 // group is killed, so its pgid cannot be reused under the kill — and the call
 // that reports it returns after the group is gone.
 //
-// The permanent goroutines are spawnerLoop and reaperLoop (one each per
+// The permanent goroutines are the spawner loops and reaperLoop (one each per
 // process, started by the first NewExecutor).
 package procexec

@@ -14,6 +14,7 @@ import (
 
 	"iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/reasons"
+	"iteron.dev/operator/internal/sandbox"
 	"iteron.dev/operator/internal/spawn"
 	"iteron.dev/operator/pkg/protocol"
 )
@@ -45,6 +46,9 @@ type Config struct {
 	// later launches of the same digest (renewals, relaunches); 0 keeps
 	// none, and every launch copies and hashes the file.
 	ExecutableCacheBytes int64
+	// Sandbox, when set, builds every provider's sandbox (internal/sandbox);
+	// nil starts providers with the launch guarantees only.
+	Sandbox *sandbox.Sandbox
 	// Trace, when set, sees every frame exchanged with every provider, in
 	// the order of the exchange: a request (toProvider) just before it is
 	// written, a provider's line as soon as it is read, before it is
@@ -147,6 +151,14 @@ func (e *Executor) Live() []*Process {
 // hashed again after the start (a mismatch kills the group, KindTampered).
 // The returned Process is not loaded yet: call Load.
 func (e *Executor) Launch(plan activation.LaunchPlan) (*Process, error) {
+	return e.LaunchIn(plan, "")
+}
+
+// LaunchIn is Launch with the name of the provider's scratch directory
+// (its activation and generation, "<activation-uid>/<generation>"), which a
+// sandboxed provider admitted reversible_local keeps across the processes
+// of its generation.
+func (e *Executor) LaunchIn(plan activation.LaunchPlan, scratch string) (*Process, error) {
 	if err := checkPlan(plan); err != nil {
 		return nil, err
 	}
@@ -154,12 +166,12 @@ func (e *Executor) Launch(plan activation.LaunchPlan) (*Process, error) {
 	if err != nil {
 		return nil, sealFault(err)
 	}
-	return e.launch(plan, exe.File(), exe.Head())
+	return e.launch(plan, exe.File(), exe.Head(), scratch)
 }
 
 // launch checks the plan and the #! interpreter and starts the sealed
 // executable exe (whose first bytes are head); it takes ownership of exe.
-func (e *Executor) launch(plan activation.LaunchPlan, exe *os.File, head []byte) (*Process, error) {
+func (e *Executor) launch(plan activation.LaunchPlan, exe *os.File, head []byte, scratch string) (*Process, error) {
 	defer exe.Close()
 	if err := checkPlan(plan); err != nil {
 		return nil, err
@@ -213,7 +225,17 @@ func (e *Executor) launch(plan activation.LaunchPlan, exe *os.File, head []byte)
 	}
 	argv := append([]string{"/proc/self/fd/3", plan.Executable()}, plan.Argv()...)
 
-	g, pidfd, err := spawn.SpawnGroup(argv, attr, int(e.cfg.ProviderUID))
+	var (
+		g     spawn.Group
+		pidfd int
+		sb    *sandbox.Launch
+		err   error
+	)
+	if e.cfg.Sandbox != nil {
+		g, pidfd, sb, err = e.spawnSandboxed(plan, exe, interpreter, scratch, argv[1:], attr)
+	} else {
+		g, pidfd, err = spawn.SpawnGroup(argv, attr, int(e.cfg.ProviderUID))
+	}
 	stdinR.Close()
 	stdoutW.Close()
 	stderrW.Close()
@@ -224,6 +246,9 @@ func (e *Executor) launch(plan activation.LaunchPlan, exe *os.File, head []byte)
 		if pidfd >= 0 {
 			syscall.Close(pidfd)
 		}
+		if f, ok := sandboxFault(err); ok {
+			return nil, f
+		}
 		return nil, &Fault{Kind: KindSpawn, Op: OpSpawn, Detail: fmt.Sprintf("exec %s (interpreter %q) as %d:%d in %s: %v", plan.Executable(), interpreter, e.cfg.ProviderUID, e.cfg.ProviderGID, plan.ArtifactRoot(), err), Err: err}
 	}
 	if err := unix.SetNonblock(pidfd, true); err != nil {
@@ -232,12 +257,14 @@ func (e *Executor) launch(plan activation.LaunchPlan, exe *os.File, head []byte)
 		spawn.WaitPidfd(pidfd, unix.WEXITED)
 		syscall.Close(pidfd)
 		spawn.Unregister(g)
+		sb.Finish(spawn.Exit{})
 		stdinW.Close()
 		stdoutR.Close()
 		stderrR.Close()
 		return nil, &Fault{Kind: KindSpawn, Op: OpSpawn, Detail: "pidfd: " + err.Error(), Err: err}
 	}
 	p := newProcess(e, plan, version, g, os.NewFile(uintptr(pidfd), "pidfd"), stdinW, stdoutR, stderrR, interpreter)
+	p.sandbox = sb
 	e.mu.Lock()
 	e.live[g.PID] = p
 	e.mu.Unlock()

@@ -24,7 +24,7 @@ func TestMain(m *testing.M) { providertest.Main(m) }
 
 // leakOptions ignore exactly the permanent spawner and reaper goroutines.
 var leakOptions = []goleak.Option{
-	goleak.IgnoreTopFunction("iteron.dev/operator/internal/spawn.spawnerLoop"),
+	goleak.IgnoreTopFunction("iteron.dev/operator/internal/spawn.(*spawnerThread).loop"),
 	goleak.IgnoreTopFunction("iteron.dev/operator/internal/spawn.reaperLoop"),
 }
 

@@ -12,6 +12,7 @@ import (
 
 	"iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/reasons"
+	"iteron.dev/operator/internal/sandbox"
 	"iteron.dev/operator/internal/spawn"
 	"iteron.dev/operator/pkg/protocol"
 )
@@ -32,6 +33,7 @@ type Process struct {
 	contracts   protocol.ModuleContracts
 	limits      activation.EvidenceLimits
 	group       spawn.Group
+	sandbox     *sandbox.Launch // nil without a sandbox
 	interpreter string
 	startedAt   time.Time
 

@@ -13,6 +13,12 @@ import (
 // start (it is still hashed again after it, as tampering evidence). s stays
 // owned by the caller.
 func (e *Executor) LaunchSealed(plan activation.LaunchPlan, s *Sealed) (*Process, error) {
+	return e.LaunchSealedIn(plan, s, "")
+}
+
+// LaunchSealedIn is LaunchSealed with the name of the provider's scratch
+// directory (see LaunchIn).
+func (e *Executor) LaunchSealedIn(plan activation.LaunchPlan, s *Sealed, scratch string) (*Process, error) {
 	if s == nil {
 		return nil, errors.New("procexec: LaunchSealed needs a sealed executable")
 	}
@@ -24,5 +30,5 @@ func (e *Executor) LaunchSealed(plan activation.LaunchPlan, s *Sealed) (*Process
 	if err != nil {
 		return nil, &Fault{Kind: KindSpawn, Op: OpSpawn, Detail: "dup of the sealed executable: " + err.Error(), Err: err}
 	}
-	return e.launch(plan, exe.File(), exe.Head())
+	return e.launch(plan, exe.File(), exe.Head(), scratch)
 }

@@ -7,6 +7,8 @@ import (
 	"os"
 	"time"
 
+	"iteron.dev/operator/internal/reasons"
+	"iteron.dev/operator/internal/sandbox"
 	"iteron.dev/operator/internal/spawn"
 	"iteron.dev/operator/pkg/protocol"
 )
@@ -142,6 +144,14 @@ func (p *Process) teardown(graceful bool) {
 	// still names this group when it is killed.
 	rep.Exit, rep.Unreaped = spawn.KillGroup(p.group, p.pidfd, p.exited, p.ex.cfg.KillTimeout)
 	rep.Reaped = time.Since(t0)
+	// The group is gone: the sandbox reads why the kernel killed it (a
+	// memory bound) and removes its cgroup.
+	var memory bool
+	if p.sandbox != nil && len(rep.Unreaped) == 0 {
+		var why string
+		rep.Exit, why = p.sandbox.Finish(rep.Exit)
+		memory = why == reasons.MemoryExceeded
+	}
 
 	// Drain the pipes: they close when the last holder dies; a descendant
 	// that left the group may hold them, so the wait is bounded. One bound
@@ -182,6 +192,10 @@ func (p *Process) teardown(graceful bool) {
 	if p.fault != nil && p.fault.Kind == KindExited && p.fault.Op != string(protocol.OpStop) {
 		p.fault.Detail += " (" + rep.Exit.String() + ")"
 	}
+	if memory && p.fault != nil {
+		p.fault.Reason = reasons.MemoryExceeded
+		p.fault.Detail += fmt.Sprintf("; the kernel killed it for exceeding its memory bound of %d bytes", p.sandbox.Evidence().Limits.MemoryBytes)
+	}
 	runErr := error(ErrClosed)
 	if p.fault != nil {
 		runErr = p.fault
@@ -218,6 +232,9 @@ func (p *Process) control(fn func(fd int)) {
 func (p *Process) watchExit() {
 	defer close(p.watchDone)
 	exit := spawn.AwaitExit(p.pidfd)
+	if p.sandbox != nil {
+		exit = sandbox.ProviderExit(exit) // the launcher's status says the provider's
+	}
 	p.mu.Lock()
 	p.exit = exit
 	p.mu.Unlock()

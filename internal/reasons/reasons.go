@@ -88,6 +88,13 @@ const (
 	// generation keeps serving, nothing progresses until the spec changes
 	// or a retry is requested.
 	ProbeFailed = "probe_failed"
+	// SandboxUnavailable: the node cannot give a launch what its source
+	// requires of the sandbox (a level, or a bound above the node's
+	// ceiling); not retried until the spec or the node changes.
+	SandboxUnavailable = "sandbox_unavailable"
+	// MemoryExceeded: the kernel killed a provider for exceeding its
+	// memory bound (the sandbox's cgroup).
+	MemoryExceeded = "memory_exceeded"
 )
 
 // Reasons that describe a call or its caller rather than a module: only the
@@ -192,6 +199,10 @@ var table = []Reason{
 		Meaning: "the registry refused the pull (401, 403, 404); not retried until the spec or the registry credentials change; what served keeps serving"},
 	{Code: ProbeFailed, GRPC: codes.FailedPrecondition, Stalling: true,
 		Meaning: "an activation's probe (spec.probes) failed on the generation that serves its module: a wrong answer, a failed call or one slower than its timeout; that generation keeps serving, and an ActivationSet rollout treats the node as failed (status.probes says what was answered)"},
+	{Code: SandboxUnavailable, BlockKind: BlockValidation, Blocks: true, GRPC: codes.FailedPrecondition, Stalling: true,
+		Meaning: "the node cannot give the launch what its source requires of the sandbox (spec.sources[].sandbox: a level it cannot apply, or a bound above its --sandbox-max-* ceiling); not retried until the spec or the node changes; what served keeps serving"},
+	{Code: MemoryExceeded, BlockKind: BlockProvider, Blocks: true, GRPC: codes.Unavailable, RunGRPC: codes.ResourceExhausted,
+		Meaning: "the kernel killed a provider for exceeding its memory bound (its sandbox cgroup); counted like a crash"},
 	{Code: InvalidRequest, GRPC: codes.InvalidArgument, Caller: true,
 		Meaning: "a field of the request is missing or malformed"},
 	{Code: NotFound, GRPC: codes.NotFound, Caller: true,

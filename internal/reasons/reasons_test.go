@@ -53,6 +53,8 @@ func TestConditionReasonsAreTheAPIConstants(t *testing.T) {
 		LedgerUnwritable: iteronv1.ReasonLedgerUnwritable, QueueFull: iteronv1.ReasonQueueFull,
 		Recovering: iteronv1.ReasonRecovering, ArtifactUnavailable: iteronv1.ReasonArtifactUnavailable,
 		ArtifactRefused: iteronv1.ReasonArtifactRefused, ProbeFailed: iteronv1.ReasonProbeFailed,
+		SandboxUnavailable: iteronv1.ReasonSandboxUnavailable,
+		MemoryExceeded:     iteronv1.ReasonMemoryExceeded,
 	}
 	for _, r := range All() {
 		if r.Caller {
@@ -93,6 +95,8 @@ func TestTheDesignTableHolds(t *testing.T) {
 		{ArtifactUnavailable, iteronv1.ReasonArtifactUnavailable, "", false, codes.Unavailable, codes.Unavailable, false},
 		{ArtifactRefused, iteronv1.ReasonArtifactRefused, "", false, codes.FailedPrecondition, codes.FailedPrecondition, true},
 		{ProbeFailed, iteronv1.ReasonProbeFailed, "", false, codes.FailedPrecondition, codes.FailedPrecondition, true},
+		{SandboxUnavailable, iteronv1.ReasonSandboxUnavailable, BlockValidation, true, codes.FailedPrecondition, codes.FailedPrecondition, true},
+		{MemoryExceeded, iteronv1.ReasonMemoryExceeded, BlockProvider, true, codes.Unavailable, codes.ResourceExhausted, false},
 		{NotFound, "", "", false, codes.NotFound, codes.NotFound, false},
 	} {
 		if got := ConditionReason(string(tc.code)); got != tc.condition {

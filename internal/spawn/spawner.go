@@ -36,7 +36,7 @@ type spawnResult struct {
 	err        error
 }
 
-var spawner struct {
+type spawnerThread struct {
 	once sync.Once
 	reqs chan spawnRequest
 	err  error
@@ -45,6 +45,15 @@ var spawner struct {
 	// pass on anyway).
 	capsDropped bool
 }
+
+var spawner spawnerThread
+
+// launcherSpawner is the second spawner thread, for the sandbox launcher
+// (internal/sandbox): the same locked thread and NoNewPrivs, but its
+// bounding set is kept, because the launcher needs its capabilities to
+// build the sandbox (namespaces, mounts, cgroups) before it empties the
+// bounding set of the thread that starts the provider.
+var launcherSpawner spawnerThread
 
 // Start makes this process a child subreaper and starts the reaper and the
 // spawner thread, once; later calls return the first call's error.
@@ -71,9 +80,26 @@ func SpawnGroup(argv []string, attr *syscall.ProcAttr, uid int) (g Group, pidfd 
 	if err := Start(); err != nil {
 		return Group{}, -1, err
 	}
+	return spawnGroup(&spawner, argv, attr, uid)
+}
+
+// SpawnLauncher is SpawnGroup for the sandbox launcher: it forks from the
+// launcher's spawner thread, whose capability bounding set is kept (the
+// launcher empties it for the provider). argv[0] must be the launcher.
+func SpawnLauncher(argv []string, attr *syscall.ProcAttr, uid int) (g Group, pidfd int, err error) {
+	if err := startReaper(); err != nil {
+		return Group{}, -1, err
+	}
+	if err := launcherSpawner.start(false); err != nil {
+		return Group{}, -1, err
+	}
+	return spawnGroup(&launcherSpawner, argv, attr, uid)
+}
+
+func spawnGroup(t *spawnerThread, argv []string, attr *syscall.ProcAttr, uid int) (g Group, pidfd int, err error) {
 	reaper.mu.Lock()
 	defer reaper.mu.Unlock()
-	pid, pidfd, err := spawn(argv, attr)
+	pid, pidfd, err := t.spawn(argv, attr)
 	if err != nil {
 		return Group{}, pidfd, err
 	}
@@ -89,25 +115,30 @@ func SpawnGroup(argv []string, attr *syscall.ProcAttr, uid int) (g Group, pidfd 
 	return g, pidfd, nil
 }
 
-func startSpawner() error {
-	spawner.once.Do(func() {
-		spawner.reqs = make(chan spawnRequest)
+func startSpawner() error { return spawner.start(true) }
+
+func (t *spawnerThread) start(dropCaps bool) error {
+	t.once.Do(func() {
+		t.reqs = make(chan spawnRequest)
 		ready := make(chan error)
-		go spawnerLoop(spawner.reqs, ready)
-		spawner.err = <-ready
+		go t.loop(dropCaps, ready)
+		t.err = <-ready
 	})
-	return spawner.err
+	return t.err
 }
 
-// spawnerLoop is the permanent spawner goroutine. It never returns while the
-// setup succeeded: its thread must outlive every provider it forked.
-func spawnerLoop(reqs <-chan spawnRequest, ready chan<- error) {
+// loop is a permanent spawner goroutine. It never returns while the setup
+// succeeded: its thread must outlive every provider it forked.
+func (t *spawnerThread) loop(dropCaps bool, ready chan<- error) {
+	reqs := t.reqs
 	runtime.LockOSThread() // never unlocked
 	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
 		ready <- fmt.Errorf("spawn: prctl(PR_SET_NO_NEW_PRIVS) on the spawner thread: %w", err)
 		return
 	}
-	spawner.capsDropped = dropBoundingSet() == nil
+	if dropCaps {
+		t.capsDropped = dropBoundingSet() == nil
+	}
 	ready <- nil
 	for req := range reqs {
 		closeOnExecAll()
@@ -120,9 +151,9 @@ func spawnerLoop(reqs <-chan spawnRequest, ready chan<- error) {
 
 // spawn forks and execs on the spawner thread. argv[0] is the path to exec;
 // the child's argv is argv[1:].
-func spawn(argv []string, attr *syscall.ProcAttr) (pid, pidfd int, err error) {
+func (t *spawnerThread) spawn(argv []string, attr *syscall.ProcAttr) (pid, pidfd int, err error) {
 	reply := make(chan spawnResult, 1)
-	spawner.reqs <- spawnRequest{argv: argv, attr: attr, reply: reply}
+	t.reqs <- spawnRequest{argv: argv, attr: attr, reply: reply}
 	r := <-reply
 	return r.pid, r.pidfd, r.err
 }

@@ -516,7 +516,7 @@ func (s *Server) launch(sess *session, f *frame) {
 		return
 	}
 	defer sealed.Close()
-	p, err := s.ex.LaunchSealed(plan, sealed)
+	p, err := s.ex.LaunchSealedIn(plan, sealed, ScratchKey(h.Launch.Tag))
 	if err != nil {
 		fail(err)
 		return
@@ -528,6 +528,9 @@ func (s *Server) launch(sess *session, f *frame) {
 		Proc: e.id, Tag: e.tag, Pid: p.Pid(), Pgid: p.Pgid(), StartTime: p.StartTime(), BootID: procexec.BootID(),
 		StartedAtNs: p.StartedAt().UnixNano(), ImplementationID: plan.ImplementationID(), ManifestSHA256: plan.ManifestSHA256(),
 		ArtifactSHA256: plan.ArtifactSHA256(), AuthoritySHA256: plan.AuthoritySHA256(), Interpreter: p.Interpreter(),
+	}
+	if ev, ok := p.Sandbox(); ok {
+		e.info.Sandbox = ev.String()
 	}
 	s.procs[e.id] = e
 	s.mu.Unlock()

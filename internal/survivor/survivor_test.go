@@ -119,6 +119,9 @@ func TestOnlyTheManagerHoldingTheStateDirLockIsObeyed(t *testing.T) {
 	}{
 		{"a first frame other than hello", &header{Op: opRun}, nil, `the first frame is "run"`},
 		{"another protocol", &header{Op: opHello, Hello: &helloBody{Protocol: "iteron-survivor/0"}}, []*os.File{n.lock}, `protocol "iteron-survivor/0"`},
+		// A /1 peer knows no sandbox: the exact check keeps a /2 manager from
+		// a /1 survivor (which would launch unsandboxed) and the reverse.
+		{"the protocol before the sandbox", &header{Op: opHello, Hello: &helloBody{Protocol: "iteron-survivor/1"}}, []*os.File{n.lock}, `protocol "iteron-survivor/1"; this survivor speaks iteron-survivor/2`},
 		{"no lock descriptor", hello(), nil, "hello carries 0 descriptors"},
 		{"another file", hello(), []*os.File{other}, "is not " + filepath.Join(n.dir, LockFile)},
 		{"the lock file opened again, without the lock", hello(), []*os.File{unlocked}, "does not hold its exclusive lock"},

@@ -21,8 +21,11 @@ import (
 
 // ProtocolVersion is the control protocol this package speaks, sent in
 // hello. A survivor refuses a manager that speaks another version, naming
-// both.
-const ProtocolVersion = "iteron-survivor/1"
+// both. Version 2 carries each launch's sandbox request (planWire.Sandbox)
+// and the sandbox a launch applied (ProcessInfo.Sandbox): a version-1
+// survivor would ignore the request and start the provider unsandboxed, so
+// it must refuse the manager instead, and does (the versions differ).
+const ProtocolVersion = "iteron-survivor/2"
 
 // A control frame is
 //
@@ -134,6 +137,15 @@ type Tag struct {
 	Transaction string `json:"transaction"`
 }
 
+// ScratchKey names the scratch directory of a tagged launch: one per
+// activation and generation, kept across the generation's processes.
+func ScratchKey(t Tag) string {
+	if t.ActivationUID == "" || t.Generation == "" {
+		return ""
+	}
+	return t.ActivationUID + "/" + t.Generation
+}
+
 type launchBody struct {
 	Plan planWire `json:"plan"`
 	Tag  Tag      `json:"tag"`
@@ -158,6 +170,9 @@ type planWire struct {
 	EvidenceLimits       activation.EvidenceLimits `json:"evidence_limits"`
 	Contracts            json.RawMessage           `json:"contracts"`
 	FailurePolicy        string                    `json:"failure_policy"`
+	// Sandbox is what the source asks of the survivor's sandbox (always
+	// sent).
+	Sandbox activation.SandboxRequest `json:"sandbox"`
 }
 
 func planToWire(p activation.LaunchPlan) (planWire, error) {
@@ -172,7 +187,7 @@ func planToWire(p activation.LaunchPlan) (planWire, error) {
 		Executable: f.Executable, Argv: f.Argv, CandidateSHA256: f.CandidateSHA256,
 		AdmittedCapabilities: f.AdmittedCapabilities, AuthoritySHA256: f.AuthoritySHA256,
 		RuntimeDeadlineMs: f.RuntimeDeadline.Milliseconds(), CancellationMs: f.CancellationDeadline.Milliseconds(),
-		EvidenceLimits: f.EvidenceLimits, Contracts: c, FailurePolicy: f.FailurePolicy,
+		EvidenceLimits: f.EvidenceLimits, Contracts: c, FailurePolicy: f.FailurePolicy, Sandbox: f.Sandbox,
 	}, nil
 }
 
@@ -184,7 +199,7 @@ func (w planWire) plan() (activation.LaunchPlan, error) {
 		AdmittedCapabilities: w.AdmittedCapabilities, AuthoritySHA256: w.AuthoritySHA256,
 		RuntimeDeadline:      time.Duration(w.RuntimeDeadlineMs) * time.Millisecond,
 		CancellationDeadline: time.Duration(w.CancellationMs) * time.Millisecond,
-		EvidenceLimits:       w.EvidenceLimits, FailurePolicy: w.FailurePolicy,
+		EvidenceLimits:       w.EvidenceLimits, FailurePolicy: w.FailurePolicy, Sandbox: w.Sandbox,
 	}
 	if err := json.Unmarshal(w.Contracts, &f.Contracts); err != nil {
 		return activation.LaunchPlan{}, fmt.Errorf("relayed plan: contracts: %v", err)
@@ -267,6 +282,9 @@ type ProcessInfo struct {
 	AuthoritySHA256  string `json:"authority_sha256"`
 	Interpreter      string `json:"interpreter,omitempty"`
 	Loaded           bool   `json:"loaded,omitempty"`
+	// Sandbox is what the process's sandbox applied (the evidence line of
+	// internal/sandbox), "" when the survivor runs none.
+	Sandbox string `json:"sandbox,omitempty"`
 	// Alive is false once the process has ended; Err says how.
 	Alive       bool       `json:"alive"`
 	IdentityErr string     `json:"identity_err,omitempty"`

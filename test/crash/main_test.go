@@ -77,6 +77,10 @@ func testMain(m *testing.M) int {
 			return 1
 		}
 	}
+	if err := kubeapi.BuildSandboxLauncher(env.RepoRoot, base); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
 	return m.Run()
 }
 

@@ -162,6 +162,9 @@ func (c *cluster) setupLocal(root string) error {
 	if out, err := exec.Command("go", "build", "-o", manager, filepath.Join(root, "cmd", "manager")).CombinedOutput(); err != nil {
 		return fmt.Errorf("build the manager: %v\n%s", err, out)
 	}
+	if err := kubeapi.BuildSandboxLauncher(root, c.work); err != nil {
+		return err
+	}
 	c.manager = exec.Command(manager, "--kubeconfig="+c.kubeconfig, "--node-name="+c.node, "--state-dir="+c.stateDir,
 		"--allowed-roots="+providers, "--gateway-socket="+c.socket, fmt.Sprintf("--gateway-allow=uid:%d=*", os.Getuid()),
 		"--metrics-bind-address=0", "--health-probe-bind-address=0")

@@ -116,6 +116,10 @@ func testMain(m *testing.M) (code int) {
 			return 1
 		}
 	}
+	if err := kubeapi.BuildSandboxLauncher(env.RepoRoot, base); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
 	for i := 1; i <= nodes; i++ {
 		labels := map[string]string{}
 		if i <= 5 {

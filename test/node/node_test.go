@@ -26,6 +26,8 @@ import (
 
 	gatewayv1 "iteron.dev/operator/api/gateway/v1"
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
+	"iteron.dev/operator/examples/providers/artifacts"
+	"iteron.dev/operator/internal/catalog"
 	"iteron.dev/operator/internal/gateway"
 	"iteron.dev/operator/test/kubeapi"
 	"iteron.dev/operator/test/localnode"
@@ -108,6 +110,10 @@ func TestTheManagerRunsAsADaemonSetPodOnARealNode(t *testing.T) {
 	// The manager wrote those Generations as its service account; the
 	// shipped admission policy refuses the same write to an administrator.
 	c.generationWritesAreRefusedToOthers(t, name)
+
+	// 2b. The sandbox under the DaemonSets: a hostile provider, admitted
+	// read_only, launched by the survivor (test/sandbox's named subset).
+	c.hostileProviderIsRefusedWhatItWasNotAdmitted(t)
 
 	// 3. Calls through the hostPath gateway socket, from this machine.
 	c.expectCount(t, name, `{"key":"a","add":2}`, 2, "1.0.0")
@@ -748,4 +754,82 @@ func (c *cluster) teardownLocal(t *testing.T, sysctlsBefore map[string]string) {
 		}
 	}
 	t.Logf("after teardown: no process, mount, cgroup, network namespace, nft table or host file of the node is left; sysctls:\n%s", b.String())
+}
+
+// hostileProviderIsRefusedWhatItWasNotAdmitted activates test/sandbox's
+// hostile provider, admitted read_only, on the node and has it try the
+// named subset of the hostile table through the gateway: every row refused,
+// the Generation showing the sandbox the survivor applied, nothing left.
+func (c *cluster) hostileProviderIsRefusedWhatItWasNotAdmitted(t *testing.T) {
+	t.Helper()
+	hostProviders := filepath.Join(c.hostRoot, "providers")
+	bin := filepath.Join(c.work, "hostile")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	if err := artifacts.Build(ctx, c.repo, "iteron.dev/operator/test/sandbox/hostile", bin, ""); err != nil {
+		t.Fatal(err)
+	}
+	impl, err := artifacts.Layout(filepath.Join(hostProviders, "hostile"), artifacts.Spec{Binary: bin, ImplementationID: "hostile",
+		Version: catalog.Version{1, 0, 0}, Protocol: 1, Module: "prompt_system", Capabilities: []string{catalog.CapabilityReadOnly}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srcs, err := artifacts.WriteCatalog(filepath.Join(hostProviders, "hostile", "catalog.json"), impl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := srcs[0]
+	const name = "hostile"
+	yaml := fmt.Sprintf("apiVersion: iteron.dev/v1alpha1\nkind: ImplementationActivation\nmetadata:\n  name: %s\n  namespace: %s\nspec:\n  nodeName: %s\n  candidateSHA256: sha256:%064x\n  sources:\n"+
+		"  - module: prompt_system\n    implementationID: hostile\n    catalogPath: %s\n    artifactRoot: %s\n    manifestSHA256: %s\n    artifactSHA256: %s\n    sandbox:\n      require: Isolated\n",
+		name, ns, c.node, 9, podProviders+strings.TrimPrefix(src.CatalogPath, hostProviders), podProviders+strings.TrimPrefix(src.ArtifactRoot, hostProviders),
+		src.ManifestSHA256, src.ArtifactSHA256)
+	path := filepath.Join(c.work, "hostile.yaml")
+	if err := os.WriteFile(path, []byte(yaml), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c.kubectlRun(t, "apply", "--server-side", "-f", path)
+	a := c.waitActivation(t, name, "Ready with the hostile provider", readyWith("prompt_system", "hostile"), nil)
+	var gen iteronv1.Generation
+	for _, m := range a.Status.Modules {
+		if m.Module == "prompt_system" {
+			if err := c.client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: m.GenerationName}, &gen); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	sb := gen.Status.Sandbox
+	if sb == nil || sb.Mode != "enforce" || sb.Level != "isolated" || sb.Network != "none" || sb.Landlock == 0 || sb.Cgroups == "unavailable" {
+		t.Fatalf("the survivor's sandbox of the hostile provider: %+v%s", sb, c.diagnostics())
+	}
+	t.Logf("sandbox applied by the survivor on the node: %+v", *sb)
+	api := strings.TrimPrefix(strings.TrimPrefix(c.config.Host, "https://"), "http://")
+	var table []string
+	for _, r := range []struct{ name, act, arg, errHas string }{
+		{"see only its own processes", "procs", "", ""},
+		{"connect to the API server", "connect", api, "connect"},
+		{"read a service-account token", "read", "/var/run/secrets/kubernetes.io/serviceaccount/token", "no such file"},
+		{"read the state directory", "list", podState, "no such file"},
+		{"exec /bin/sh", "exec", "/bin/sh", "permission denied"},
+		{"unshare", "unshare", "", "operation not permitted"},
+	} {
+		in, _ := json.Marshal(map[string]string{"act": r.act, "arg": r.arg})
+		obs, err := c.invoke(name, string(in))
+		if err != nil {
+			t.Fatalf("%s: %v%s", r.name, err, c.diagnostics())
+		}
+		ok, _ := obs["ok"].(bool)
+		msg, _ := obs["error"].(string)
+		switch {
+		case r.act == "procs":
+			if !ok || obs["detail"] != "2" {
+				t.Errorf("%s: %v; want its launcher and itself alone", r.name, obs)
+			}
+		case ok || !strings.Contains(msg, r.errHas):
+			t.Errorf("%s: %v; want it refused with %q", r.name, obs, r.errHas)
+		}
+		table = append(table, fmt.Sprintf("| %s | %v |", r.name, obs))
+	}
+	t.Logf("the hostile provider on the node, admitted read_only:\n| row | what happened |\n|---|---|\n%s", strings.Join(table, "\n"))
+	c.kubectlRun(t, "delete", "implementationactivation", name, "-n", ns, "--wait=true", "--timeout=3m")
 }

@@ -24,6 +24,7 @@ import (
 	exartifacts "iteron.dev/operator/examples/providers/artifacts"
 	"iteron.dev/operator/internal/reasons"
 	"iteron.dev/operator/test/childproc"
+	"iteron.dev/operator/test/kubeapi"
 	"iteron.dev/operator/test/operatortest"
 )
 
@@ -133,6 +134,9 @@ func TestAManagerKilledMidPullLeavesNoPartialBlobThatIsEverUsed(t *testing.T) {
 	bin := filepath.Join(base, "manager")
 	if out, err := exec.Command("go", "build", "-o", bin, filepath.Join(env.RepoRoot, "cmd", "manager")).CombinedOutput(); err != nil {
 		t.Fatalf("build the manager: %v\n%s", err, out)
+	}
+	if err := kubeapi.BuildSandboxLauncher(env.RepoRoot, base); err != nil {
+		t.Fatal(err)
 	}
 	kubeconfig, err := managerKubeconfig()
 	if err != nil {

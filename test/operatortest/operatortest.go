@@ -67,6 +67,13 @@ type Options struct {
 	MaxParallelActivations int
 	KubeAPIQPS             float32
 	KubeAPIBurst           int
+	// Sandbox, when set, sandboxes the providers (--sandbox and the
+	// --sandbox-* flags); nil starts them unsandboxed, for suites that are
+	// not about the sandbox.
+	Sandbox *app.SandboxOptions
+	// CapabilityCeiling is --capability-ceiling (default read_only and
+	// reversible_local).
+	CapabilityCeiling []string
 }
 
 // Manager is the controllers running in-process.
@@ -100,9 +107,13 @@ func StartManager(ctx context.Context, env *kubeapi.Environment, o Options) (*Ma
 		cfg.Wrap(o.WrapTransport)
 	}
 	defaults := procexec.DefaultConfig(filepath.Join(o.StateDir, "procs"))
+	ceiling := o.CapabilityCeiling
+	if ceiling == nil {
+		ceiling = []string{"read_only", "reversible_local"}
+	}
 	m, err := app.New(cfg, app.Options{
 		NodeName: o.Node, StateDir: o.StateDir, AllowedRoots: o.AllowedRoots, Interpreters: defaults.Interpreters,
-		ProviderUID: defaults.ProviderUID, ProviderGID: defaults.ProviderGID, CapabilityCeiling: []string{"read_only", "reversible_local"},
+		ProviderUID: defaults.ProviderUID, ProviderGID: defaults.ProviderGID, CapabilityCeiling: ceiling, Sandbox: o.Sandbox,
 		MetricsBindAddress: "0", HealthProbeBindAddress: "0", Gateway: o.Gateway, Artifacts: o.Artifacts, Log: log,
 		Graph: o.Graph, AfterPhase: o.AfterPhase,
 		MaxParallelActivations: o.MaxParallelActivations, KubeAPIQPS: o.KubeAPIQPS, KubeAPIBurst: o.KubeAPIBurst,

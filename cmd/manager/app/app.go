@@ -40,6 +40,8 @@ import (
 	"iteron.dev/operator/internal/hotswap"
 	"iteron.dev/operator/internal/pkgruntime"
 	"iteron.dev/operator/internal/procexec"
+	"iteron.dev/operator/internal/sandbox"
+	"iteron.dev/operator/internal/sandbox/cgroups"
 	"iteron.dev/operator/internal/survivor"
 )
 
@@ -85,6 +87,23 @@ type Options struct {
 	// activation start (or stop) together (hotswap.Config; 0: the CPU
 	// count).
 	MaxParallelActivations int
+	// Sandbox, when set, starts every provider this manager launches (its
+	// own, and its package runtimes) in a sandbox (docs/security.md); nil
+	// starts them with the launch guarantees only (tests that are not
+	// about the sandbox).
+	Sandbox *SandboxOptions
+}
+
+// SandboxOptions configure the providers' sandbox (--sandbox and the
+// --sandbox-* flags).
+type SandboxOptions struct {
+	// Policy is the node's policy.
+	Policy sandbox.Policy
+	// Launcher is the iteron-sandbox executable.
+	Launcher string
+	// Cgroups, when set, is where the providers' cgroups go (tests put
+	// them below a cgroup of their own); nil: this process's own.
+	Cgroups *cgroups.Layout
 }
 
 // The manager's API client limits. client-go's defaults (5 QPS, burst 10;
@@ -136,6 +155,7 @@ type Manager struct {
 	Attachment *survivor.Attachment
 	// Gateway is the gateway (nil without one).
 	Gateway  *gateway.Server
+	sandbox  *sandbox.Sandbox
 	log      logr.Logger
 	client   *survivor.Client
 	arts     *lazyArtifacts
@@ -186,9 +206,18 @@ func New(cfg *rest.Config, o Options) (*Manager, error) {
 		sv     *attached
 		result = &Manager{log: log}
 	)
+	var sb *sandbox.Sandbox
+	if o.Sandbox != nil {
+		var err error
+		if sb, err = NewSandbox(*o.Sandbox, o.StateDir, log.WithName("sandbox")); err != nil {
+			return nil, err
+		}
+		result.sandbox = sb
+	}
 	if o.Survivor != nil {
 		var err error
 		if sv, err = attachSurvivor(o, log.WithName("survivor")); err != nil {
+			sb.Close()
 			return nil, err
 		}
 		hcfg.Owner = sv.owner
@@ -200,7 +229,7 @@ func New(cfg *rest.Config, o Options) (*Manager, error) {
 		exec, err := procexec.NewExecutor(procexec.Config{
 			ProviderUID: o.ProviderUID, ProviderGID: o.ProviderGID,
 			Interpreters: o.Interpreters, RecordDir: filepath.Join(o.StateDir, "procs"),
-			ExecutableCacheBytes: procexec.DefaultExecutableCacheBytes,
+			ExecutableCacheBytes: procexec.DefaultExecutableCacheBytes, Sandbox: sb,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("process executor: %w", err)
@@ -216,7 +245,7 @@ func New(cfg *rest.Config, o Options) (*Manager, error) {
 	runtimes, err := pkgruntime.NewLauncher(pkgruntime.LaunchConfig{
 		ProviderUID: o.ProviderUID, ProviderGID: o.ProviderGID, Interpreters: o.Interpreters,
 		RecordDir: filepath.Join(o.StateDir, "runtimes"), SocketDir: filepath.Join(o.StateDir, "rt"),
-		SealCacheBytes: procexec.DefaultExecutableCacheBytes,
+		SealCacheBytes: procexec.DefaultExecutableCacheBytes, Sandbox: sb,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("package-runtime launcher: %w", err)
@@ -404,7 +433,36 @@ func (m *Manager) Run(ctx context.Context) error {
 		// Detached: the survivor keeps the providers for the next manager.
 		m.client.Close()
 	}
+	if err := m.sandbox.Close(); err != nil {
+		m.log.Error(err, "removing the providers' cgroups")
+	}
 	return runErr
+}
+
+// Sandbox is what this manager's sandbox can apply (nil without one).
+func (m *Manager) Sandbox() *sandbox.Capacity {
+	if m.sandbox == nil {
+		return nil
+	}
+	c := m.sandbox.Capacity()
+	return &c
+}
+
+// NewSandbox builds the node's sandbox from its options: the launcher
+// sealed, the cgroup subtree made, scratch directories under the state
+// directory. Violations under --sandbox=audit are logged.
+func NewSandbox(o SandboxOptions, stateDir string, log logr.Logger) (*sandbox.Sandbox, error) {
+	sb, err := sandbox.New(sandbox.Config{
+		Policy: o.Policy, Launcher: o.Launcher, ScratchDir: sandbox.ScratchRoot(stateDir), Cgroups: o.Cgroups,
+		Log: func(msg string, kv ...any) { log.Info(msg, kv...) },
+	})
+	if err != nil {
+		return nil, err
+	}
+	c := sb.Capacity()
+	log.Info("providers are sandboxed", "mode", c.Mode, "level", c.Level.String(), "cgroups", c.Cgroups, "cgroupsWhy", c.CgroupsWhy,
+		"landlock", c.Landlock, "launcher", c.Launcher)
+	return sb, nil
 }
 
 // newScheme knows the built-in types and this repository's API.
@@ -427,7 +485,7 @@ var metricsOnce sync.Once
 func registerMetrics() error {
 	var err error
 	metricsOnce.Do(func() {
-		for _, c := range append(hotswap.Collectors(), gateway.Collectors()...) {
+		for _, c := range append(append(hotswap.Collectors(), gateway.Collectors()...), sandbox.Collectors()...) {
 			if e := metrics.Registry.Register(c); e != nil {
 				var already prometheus.AlreadyRegisteredError
 				if !errors.As(e, &already) {

@@ -231,3 +231,32 @@ func Plan(tb testing.TB, impl artifacts.Implementation, edit ...func(*activation
 	}
 	return activation.NewLaunchPlanForTest(tb, f)
 }
+
+// SandboxLauncher returns the path of the sandbox launcher
+// (cmd/iteron-sandbox), built once per test binary without cgo.
+func SandboxLauncher(tb testing.TB) string {
+	tb.Helper()
+	return Program(tb, "iteron.dev/operator/cmd/iteron-sandbox")
+}
+
+// Program builds the main package pkg of this module (without cgo) once
+// per test binary and returns its path: the launcher, the hostile
+// providers of test/sandbox.
+func Program(tb testing.TB, pkg string) string {
+	tb.Helper()
+	build.mu.Lock()
+	defer build.mu.Unlock()
+	dir := buildDir(tb)
+	key := "program|" + pkg
+	if p, ok := build.paths[key]; ok {
+		return p
+	}
+	out := filepath.Join(dir, filepath.Base(pkg))
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	if err := artifacts.Build(ctx, build.root, pkg, out, ""); err != nil {
+		tb.Fatalf("providertest: %v", err)
+	}
+	build.paths[key] = out
+	return out
+}

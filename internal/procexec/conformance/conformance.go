@@ -59,6 +59,8 @@ type Report struct {
 	Exit procexec.Exit
 	// StderrTail is the newest stderr the provider wrote.
 	StderrTail []byte
+	// Sandbox is what the provider's sandbox applied ("" without one).
+	Sandbox string
 }
 
 // Conformant reports whether no violation was found.
@@ -86,6 +88,9 @@ func Run(ctx context.Context, ex *procexec.Executor, plan activation.LaunchPlan,
 		return rep
 	}
 	defer p.Close()
+	if ev, ok := p.Sandbox(); ok {
+		rep.Sandbox = ev.String()
+	}
 	c := &conformer{rep: rep, p: p, timeout: opts.Timeout}
 	ok := c.step(ctx, "load", func(ctx context.Context) (string, error) {
 		l, err := p.Load(ctx)

@@ -1,0 +1,51 @@
+package sandbox_test
+
+import (
+	"fmt"
+	"os"
+	"slices"
+	"testing"
+	"time"
+)
+
+// BenchmarkNeighbourLatencyBesideACPUSpinner measures the p99 of a
+// neighbour's calls (the hostile provider's "ok", through the gateway)
+// alone and beside a CPU spinner running at its default bound (1 CPU),
+// each provider in its sandbox, and reports their ratio.
+func BenchmarkNeighbourLatencyBesideACPUSpinner(b *testing.B) {
+	neighbour := deploy(b, variant{"neighbour", none.caps}, nil)
+	spinner := deploy(b, variant{"spinner", none.caps}, nil)
+	measure := func(n int) []time.Duration {
+		var ds []time.Duration
+		for i := 0; i < n; i++ {
+			t0 := time.Now()
+			if a := call(b, neighbour, "ok", "", 10*time.Second); !a.OK {
+				b.Fatalf("the neighbour answered %+v", a)
+			}
+			ds = append(ds, time.Since(t0))
+		}
+		return ds
+	}
+	measure(20) // warm
+	b.ResetTimer()
+	alone := measure(b.N)
+	done := make(chan answer, 1)
+	spin := fmt.Sprintf("%dms", max(1000, int(3*time.Duration(b.N)*p(alone, 50)/time.Millisecond)))
+	go func() { done <- call(b, spinner, "spin", spin, 60*time.Second) }()
+	time.Sleep(300 * time.Millisecond)
+	beside := measure(b.N)
+	b.StopTimer()
+	a := <-done
+	pa, pb := p(alone, 99), p(beside, 99)
+	b.ReportMetric(float64(pa.Microseconds()), "alone-p99-µs")
+	b.ReportMetric(float64(pb.Microseconds()), "beside-p99-µs")
+	b.ReportMetric(float64(pb)/float64(pa), "ratio")
+	fmt.Fprintf(os.Stderr, "neighbour p50 alone %v, beside the spinner %v; p99 %v and %v; the spinner got %s CPU per second\n",
+		p(alone, 50), p(beside, 50), pa, pb, a.Detail)
+}
+
+func p(ds []time.Duration, pct int) time.Duration {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[(len(s)-1)*pct/100]
+}
