@@ -106,7 +106,7 @@ test-sandbox: controlplane ## The sandbox (root): the whole hostile-provider tab
 
 BENCH_COUNT ?= 5
 .PHONY: bench-sandbox
-bench-sandbox: controlplane ## The sandbox's costs (issue 30, root): Launch + Load sandboxed ÷ unsandboxed, cold, warm and in a burst, with the median of each step; one call start → terminal with and without it; a neighbour's call p99 beside a CPU spinner ÷ alone; medians of BENCH_COUNT runs.
+bench-sandbox: controlplane ## The sandbox's costs (root): Launch + Load sandboxed ÷ unsandboxed, cold, warm and in a burst, with the median of each step; one call start → terminal with and without it; a neighbour's call p99 beside a CPU spinner ÷ alone; medians of BENCH_COUNT runs.
 	$(GO) test -count=$(BENCH_COUNT) -run '^$$' -bench '^BenchmarkSandboxedLaunch$$' -benchtime 30x -timeout 10m ./internal/procexec/ | tee /dev/stderr | $(GO) run ./bench/benchmed
 	$(GO) test -count=$(BENCH_COUNT) -run '^$$' -bench '^BenchmarkSandboxedStartToTerminal$$' -benchtime 2000x -timeout 10m ./internal/procexec/ | tee /dev/stderr | $(GO) run ./bench/benchmed
 	$(GO) test -count=$(BENCH_COUNT) -run '^$$' -bench '^BenchmarkNeighbourLatencyBesideACPUSpinner$$' -benchtime 300x -timeout 10m ./test/sandbox/ | grep -v '^{"level"' | tee /dev/stderr | $(GO) run ./bench/benchmed
