@@ -50,6 +50,17 @@ func testMain(m *testing.M) int {
 		fmt.Fprintf(os.Stderr, "build the manager: %v\n%s", err, out)
 		return 1
 	}
+	// The manager sandboxes its providers with the launcher beside it, as
+	// a node's image ships them.
+	repo, err := kubeapi.RepoRoot()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	if err := kubeapi.BuildSandboxLauncher(repo, dir); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
 	return m.Run()
 }
 

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
@@ -602,6 +603,8 @@ func TestStampedComparesEveryFieldOfTheSpec(t *testing.T) {
 	// Paths and oci are alternatives to the API server, not to Stamped.
 	tpl.Sources[0].OCI = &iteronv1.OCISource{Ref: "registry.example/iteron/counter@sha256:" + strings.Repeat("a", 64)}
 	tpl.Probes = []iteronv1.ActivationProbe{{Name: "upper", Module: "prompt_system", Input: `{"text":"abc"}`, Check: `result.upper == "ABC"`, TimeoutMilliseconds: ptr.To[int32](500)}}
+	tpl.Sources[0].Sandbox = &iteronv1.SourceSandbox{Require: iteronv1.SandboxLevelIsolated, Memory: ptr.To(resource.MustParse("256Mi")),
+		CPU: ptr.To(resource.MustParse("500m")), Tasks: ptr.To[int32](64), Tmp: ptr.To(resource.MustParse("16Mi"))}
 	base := StampSpec(tpl, "node-1", false)
 	if !Stamped(&base, tpl, "node-1", false) {
 		t.Fatal("a stamped spec does not read as stamped")
@@ -613,8 +616,15 @@ func TestStampedComparesEveryFieldOfTheSpec(t *testing.T) {
 		t.Fatal("a spec stamped with discard does not read as stamped with it")
 	}
 	var leaves []string
+	quantity := reflect.TypeOf(resource.Quantity{})
 	var walk func(v reflect.Value, path string)
 	walk = func(v reflect.Value, path string) {
+		switch {
+		case v.Type() == quantity:
+			// A quantity is one value (its fields are its encoding).
+			leaves = append(leaves, path)
+			return
+		}
 		switch v.Kind() {
 		case reflect.Struct:
 			for i := range v.NumField() {
@@ -642,6 +652,16 @@ func TestStampedComparesEveryFieldOfTheSpec(t *testing.T) {
 		var change func(v reflect.Value, n int) bool
 		n := -1
 		change = func(v reflect.Value, _ int) bool {
+			if v.Type() == quantity {
+				n++
+				if n != i {
+					return false
+				}
+				q := v.Interface().(resource.Quantity)
+				q.Add(resource.MustParse("1"))
+				v.Set(reflect.ValueOf(q))
+				return true
+			}
 			switch v.Kind() {
 			case reflect.Struct:
 				for j := range v.NumField() {

@@ -152,6 +152,11 @@ func renewalMargin(d *Desired, runtimeDeadline time.Duration) time.Duration {
 // otherwise when it will be. Caller holds a.mu.
 func (a *activationRuntime) renewalDue(m *moduleRuntime, g *generationRuntime, d *Desired) (bool, time.Time) {
 	b := g.proc.Budget()
+	if b.ending() {
+		// A call that found it dying asked for this renewal before its
+		// crash watch saw the exit; the watch relaunches it instead.
+		return false, a.c.cfg.Now().Add(100 * time.Millisecond)
+	}
 	margin := renewalMargin(d, g.target.Plan.RuntimeDeadline())
 	if m.dur.renewNow || b.Lifetime <= margin || b.StdinBytes < renewalStdinReserve || b.StateOperations < renewalStateOpsReserve {
 		return true, time.Time{}

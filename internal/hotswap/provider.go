@@ -61,6 +61,11 @@ type Budget struct {
 	StateOperations int
 }
 
+// ending reports a process that is exiting (or has exited): its executor
+// reports no budget at all. Such a process is never renewed: its crash
+// watch relaunches it.
+func (b Budget) ending() bool { return b == Budget{} }
+
 // Launcher starts a provider process from a verified launch plan (not yet
 // loaded).
 type Launcher func(ctx context.Context, plan activation.LaunchPlan) (Provider, error)

@@ -29,6 +29,11 @@ func (a *activationRuntime) renew(d *Desired, m *moduleRuntime) {
 	if d == nil || oldProc == nil {
 		return
 	}
+	if oldProc.Budget().ending() {
+		// A process that is exiting cannot be renewed: its crash watch
+		// relaunches it (see renewalDue).
+		return
+	}
 	a.mu.Lock()
 	g.rCount++
 	renewal := g.rCount
