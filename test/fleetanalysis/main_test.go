@@ -119,6 +119,11 @@ func testMain(m *testing.M) (code int) {
 			return 1
 		}
 	}
+	// The managers sandbox their providers with the launcher beside them.
+	if err := kubeapi.BuildSandboxLauncher(env.RepoRoot, base); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
 	defer func() {
 		for _, p := range procs {
 			p.stop()

@@ -317,7 +317,9 @@ func (c *cluster) killProvider(t *testing.T, name string) int {
 			continue
 		}
 		for _, line := range strings.Split(string(b), "\n") {
-			if f := strings.Fields(line); len(f) >= 3 && f[0] == "NSpid:" && f[len(f)-1] == nsPid && p.UID == 65534 {
+			// NSpid: the host's pid, the survivor pod's, then (sandboxed)
+			// the provider's own PID namespace's.
+			if f := strings.Fields(line); len(f) >= 3 && f[0] == "NSpid:" && f[2] == nsPid {
 				host = p.Pid
 			}
 		}
