@@ -11,23 +11,19 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/go-logr/logr"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
 	"iteron.dev/operator/examples/providers/providertest"
-	"iteron.dev/operator/test/childproc"
 	"iteron.dev/operator/test/fleettest"
 	"iteron.dev/operator/test/kubeapi"
 )
@@ -53,10 +49,10 @@ var (
 	adminConfig  string
 	managerCfg   string
 	fleetCfg     string
-	managers     []*proc
+	managers     []*fleettest.Proc
 	fleets       struct {
 		sync.Mutex
-		procs []*proc
+		procs []*fleettest.Proc
 	}
 )
 
@@ -135,11 +131,11 @@ func testMain(m *testing.M) (code int) {
 		// Every activation is gone before the managers stop (each test
 		// deletes its set); then the processes this package started.
 		for _, p := range append(fleetProcs(), managers...) {
-			p.stop()
+			p.Stop()
 		}
 		if code != 0 {
 			for _, p := range append(fleetProcs(), managers...) {
-				fmt.Fprintf(os.Stderr, "--- %s (pid %d), last 4000 bytes:\n%s\n", p.name, p.pid(), tail(p.out.String(), 4000))
+				fmt.Fprintf(os.Stderr, "--- %s (pid %d), last 4000 bytes:\n%s\n", p.Name, p.Pid(), p.Output(4000))
 			}
 		}
 	}()
@@ -162,89 +158,10 @@ func testMain(m *testing.M) (code int) {
 	return code
 }
 
-// proc is a process this package started (only these are ever signalled).
-type proc struct {
-	name string
-	cmd  *exec.Cmd
-	out  *syncBuffer
-	done chan error
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
-
-func start(name string, args ...string) (*proc, error) {
-	p := &proc{name: name, cmd: exec.Command(managerBin, args...), out: &syncBuffer{}, done: make(chan error, 1)}
-	p.cmd.Env = os.Environ()
-	if fleettest.Verbose() {
-		p.cmd.Stdout, p.cmd.Stderr = os.Stderr, os.Stderr
-	} else {
-		p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
-	}
-	if err := childproc.Start(p.cmd, syscall.SIGKILL); err != nil {
-		return nil, fmt.Errorf("start %s: %w", name, err)
-	}
-	go func() { p.done <- p.cmd.Wait() }()
-	return p, nil
-}
-
-func (p *proc) pid() int { return p.cmd.Process.Pid }
-
-// alive reports whether the process still runs.
-func (p *proc) alive() bool {
-	select {
-	case err := <-p.done:
-		p.done <- err
-		return false
-	default:
-		return true
-	}
-}
-
-// stop sends SIGTERM and waits (bounded, then SIGKILL); idempotent.
-func (p *proc) stop() {
-	if !p.alive() {
-		return
-	}
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case err := <-p.done:
-		p.done <- err
-	case <-time.After(60 * time.Second):
-		_ = p.cmd.Process.Kill()
-		err := <-p.done
-		p.done <- err
-	}
-}
-
-// kill sends SIGKILL and waits for the exit.
-func (p *proc) kill() {
-	_ = p.cmd.Process.Signal(syscall.SIGKILL)
-	err := <-p.done
-	p.done <- err
-}
-
-func tail(s string, n int) string {
-	if len(s) > n {
-		return s[len(s)-n:]
-	}
-	return s
-}
-
 func stateDir(i int) string { return filepath.Join(base, fmt.Sprintf("s%d", i)) }
 func socket(i int) string   { return filepath.Join(base, fmt.Sprintf("g%d.sock", i)) }
 
-func startManager(i int) (*proc, error) {
+func startManager(i int) (*fleettest.Proc, error) {
 	if err := os.MkdirAll(stateDir(i), 0o700); err != nil {
 		return nil, err
 	}
@@ -252,16 +169,16 @@ func startManager(i int) (*proc, error) {
 	// fires once across processes (the faulty provider's --once-marker, a
 	// file outside its artifact root) needs the host's file system, which
 	// enforce hides from them by design (test/sandbox tests enforce).
-	return start(nodeName(i)+" manager", "--kubeconfig="+managerCfg, "--node-name="+nodeName(i), "--state-dir="+stateDir(i),
+	return fleettest.Start(nodeName(i)+" manager", managerBin, "--kubeconfig="+managerCfg, "--node-name="+nodeName(i), "--state-dir="+stateDir(i),
 		"--allowed-roots="+providersDir, "--gateway-socket="+socket(i), fmt.Sprintf("--gateway-allow=uid:%d=*", os.Getuid()),
 		"--metrics-bind-address=0", "--health-probe-bind-address=0", "--sandbox=audit")
 }
 
 // startFleet starts one more fleet-controller replica.
-func startFleet() (*proc, error) {
+func startFleet() (*fleettest.Proc, error) {
 	fleets.Lock()
 	defer fleets.Unlock()
-	p, err := start(fmt.Sprintf("fleet controller %d", len(fleets.procs)+1), "--role=fleet", "--kubeconfig="+fleetCfg,
+	p, err := fleettest.Start(fmt.Sprintf("fleet controller %d", len(fleets.procs)+1), managerBin, "--role=fleet", "--kubeconfig="+fleetCfg,
 		"--leader-election-namespace=iteron-system", "--leader-elect-lease-duration=4s", "--leader-elect-renew-deadline=3s",
 		"--leader-elect-retry-period=500ms", "--metrics-bind-address=0", "--health-probe-bind-address=0")
 	if err == nil {
@@ -270,15 +187,15 @@ func startFleet() (*proc, error) {
 	return p, err
 }
 
-func fleetProcs() []*proc {
+func fleetProcs() []*fleettest.Proc {
 	fleets.Lock()
 	defer fleets.Unlock()
-	return append([]*proc(nil), fleets.procs...)
+	return append([]*fleettest.Proc(nil), fleets.procs...)
 }
 
 // leader is the fleet-controller process holding the Lease (its pid is in
 // the holder identity: <host>_<pid>_<random>).
-func leader(t *testing.T) *proc {
+func leader(t *testing.T) *fleettest.Proc {
 	t.Helper()
 	deadline := time.Now().Add(60 * time.Second)
 	for {
@@ -289,7 +206,7 @@ func leader(t *testing.T) *proc {
 			if len(parts) >= 3 {
 				pid, _ := strconv.Atoi(parts[len(parts)-2])
 				for _, p := range fleetProcs() {
-					if p.pid() == pid && p.alive() {
+					if p.Pid() == pid && p.Alive() {
 						return p
 					}
 				}
@@ -312,81 +229,6 @@ func source(t *testing.T, example, id string, argv ...string) iteronv1.Activatio
 
 func template(src iteronv1.ActivationSource) iteronv1.ActivationTemplate {
 	return fleettest.Template(providertest.CandidateSHA256, src)
-}
-
-// newSet creates a set over the pool; it is deleted, and its activations
-// retired by their managers, when the test ends.
-func newSet(t *testing.T, name string, tpl iteronv1.ActivationTemplate, strategy iteronv1.RolloutStrategy) client.ObjectKey {
-	t.Helper()
-	set := &iteronv1.ActivationSet{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
-		Spec: iteronv1.ActivationSetSpec{
-			NodeSelector: metav1.LabelSelector{MatchLabels: map[string]string{pool: "fleet"}},
-			Template:     tpl, Strategy: strategy,
-		},
-	}
-	if err := env.Client.Create(context.Background(), set); err != nil {
-		t.Fatal(err)
-	}
-	key := client.ObjectKeyFromObject(set)
-	t.Cleanup(func() { deleteSet(t, key) })
-	return key
-}
-
-// deleteSet deletes a set and waits until its finalizer let it go (every
-// activation it stamped retired by its node's manager).
-func deleteSet(t *testing.T, key client.ObjectKey) {
-	ctx := context.Background()
-	var set iteronv1.ActivationSet
-	if err := env.Client.Get(ctx, key, &set); apierrors.IsNotFound(err) {
-		return
-	}
-	if err := env.Client.Delete(ctx, &set); err != nil && !apierrors.IsNotFound(err) {
-		t.Errorf("delete %s: %v", key, err)
-		return
-	}
-	deadline := time.Now().Add(90 * time.Second)
-	for {
-		err := env.Client.Get(ctx, key, &set)
-		if apierrors.IsNotFound(err) {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Errorf("ActivationSet %s was not released by its finalizer: %v\n%s", key, set.Status.Conditions, fleettest.DescribeActivations(env.Client, key))
-			return
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-}
-
-func editSet(t *testing.T, key client.ObjectKey, edit func(*iteronv1.ActivationSet)) {
-	t.Helper()
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		var s iteronv1.ActivationSet
-		if err := env.Client.Get(context.Background(), key, &s); err != nil {
-			return err
-		}
-		edit(&s)
-		return env.Client.Update(context.Background(), &s)
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-}
-
-func getSet(t *testing.T, key client.ObjectKey) *iteronv1.ActivationSet {
-	t.Helper()
-	var s iteronv1.ActivationSet
-	if err := env.Client.Get(context.Background(), key, &s); err != nil {
-		t.Fatal(err)
-	}
-	return &s
-}
-
-// waitSet waits (3 minutes at most) for cond.
-func waitSet(t *testing.T, key client.ObjectKey, what string, cond func(*iteronv1.ActivationSet) bool) *iteronv1.ActivationSet {
-	t.Helper()
-	return fleettest.WaitSet(t, env.Client, key, what, 3*time.Minute, cond)
 }
 
 // node is what a node runs for a set: its activation and the provider
@@ -476,17 +318,33 @@ func processAlive(pid int) bool {
 	return true
 }
 
-// plugin runs kubectl-iteron (as the administrator) and returns its output
-// and exit code.
+// sets are the suite's ActivationSets, over the nodes of its pool.
+func sets() fleettest.Sets {
+	return fleettest.Sets{Client: env.Client, Namespace: ns, Pool: map[string]string{pool: "fleet"}, Timeout: 3 * time.Minute}
+}
+
+func newSet(t *testing.T, name string, tpl iteronv1.ActivationTemplate, strategy iteronv1.RolloutStrategy) client.ObjectKey {
+	t.Helper()
+	return sets().New(t, name, tpl, strategy)
+}
+
+func editSet(t *testing.T, key client.ObjectKey, edit func(*iteronv1.ActivationSet)) {
+	t.Helper()
+	sets().Edit(t, key, edit)
+}
+
+func waitSet(t *testing.T, key client.ObjectKey, what string, cond func(*iteronv1.ActivationSet) bool) *iteronv1.ActivationSet {
+	t.Helper()
+	return sets().Wait(t, key, what, cond)
+}
+
+// plugin runs kubectl-iteron as the administrator: its output and exit code.
 func plugin(t *testing.T, args ...string) (string, int) {
 	t.Helper()
-	cmd := exec.Command(pluginBin, append(args, "--kubeconfig="+adminConfig, "--namespace="+ns)...)
-	out, err := cmd.CombinedOutput()
-	code := 0
-	if ee, ok := err.(*exec.ExitError); ok {
-		code = ee.ExitCode()
-	} else if err != nil {
-		t.Fatalf("kubectl-iteron %v: %v", args, err)
-	}
-	return string(out), code
+	return fleettest.Plugin(t, pluginBin, adminConfig, ns, args...)
+}
+
+func getSet(t *testing.T, key client.ObjectKey) *iteronv1.ActivationSet {
+	t.Helper()
+	return sets().Get(t, key)
 }

@@ -117,10 +117,10 @@ func managersRan(t *testing.T) string {
 	t.Helper()
 	var pids []string
 	for _, m := range managers {
-		if !m.alive() {
-			t.Errorf("%s (pid %d) exited:\n%s", m.name, m.pid(), tail(m.out.String(), 4000))
+		if !m.Alive() {
+			t.Errorf("%s (pid %d) exited:\n%s", m.Name, m.Pid(), m.Output(4000))
 		}
-		pids = append(pids, fmt.Sprint(m.pid()))
+		pids = append(pids, fmt.Sprint(m.Pid()))
 	}
 	return strings.Join(pids, " ")
 }

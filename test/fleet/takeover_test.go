@@ -27,15 +27,15 @@ func TestTheOtherFleetControllerTakesOverFromAKilledLeader(t *testing.T) {
 	editSet(t, key, func(s *iteronv1.ActivationSet) { s.Spec.Template = template(v2) })
 	first := w.waitMove(t, "the second wave's first move", 3*time.Minute, func(m move) bool { return m.wave == "2" && m.to != stableHash })
 	at := getSet(t, key)
-	old.kill()
+	old.Kill()
 	t.Logf("SIGKILLed the leader %s (pid %d) at %s, after %s moved in wave 2; the set then: phase %s, %d/%d updated, wave %d; activations:\n%s",
-		old.name, old.pid(), time.Now().Format("15:04:05.000"), first.node, at.Status.Phase, at.Status.UpdatedNodes, at.Status.DesiredNodes, at.Status.Wave,
+		old.Name, old.Pid(), time.Now().Format("15:04:05.000"), first.node, at.Status.Phase, at.Status.UpdatedNodes, at.Status.DesiredNodes, at.Status.Wave,
 		fleettest.DescribeActivations(env.Client, key))
 	next := leader(t)
 	if next == old {
 		t.Fatal("the killed process still holds the Lease")
 	}
-	t.Logf("%s (pid %d) holds the Lease now", next.name, next.pid())
+	t.Logf("%s (pid %d) holds the Lease now", next.Name, next.Pid())
 	// A new replica, so the package's world keeps two.
 	if _, err := startFleet(); err != nil {
 		t.Fatal(err)

@@ -8,7 +8,6 @@
 package fleetanalysis
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -18,17 +17,14 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	toolscache "k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -40,7 +36,6 @@ import (
 	"iteron.dev/operator/examples/providers/providertest"
 	"iteron.dev/operator/internal/fleet"
 	"iteron.dev/operator/internal/gateway"
-	"iteron.dev/operator/test/childproc"
 	"iteron.dev/operator/test/fleettest"
 	"iteron.dev/operator/test/kubeapi"
 	"iteron.dev/operator/test/prometheustest"
@@ -62,7 +57,7 @@ var (
 	pluginBin    string
 	adminConfig  string
 	prom         *prometheustest.Prometheus
-	procs        []*proc
+	procs        []*fleettest.Proc
 	// metricsAddr are the managers' metrics endpoints by node.
 	metricsAddr = map[string]string{}
 )
@@ -126,14 +121,14 @@ func testMain(m *testing.M) (code int) {
 	}
 	defer func() {
 		for _, p := range procs {
-			p.stop()
+			p.Stop()
 		}
 		if prom != nil {
 			prom.Stop()
 		}
 		if code != 0 {
 			for _, p := range procs {
-				fmt.Fprintf(os.Stderr, "--- %s (pid %d), last 3000 bytes:\n%s\n", p.name, p.cmd.Process.Pid, tail(p.out.String(), 3000))
+				fmt.Fprintf(os.Stderr, "--- %s (pid %d), last 3000 bytes:\n%s\n", p.Name, p.Pid(), p.Output(3000))
 			}
 		}
 	}()
@@ -155,22 +150,24 @@ func testMain(m *testing.M) (code int) {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
 		}
-		p, err := start(nodeName(i)+" manager", "--kubeconfig="+managerCfg, "--node-name="+nodeName(i), "--state-dir="+state,
+		p, err := fleettest.Start(nodeName(i)+" manager", managerBin, "--kubeconfig="+managerCfg, "--node-name="+nodeName(i), "--state-dir="+state,
 			"--allowed-roots="+providersDir, "--gateway-socket="+socket(i), fmt.Sprintf("--gateway-allow=uid:%d=*", os.Getuid()),
 			"--metrics-bind-address="+addr, "--health-probe-bind-address=0")
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
 		}
-		_ = p
+		procs = append(procs, p)
 		targets = append(targets, prometheustest.Target{Address: addr, Labels: map[string]string{"node": nodeName(i)}})
 	}
-	if _, err := start("fleet controller", "--role=fleet", "--kubeconfig="+fleetCfg, "--leader-election-namespace=iteron-system",
+	fleet, err := fleettest.Start("fleet controller", managerBin, "--role=fleet", "--kubeconfig="+fleetCfg, "--leader-election-namespace=iteron-system",
 		"--leader-elect-lease-duration=4s", "--leader-elect-renew-deadline=3s", "--leader-elect-retry-period=500ms",
-		"--metrics-bind-address=0", "--health-probe-bind-address=0"); err != nil {
+		"--metrics-bind-address=0", "--health-probe-bind-address=0")
+	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
+	procs = append(procs, fleet)
 	ctx := context.Background()
 	if prom, err = prometheustest.Start(ctx, prometheustest.Options{Dir: filepath.Join(base, "prometheus"), Targets: targets}); err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -206,65 +203,6 @@ func freeAddr() (string, error) {
 	return l.Addr().String(), nil
 }
 
-// proc is a process this package started (only these are signalled).
-type proc struct {
-	name string
-	cmd  *exec.Cmd
-	out  *syncBuffer
-	done chan error
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
-
-func start(name string, args ...string) (*proc, error) {
-	p := &proc{name: name, cmd: exec.Command(managerBin, args...), out: &syncBuffer{}, done: make(chan error, 1)}
-	p.cmd.Env = os.Environ()
-	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
-	if fleettest.Verbose() {
-		p.cmd.Stdout, p.cmd.Stderr = os.Stderr, os.Stderr
-	}
-	if err := childproc.Start(p.cmd, syscall.SIGKILL); err != nil {
-		return nil, fmt.Errorf("start %s: %w", name, err)
-	}
-	go func() { p.done <- p.cmd.Wait() }()
-	procs = append(procs, p)
-	return p, nil
-}
-
-func (p *proc) stop() {
-	select {
-	case err := <-p.done:
-		p.done <- err
-		return
-	default:
-	}
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case err := <-p.done:
-		p.done <- err
-	case <-time.After(60 * time.Second):
-		_ = p.cmd.Process.Kill()
-		p.done <- <-p.done
-	}
-}
-
-func tail(s string, n int) string {
-	if len(s) > n {
-		return s[len(s)-n:]
-	}
-	return s
-}
-
 // source lays an example provider out as module prompt_system (with the
 // capabilities given: a probe needs read_only).
 func source(t *testing.T, example, id string, caps []string, argv ...string) iteronv1.ActivationSource {
@@ -277,83 +215,6 @@ func source(t *testing.T, example, id string, caps []string, argv ...string) ite
 
 func template(src iteronv1.ActivationSource) iteronv1.ActivationTemplate {
 	return fleettest.Template(providertest.CandidateSHA256, src)
-}
-
-// newSet creates a set over the three nodes; it is deleted, and its
-// activations retired by their managers, when the test ends.
-func newSet(t *testing.T, name string, tpl iteronv1.ActivationTemplate, strategy iteronv1.RolloutStrategy) client.ObjectKey {
-	t.Helper()
-	set := &iteronv1.ActivationSet{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
-		Spec: iteronv1.ActivationSetSpec{
-			NodeSelector: metav1.LabelSelector{MatchLabels: map[string]string{pool: "analysis"}},
-			Template:     tpl, Strategy: strategy,
-		},
-	}
-	if err := env.Client.Create(context.Background(), set); err != nil {
-		t.Fatal(err)
-	}
-	key := client.ObjectKeyFromObject(set)
-	t.Cleanup(func() { deleteSet(t, key) })
-	return key
-}
-
-func deleteSet(t *testing.T, key client.ObjectKey) {
-	ctx := context.Background()
-	var set iteronv1.ActivationSet
-	if err := env.Client.Get(ctx, key, &set); apierrors.IsNotFound(err) {
-		return
-	}
-	if err := env.Client.Delete(ctx, &set); err != nil && !apierrors.IsNotFound(err) {
-		t.Errorf("delete %s: %v", key, err)
-		return
-	}
-	deadline := time.Now().Add(90 * time.Second)
-	for {
-		if err := env.Client.Get(ctx, key, &set); apierrors.IsNotFound(err) {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Errorf("ActivationSet %s was not released by its finalizer\n%s", key, fleettest.DescribeActivations(env.Client, key))
-			return
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-}
-
-func editSet(t *testing.T, key client.ObjectKey, edit func(*iteronv1.ActivationSet)) {
-	t.Helper()
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		var s iteronv1.ActivationSet
-		if err := env.Client.Get(context.Background(), key, &s); err != nil {
-			return err
-		}
-		edit(&s)
-		return env.Client.Update(context.Background(), &s)
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-}
-
-func waitSet(t *testing.T, key client.ObjectKey, what string, cond func(*iteronv1.ActivationSet) bool) *iteronv1.ActivationSet {
-	t.Helper()
-	return fleettest.WaitSet(t, env.Client, key, what, 4*time.Minute, cond)
-}
-
-// plugin runs kubectl-iteron as the administrator: its output and exit
-// code.
-func plugin(t *testing.T, args ...string) (string, int) {
-	t.Helper()
-	cmd := exec.Command(pluginBin, append(args, "--kubeconfig="+adminConfig, "--namespace="+ns)...)
-	out, err := cmd.CombinedOutput()
-	code := 0
-	if ee, ok := err.(*exec.ExitError); ok {
-		code = ee.ExitCode()
-	} else if err != nil {
-		t.Fatalf("kubectl-iteron %v: %v", args, err)
-	}
-	return string(out), code
 }
 
 // traffic calls the set's module on every node through the node's gateway,
@@ -548,4 +409,30 @@ func (w *waveLog) movesInOrder() []string {
 func statusJSON(v any) string {
 	b, _ := json.MarshalIndent(v, "", "  ")
 	return string(b)
+}
+
+// sets are the suite's ActivationSets, over the nodes of its pool.
+func sets() fleettest.Sets {
+	return fleettest.Sets{Client: env.Client, Namespace: ns, Pool: map[string]string{pool: "analysis"}, Timeout: 4 * time.Minute}
+}
+
+func newSet(t *testing.T, name string, tpl iteronv1.ActivationTemplate, strategy iteronv1.RolloutStrategy) client.ObjectKey {
+	t.Helper()
+	return sets().New(t, name, tpl, strategy)
+}
+
+func editSet(t *testing.T, key client.ObjectKey, edit func(*iteronv1.ActivationSet)) {
+	t.Helper()
+	sets().Edit(t, key, edit)
+}
+
+func waitSet(t *testing.T, key client.ObjectKey, what string, cond func(*iteronv1.ActivationSet) bool) *iteronv1.ActivationSet {
+	t.Helper()
+	return sets().Wait(t, key, what, cond)
+}
+
+// plugin runs kubectl-iteron as the administrator: its output and exit code.
+func plugin(t *testing.T, args ...string) (string, int) {
+	t.Helper()
+	return fleettest.Plugin(t, pluginBin, adminConfig, ns, args...)
 }
