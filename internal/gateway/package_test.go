@@ -329,8 +329,12 @@ func TestInvokesRunUpToTheRuntimesConcurrencyBoundAndACancelIsAnsweredByTheRunti
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	st, err := h.client.CancelInvocation(ctx, &gatewayv1.InvocationControlRequest{Namespace: a.key.Namespace, InvocationId: "hang-1"})
-	if err != nil || st.GetState() != gatewayv1.InvocationState_INVOCATION_STATE_CANCELLATION_REQUESTED || st.GetRuntimeState() != "cancellation-requested" {
-		t.Fatalf("CancelInvocation(hang-1) = %+v, %v; want CANCELLATION_REQUESTED and the runtime's cancellation-requested", st, err)
+	// The runtime may wind the call down before the gateway reads its
+	// state back: FAILED with reason cancelled is then as true as
+	// CANCELLATION_REQUESTED; the runtime's own answer is the same.
+	woundDown := st.GetState() == gatewayv1.InvocationState_INVOCATION_STATE_FAILED && st.GetReason() == "cancelled"
+	if err != nil || (st.GetState() != gatewayv1.InvocationState_INVOCATION_STATE_CANCELLATION_REQUESTED && !woundDown) || st.GetRuntimeState() != "cancellation-requested" {
+		t.Fatalf("CancelInvocation(hang-1) = %+v, %v; want CANCELLATION_REQUESTED (or FAILED, reason cancelled, once wound down) and the runtime's cancellation-requested", st, err)
 	}
 	expectFailure(t, <-ended, codes.Canceled, "cancelled")
 	waitFor(t, "hang-3 running in the freed slot", func() bool {
