@@ -16,6 +16,7 @@ import (
 	"iteron.dev/operator/examples/providers/artifacts"
 	"iteron.dev/operator/examples/providers/providertest"
 	"iteron.dev/operator/internal/catalog"
+	"iteron.dev/operator/internal/doctor"
 	"iteron.dev/operator/internal/ledger"
 	"iteron.dev/operator/internal/reasons"
 	"iteron.dev/operator/internal/sandbox"
@@ -229,7 +230,35 @@ func TestAnAuditedNodeRefusesARequiredLevelAndCountsWhatEnforceWouldRefuse(t *te
 		if log := audited.log.String(); !strings.Contains(log, "sandbox violation (audit: allowed)") || !strings.Contains(log, `"syscall":"socket"`) {
 			t.Errorf("the manager's log does not name the violation:\n%s", grepLines(log, "sandbox"))
 		}
+		// The Generation's status counts it (no transition follows the
+		// call: an audited Generation is mirrored again while it runs), and
+		// the doctor says it.
+		counted := operatortest.WaitGeneration(t, suite.Env.Client, act.Namespace, ms.GenerationName, "the violation counted in status.sandbox", func(g *iteronv1.Generation) bool {
+			return g.Status.Sandbox != nil && g.Status.Sandbox.Violations["socket"] == 1
+		})
+		t.Logf("status.sandbox.violations of %s: %v", counted.Name, counted.Status.Sandbox.Violations)
+		want := "audit: " + counted.Name + " did what --sandbox=enforce refuses: socket 1"
+		if text := doctorText(t, got); !strings.Contains(text, want) || !strings.Contains(text, "prompt_system: "+counted.Name+": mode=audit level=limits") {
+			t.Errorf("the doctor's report lacks %q and the sandbox line:\n%s", want, text)
+		} else {
+			t.Logf("kubectl iteron doctor:\n%s", grepLines(text, counted.Name))
+		}
 	}
+}
+
+// doctorText is what `kubectl iteron doctor` prints for act (the doctor
+// package on the API server's objects, as the CLI runs it).
+func doctorText(t *testing.T, act *iteronv1.ImplementationActivation) string {
+	t.Helper()
+	in, err := doctor.Gather(context.Background(), suite.Env.Client, act.Namespace, act.Name, doctor.GatherOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	if err := doctor.WriteText(&b, doctor.Diagnose(in, nil, doctor.Options{})); err != nil {
+		t.Fatal(err)
+	}
+	return b.String()
 }
 
 func grepLines(s, sub string) string {
