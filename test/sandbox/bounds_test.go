@@ -243,6 +243,32 @@ func TestAnAuditedNodeRefusesARequiredLevelAndCountsWhatEnforceWouldRefuse(t *te
 		} else {
 			t.Logf("kubectl iteron doctor:\n%s", grepLines(text, counted.Name))
 		}
+		// The serving source is swapped for one that requires the
+		// isolated level, which this node cannot give: the new generation
+		// is refused and the audited one keeps serving.
+		impl2 := providertest.Implement(t, artifacts.Spec{Binary: providertest.Program(t, "iteron.dev/operator/test/sandbox/hostile"),
+			ImplementationID: "hostile-2", Version: catalog.Version{1, 1, 0}, Protocol: 1, Module: "prompt_system", Capabilities: none.caps, Argv: []string{}})
+		src2 := providertest.Catalog(t, impl2)[0]
+		operatortest.UpdateSpec(t, suite.Env.Client, got, func(a *iteronv1.ImplementationActivation) {
+			a.Spec.Sources[0] = iteronv1.ActivationSource{Module: "prompt_system", ImplementationID: "hostile-2", CatalogPath: src2.CatalogPath,
+				ArtifactRoot: src2.ArtifactRoot, ManifestSHA256: src2.ManifestSHA256, ArtifactSHA256: src2.ArtifactSHA256,
+				Sandbox: &iteronv1.SourceSandbox{Require: iteronv1.SandboxLevelIsolated}}
+		})
+		refused := waitFailedGeneration(t, got, "hostile-2", audited.log.String)
+		if refused.Status.Reason != reasons.SandboxUnavailable || !strings.Contains(refused.Status.Message, "sandbox.require") {
+			t.Errorf("a swap to a source requiring Isolated on an audited node: %s: %s; want %s naming sandbox.require", refused.Status.Reason, refused.Status.Message, reasons.SandboxUnavailable)
+		}
+		var cur iteronv1.ImplementationActivation
+		if err := suite.Env.Client.Get(context.Background(), client.ObjectKeyFromObject(got), &cur); err != nil {
+			t.Fatal(err)
+		}
+		if ms := operatortest.ModuleStatus(&cur, "prompt_system"); ms.Phase != iteronv1.PhaseActive || ms.GenerationName != counted.Name {
+			t.Errorf("the module is %s on %s; want Active on the old generation %s", ms.Phase, ms.GenerationName, counted.Name)
+		}
+		if a := callVia(t, audited.socket, deployed{act: got}, "ok", "", 10*time.Second); !a.OK {
+			t.Errorf("the old generation does not serve: %+v", a)
+		}
+		t.Logf("swap refused: %s: %s; %s still serves", refused.Status.Reason, refused.Status.Message, counted.Name)
 	}
 }
 

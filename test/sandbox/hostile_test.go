@@ -215,4 +215,7 @@ func nothingLeft(t *testing.T, leaders map[string]int) {
 	if entries, _ := os.ReadDir(filepath.Join(suite.StateDir, "scratch")); len(entries) != 0 {
 		t.Errorf("scratch directories left: %d", len(entries))
 	}
+	if !t.Failed() {
+		t.Logf("left once they are gone: no process in the group of any of the %d providers, no provider cgroup, no scratch directory", len(leaders))
+	}
 }
