@@ -90,7 +90,24 @@ func (r *GenerationReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 		return r.patchStatus(ctx, &gen, base)
 	}
 	mirrorGeneration(&gen, gs)
-	return r.patchStatus(ctx, &gen, base)
+	res, err := r.patchStatus(ctx, &gen, base)
+	if err == nil && res.IsZero() && audited(&gen) {
+		// Nothing signals a violation: its count is read again while the
+		// provider runs.
+		res.RequeueAfter = auditRecheck
+	}
+	return res, err
+}
+
+// auditRecheck is how often an audited provider's Generation is mirrored
+// again, for the violations it counted since (status.sandbox.violations).
+const auditRecheck = 5 * time.Second
+
+// audited reports a live Generation whose provider runs under
+// --sandbox=audit.
+func audited(gen *iteronv1.Generation) bool {
+	sb := gen.Status.Sandbox
+	return sb != nil && sb.Mode == "audit" && (gen.Status.Phase == iteronv1.PhaseActive || gen.Status.Phase == iteronv1.PhasePreparing)
 }
 
 // patchStatus writes the mirrored status; a Generation that changed since

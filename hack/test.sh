@@ -49,14 +49,14 @@ table=(
   "test/gitops       3m       serial"   # 8.1-8.5s
   "test/kubeapi      3m       serial"   # 3.0-3.5s (a control plane started in a child test binary that panics: nothing of it may outlive the child)
   "test/localnode    5m       serial"   # 10.5-18.1s (a real node started, killed, cleaned up)
-  "test/node         8m       serial"   # 157s on 5 Dec after a change to cmd/manager (the image rebuilt); 34-55s warm, 132s on a cold build cache (a real node: kubelet, containerd, the DaemonSet scenario; it builds the image of the code under test); with the survivor DaemonSet and the three manager restarts under a caller loop (the survivor): 47-128s over 8 runs (2 Dec 2026, load from other real-node runs)
+  "test/node         15m      serial"   # 157s on 5 Dec after a change to cmd/manager (the image rebuilt); 226s passing and 272-283s in two failing runs later that day (load 12-20, with the sandbox's hostile subset and the restart table); 34-55s warm, 132s on a cold build cache (a real node: kubelet, containerd, the DaemonSet scenario; it builds the image of the code under test); with the survivor DaemonSet and the three manager restarts under a caller loop (the survivor): 47-128s over 8 runs (2 Dec 2026, load from other real-node runs)
   "test/survivor     4m       serial"   # 33-74s (9 runs, 2 Dec 2026, load from another real-node run; a control plane, the manager and survivor binaries killed and restarted under calls)
   "test/oci          5m       serial"   # 32.0-51.0s (12 runs, 2 Dec 2026; two registries, the control plane, the manager in-process and the manager binary built and SIGKILLed mid-pull: a cold build cache adds the manager's build)
   "test/lifecycle    3m       serial"   # 21.9-36.0s (3 runs, 2 Dec 2026; a control plane, the manager in-process with a custom seam graph, nine requirement activations and one hot swap held at two phases)
   "internal/gateway  5m       parallel" # 35-47s (2 Dec 2026, idle and beside two CPU hogs; with the package-runtime fault table, which links the seed runtime once per fault: a cold build cache adds those links)
   "internal/artifacts 3m      parallel" # 4.1-7.4s (a registry of its own; a puller re-executed and SIGKILLed)
-  "internal/sandbox/... 3m    parallel" # 6.6-15.1s (5 Dec 2026, load 0.5-9; real launchers and providers as uid 65534 below a guard cgroup; builds the launcher and the hostile provider)
-  "test/sandbox      4m       serial"   # 17-29s (5 Dec 2026, load 0.5-9; the subset: a control plane, the manager in-process with the sandbox enforced, the manager binary in audit mode; make test-sandbox runs the whole table)
+  "internal/sandbox/... 3m    parallel" # 6.6-15.1s (5 Dec 2026, load 0.5-9); 14.0-16.1s (internal/sandbox; cgroups 1.2-1.4s) in 4 runs later that day, load 6-13, with the v2 pod layout (a child in a cgroup namespace) and the audit count under a SIGURG storm (real launchers and providers as uid 65534 below a guard cgroup; builds the launcher and the hostile provider)
+  "test/sandbox      4m       serial"   # 17-29s (5 Dec 2026, load 0.5-9); 52-62s in 3 runs later that day, load 7-14, once the audited node also waits for status.sandbox.violations and refuses a swap to a source requiring Isolated (the subset: a control plane, the manager in-process with the sandbox enforced, the manager binary in audit mode; make test-sandbox runs the whole table)
 )
 
 # Packages whose tests build a binary of this repository with `go build` or

@@ -270,6 +270,10 @@ func (d *diagnosis) modules() {
 		ms, inStatus := status[m]
 		src, inSpec := desired[m]
 		activeGen := d.generation(ms.GenerationName)
+		if activeGen != nil && activeGen.Status.Sandbox != nil {
+			d.r.Sandboxes = append(d.r.Sandboxes, SandboxSummary{Module: m, Generation: activeGen.Name,
+				Sandbox: sandboxLine(activeGen.Status.Sandbox), Violations: activeGen.Status.Sandbox.Violations})
+		}
 		mismatch := ""
 		if inStatus && inSpec {
 			mismatch = implementationMismatch(ms, src, activeGen)

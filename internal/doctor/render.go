@@ -80,6 +80,16 @@ func WriteText(w io.Writer, r *Report) error {
 		p.f("\n")
 	}
 
+	if len(r.Sandboxes) > 0 {
+		p.f("\nSandboxes of the active generations:\n")
+		for _, sb := range r.Sandboxes {
+			p.f("  %s: %s: %s\n", clean(sb.Module), clean(sb.Generation), clean(sb.Sandbox))
+			if v := violations(sb.Violations); v != "" {
+				p.f("    audit: %s did what --sandbox=enforce refuses: %s\n", clean(sb.Generation), v)
+			}
+		}
+	}
+
 	if len(r.Modules) > 0 {
 		p.f("\nModules not serving their desired implementation:\n")
 		for _, m := range r.Modules {
@@ -195,17 +205,8 @@ func (p *printer) module(m ModuleDiagnosis) {
 			continue
 		}
 		p.f("    sandbox of %s: %s\n", g.Name, clean(g.Sandbox))
-		if len(g.SandboxViolations) > 0 {
-			names := make([]string, 0, len(g.SandboxViolations))
-			for n := range g.SandboxViolations {
-				names = append(names, n)
-			}
-			sort.Strings(names)
-			parts := make([]string, len(names))
-			for i, n := range names {
-				parts[i] = fmt.Sprintf("%s %d", clean(n), g.SandboxViolations[n])
-			}
-			p.f("    audit: %s did what --sandbox=enforce refuses: %s\n", g.Name, strings.Join(parts, ", "))
+		if v := violations(g.SandboxViolations); v != "" {
+			p.f("    audit: %s did what --sandbox=enforce refuses: %s\n", g.Name, v)
 		}
 	}
 	for _, g := range []*GenerationSummary{m.Target, m.Active} {
@@ -288,6 +289,20 @@ func generationLine(g *GenerationSummary) string {
 type printer struct {
 	w   io.Writer
 	err error
+}
+
+// violations is an audit count as "execve 1, socket 3" (by name).
+func violations(v map[string]int64) string {
+	names := make([]string, 0, len(v))
+	for n := range v {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	parts := make([]string, len(names))
+	for i, n := range names {
+		parts[i] = fmt.Sprintf("%s %d", clean(n), v[n])
+	}
+	return strings.Join(parts, ", ")
 }
 
 func (p *printer) f(format string, args ...any) {

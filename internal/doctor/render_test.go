@@ -87,3 +87,36 @@ func TestWriteTextShowsWhatTheSandboxAppliedAndWhatAuditCounted(t *testing.T) {
 		}
 	}
 }
+
+func TestWriteTextShowsTheSandboxOfAHealthyModuleAndWhatAuditCounted(t *testing.T) {
+	// Audit mode is run on a node whose providers all serve: what they did
+	// that enforce refuses is shown for healthy modules too.
+	a := activation("prompt_system", "context_assembly")
+	audited := generation(a, "prompt_system", 1, 1, "prompt_system-impl", iteronv1.PhaseActive, iteronv1.StepCommitted)
+	audited.Status.Sandbox = &iteronv1.SandboxStatus{Mode: "audit", Level: "limits", Network: "node", Exec: true, MemoryBytes: 512 << 20, CPUMillis: 500, Tasks: 256,
+		Cgroups: "v1", Seccomp: "sha256:ab", Violations: map[string]int64{"socket": 1}}
+	plain := generation(a, "context_assembly", 1, 1, "context_assembly-impl", iteronv1.PhaseActive, iteronv1.StepCommitted)
+	r := Diagnose(input(a, audited, plain), nil, Options{Now: now})
+	if !r.Healthy || len(r.Modules) != 0 {
+		t.Fatalf("healthy %t, modules %+v", r.Healthy, r.Modules)
+	}
+	var text bytes.Buffer
+	if err := WriteText(&text, r); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"Sandboxes of the active generations:\n  prompt_system: " + audited.Name + ": mode=audit level=limits ns=none network=node exec=yes memory=536870912 cpu=500m tasks=256 tmp=unbounded cgroups=v1 seccomp=sha256:ab landlock=unavailable\n",
+		"    audit: " + audited.Name + " did what --sandbox=enforce refuses: socket 1\n",
+	} {
+		if !strings.Contains(text.String(), want) {
+			t.Fatalf("the text does not say %q:\n%s", want, text.String())
+		}
+	}
+	// A generation that shows no sandbox (an unsandboxed node) has no line.
+	if strings.Contains(text.String(), "context_assembly: "+plain.Name) {
+		t.Fatalf("a line for a generation without a sandbox:\n%s", text.String())
+	}
+	if len(r.Sandboxes) != 1 || r.Sandboxes[0].Violations["socket"] != 1 {
+		t.Fatalf("report.sandboxes %+v", r.Sandboxes)
+	}
+}

@@ -170,6 +170,19 @@ type NodeStatus struct {
 	Detail string `json:"detail,omitempty"`
 }
 
+// SandboxSummary is the sandbox of one module's active generation.
+type SandboxSummary struct {
+	// Module is the module.
+	Module string `json:"module"`
+	// Generation names the Generation.
+	Generation string `json:"generation"`
+	// Sandbox is what its sandbox applied, as the ledger's note says it.
+	Sandbox string `json:"sandbox"`
+	// Violations are what it did under --sandbox=audit that the enforced
+	// sandbox refuses, by syscall.
+	Violations map[string]int64 `json:"violations,omitempty"`
+}
+
 // GenerationSummary is a Generation as the doctor shows it.
 type GenerationSummary struct {
 	// Name of the Generation object.
@@ -419,6 +432,11 @@ type Report struct {
 	// Modules are the modules that do not serve their desired
 	// implementation, in status order.
 	Modules []ModuleDiagnosis `json:"modules,omitempty"`
+	// Sandboxes are what the sandbox of each module's active generation
+	// applied, and what it counted under --sandbox=audit, healthy modules
+	// included (in status order; modules whose generation shows none are
+	// left out).
+	Sandboxes []SandboxSummary `json:"sandboxes,omitempty"`
 	// Ledger is what is known of the ledger, nil when nothing is.
 	Ledger *LedgerDiagnosis `json:"ledger,omitempty"`
 	// Processes are the node's process records (with --state-dir).

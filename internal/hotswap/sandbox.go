@@ -38,8 +38,8 @@ func (r *remoteProvider) Sandbox() (sandbox.Evidence, bool) {
 }
 
 // SandboxViolations are counted and logged by the survivor, which runs the
-// launcher.
-func (r *remoteProvider) SandboxViolations() map[string]int64 { return nil }
+// launcher, and reported to this manager on its status operation.
+func (r *remoteProvider) SandboxViolations() map[string]int64 { return r.rp.SandboxViolations() }
 
 // noteSandbox keeps what proc's sandbox applied on g (under a.mu).
 func (a *activationRuntime) noteSandbox(g *generationRuntime, proc Provider) {

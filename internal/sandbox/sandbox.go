@@ -112,13 +112,16 @@ func New(cfg Config) (*Sandbox, error) {
 	}
 	s.layout = cfg.Cgroups
 	if s.layout == nil {
-		if s.layout, err = cgroups.Detect(); err != nil {
+		if s.layout, err = cgroups.Attach(); err != nil {
 			s.cgroupsWhy = "reading this process's cgroups: " + err.Error()
 		}
 	}
 	if s.layout != nil {
 		if missing := s.layout.Missing(); len(missing) > 0 {
 			s.cgroupsWhy = "no cgroup hierarchy of this process holds " + strings.Join(missing, ", ")
+			if s.layout.Note != "" {
+				s.cgroupsWhy += " (" + s.layout.Note + ")"
+			}
 		} else {
 			if removed, err := s.layout.SweepTrees(TreePrefix, alive); len(removed) > 0 || err != nil {
 				s.log("removed the cgroups of a process that is gone", "trees", removed, "error", err)

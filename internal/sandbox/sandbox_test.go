@@ -10,9 +10,12 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"iteron.dev/operator/examples/providers/providertest"
 	"iteron.dev/operator/internal/catalog"
@@ -205,6 +208,47 @@ func TestAuditModeAppliesTheBoundsAndCountsWhatEnforceWouldRefuse(t *testing.T) 
 	r = run(t, sb, exe, nil, Request{}, "", "ok")
 	if v := r.launch.Violations(); len(v) != 0 {
 		t.Errorf("a provider that does nothing forbidden has violations %v", v)
+	}
+	noGroupsLeft(t, sb)
+}
+
+func TestAuditCountsEachViolationOnceWhileSignalsInterruptIt(t *testing.T) {
+	// A signal that lands while an audited syscall waits for the launcher's
+	// answer (a Go provider's threads get SIGURG whenever its runtime
+	// preempts them) makes the kernel restart the syscall, which notifies
+	// the launcher again: each of the provider's sockets counts once.
+	sb := newSandbox(t, Policy{Mode: ModeAudit})
+	exe := hostile(t)
+	const n = 300
+	stop := make(chan struct{})
+	var signals atomic.Int64
+	r := runWith(t, sb, exe, opts{caps: []string{catalog.CapabilityReadOnly}, stdin: "go\n", argv: []string{"sockets", strconv.Itoa(n), "after-a-line"}, while: func(l *Launch, leader int) {
+		go func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				// SIGURG: the Go runtime's own preemption signal, which a Go
+				// process takes without effect.
+				unix.Kill(-leader, unix.SIGURG)
+				signals.Add(1)
+				time.Sleep(20 * time.Microsecond)
+			}
+		}()
+	}})
+	close(stop)
+	if ar := r.act(t); !ar.OK {
+		t.Fatalf("the provider answered %+v", ar)
+	}
+	if signals.Load() == 0 {
+		t.Fatal("no signal reached the group while it ran: the test shows nothing")
+	}
+	if v := r.launch.Violations(); v["socket"] != n {
+		t.Errorf("violations %v after %d SIGURGs to the group; want socket counted %d times, once per socket", v, signals.Load(), n)
+	} else {
+		t.Logf("%d sockets counted %d times with %d SIGURGs sent to the group meanwhile", n, v["socket"], signals.Load())
 	}
 	noGroupsLeft(t, sb)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"slices"
@@ -16,6 +17,7 @@ import (
 	"iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/procexec"
 	"iteron.dev/operator/internal/reasons"
+	"iteron.dev/operator/internal/sandbox"
 	"iteron.dev/operator/pkg/protocol"
 )
 
@@ -608,9 +610,16 @@ type RemoteProcess struct {
 	tail        string
 	dropped     int64
 	refreshing  bool
-	done        chan struct{}
-	err         error
-	lost        bool
+	// The violations under --sandbox=audit: the total the survivor last
+	// reported, and the copy by syscall as of violationsAt.
+	violationsTotal int64
+	violationsSeen  int64
+	violations      map[string]int64
+	violationsAt    time.Time
+	refreshingV     bool
+	done            chan struct{}
+	err             error
+	lost            bool
 }
 
 func newRemote(c *Client, instance string, info ProcessInfo) *RemoteProcess {
@@ -717,6 +726,9 @@ func (rp *RemoteProcess) refresh(r *replyBody) {
 	}
 	if r.StderrTotal > rp.stderrTotal {
 		rp.stderrTotal = r.StderrTotal
+	}
+	if r.ViolationsTotal > rp.violationsTotal {
+		rp.violationsTotal = r.ViolationsTotal
 	}
 	rp.mu.Unlock()
 }
@@ -916,8 +928,59 @@ func (rp *RemoteProcess) Refresh(ctx context.Context) error {
 		}
 	}
 	rp.tail, rp.dropped, rp.tailTotal = r.StderrTail, r.StderrDropped, r.StderrTotal
+	rp.setViolations(r)
 	rp.mu.Unlock()
 	return nil
+}
+
+// setViolations takes a status reply's violations (under rp.mu).
+func (rp *RemoteProcess) setViolations(r *replyBody) {
+	rp.violations, rp.violationsSeen, rp.violationsAt = r.Violations, r.ViolationsTotal, time.Now()
+	if r.ViolationsTotal > rp.violationsTotal {
+		rp.violationsTotal = r.ViolationsTotal
+	}
+}
+
+// violationsRefresh bounds how often SandboxViolations asks the survivor
+// when no answer said they changed: a violation the launcher reports after
+// the answer of the run that made it is seen at the next ask.
+const violationsRefresh = 5 * time.Second
+
+// SandboxViolations are what the process did under --sandbox=audit that
+// the enforced sandbox refuses, by syscall, as the survivor last said
+// (asked again in the background when an answer says they changed, and
+// every violationsRefresh while the process runs audited).
+func (rp *RemoteProcess) SandboxViolations() map[string]int64 {
+	rp.mu.Lock()
+	ev, err := sandbox.ParseEvidence(rp.info.Sandbox)
+	audited := err == nil && ev.Mode == sandbox.ModeAudit
+	stale := audited && !rp.refreshingV && (rp.violationsTotal > rp.violationsSeen || time.Since(rp.violationsAt) > violationsRefresh)
+	select {
+	case <-rp.done:
+		stale = false
+	default:
+	}
+	if stale {
+		rp.refreshingV = true
+	}
+	out := maps.Clone(rp.violations)
+	rp.mu.Unlock()
+	if stale {
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			f, err := rp.op(ctx, &header{Op: opStatus}, nil, nil)
+			rp.mu.Lock()
+			rp.refreshingV = false
+			if err == nil && f.h.Reply != nil {
+				rp.setViolations(f.h.Reply)
+			} else {
+				rp.violationsAt = time.Now()
+			}
+			rp.mu.Unlock()
+		}()
+	}
+	return out
 }
 
 // StderrTail returns the newest stderr bytes the manager has (refreshed

@@ -469,7 +469,9 @@ func (s *Server) do(sess *session, f *frame) {
 		s.answer(sess, h.ID, p, p.Close())
 	case opStatus:
 		info := s.describe(e)
-		s.reply(sess, h.ID, &replyBody{Budget: info.Budget, Process: &info, StderrTail: string(p.StderrTail()), StderrDropped: p.StderrDropped(), StderrTotal: stderrTotal(p)}, nil)
+		v := p.SandboxViolations()
+		s.reply(sess, h.ID, &replyBody{Budget: info.Budget, Process: &info, StderrTail: string(p.StderrTail()), StderrDropped: p.StderrDropped(), StderrTotal: stderrTotal(p),
+			Violations: v, ViolationsTotal: total(v)}, nil)
 	default:
 		fail(&Error{Message: fmt.Sprintf("unknown operation %q", h.Op)})
 	}
@@ -479,9 +481,18 @@ func stderrTotal(p *procexec.Process) int64 {
 	return int64(len(p.StderrTail())) + p.StderrDropped()
 }
 
+// total is the sum of a violation count.
+func total(v map[string]int64) int64 {
+	var n int64
+	for _, c := range v {
+		n += c
+	}
+	return n
+}
+
 func (s *Server) answer(sess *session, id uint64, p *procexec.Process, err error) {
 	b := budgetOf(p)
-	s.reply(sess, id, &replyBody{Err: toWire(err), Budget: &b, StderrTotal: stderrTotal(p)}, nil)
+	s.reply(sess, id, &replyBody{Err: toWire(err), Budget: &b, StderrTotal: stderrTotal(p), ViolationsTotal: total(p.SandboxViolations())}, nil)
 }
 
 func (s *Server) answerState(sess *session, id uint64, p *procexec.Process, st protocol.State, err error) {
@@ -491,7 +502,7 @@ func (s *Server) answerState(sess *session, id uint64, p *procexec.Process, st p
 	}
 	b := budgetOf(p)
 	w := stateToWire(st)
-	s.reply(sess, id, &replyBody{Budget: &b, StderrTotal: stderrTotal(p), State: &w}, st.State)
+	s.reply(sess, id, &replyBody{Budget: &b, StderrTotal: stderrTotal(p), ViolationsTotal: total(p.SandboxViolations()), State: &w}, st.State)
 }
 
 // launch checks the handed executable and the relayed plan and starts the
@@ -599,14 +610,14 @@ func (s *Server) run(sess *session, e *entry, f *frame) {
 			s.log.Info("an unacknowledged outcome was dropped: more than MaxOutcomes unacknowledged", "run", id)
 		}
 		b := budgetOf(e.p)
-		if !s.replyRun(sess, h.ID, h.RunID, &replyBody{Err: werr, Sequence: seq, Budget: &b, StderrTotal: stderrTotal(e.p)}, body) {
+		if !s.replyRun(sess, h.ID, h.RunID, &replyBody{Err: werr, Sequence: seq, Budget: &b, StderrTotal: stderrTotal(e.p), ViolationsTotal: total(e.p.SandboxViolations())}, body) {
 			// The manager that asked is gone: the next one gets the outcome.
 			s.send(&header{Op: opOutcome, Outcome: &o}, body)
 		}
 		return
 	}
 	b := budgetOf(e.p)
-	s.reply(sess, h.ID, &replyBody{Err: werr, Sequence: seq, Budget: &b, StderrTotal: stderrTotal(e.p)}, body)
+	s.reply(sess, h.ID, &replyBody{Err: werr, Sequence: seq, Budget: &b, StderrTotal: stderrTotal(e.p), ViolationsTotal: total(e.p.SandboxViolations())}, body)
 }
 
 // Shutdown stops the survivor: it asks the connected manager to checkpoint

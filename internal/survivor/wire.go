@@ -252,6 +252,11 @@ type replyBody struct {
 	// Status: the stderr tail and how many bytes were dropped.
 	StderrTail    string `json:"stderr_tail,omitempty"`
 	StderrDropped int64  `json:"stderr_dropped,omitempty"`
+	// ViolationsTotal counts what the process did under --sandbox=audit
+	// that the enforced sandbox refuses (the manager refreshes its copy
+	// when it changes); Status: Violations, by syscall.
+	ViolationsTotal int64            `json:"violations_total,omitempty"`
+	Violations      map[string]int64 `json:"violations,omitempty"`
 	// State is a snapshot's or migration's result (its bytes are the
 	// payload).
 	State *stateW `json:"state,omitempty"`

@@ -1,6 +1,7 @@
 package node
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -831,5 +833,153 @@ func (c *cluster) hostileProviderIsRefusedWhatItWasNotAdmitted(t *testing.T) {
 		table = append(table, fmt.Sprintf("| %s | %v |", r.name, obs))
 	}
 	t.Logf("the hostile provider on the node, admitted read_only:\n| row | what happened |\n|---|---|\n%s", strings.Join(table, "\n"))
+	// Seen from the host: the provider, its launcher (the group's leader,
+	// its parent) and its cgroup, which the survivor made below its own.
+	var left []hostThing
+	if c.local != nil {
+		left = c.hostileOnTheHost(t, gen.Status.Pid)
+		t.Logf("the hostile provider seen from the host: %v", left)
+	}
 	c.kubectlRun(t, "delete", "implementationactivation", name, "-n", ns, "--wait=true", "--timeout=3m")
+	if c.local != nil {
+		c.waitFor(t, "nothing of the hostile provider left on the host", time.Minute, func() error {
+			var still []string
+			for _, th := range left {
+				if th.there() {
+					still = append(still, th.String())
+				}
+			}
+			if len(still) > 0 {
+				return fmt.Errorf("left: %s", strings.Join(still, "; "))
+			}
+			return nil
+		})
+		t.Logf("deleting the hostile activation left nothing of it on the host: its provider, its launcher and its %d cgroup directories are gone", len(left)-2)
+	}
+}
+
+// hostThing is a process (pid and start time) or a cgroup directory seen
+// from this machine.
+type hostThing struct {
+	what  string
+	pid   int
+	start string
+	dir   string
+}
+
+func (h hostThing) String() string {
+	if h.dir != "" {
+		return h.what + " " + h.dir
+	}
+	return fmt.Sprintf("%s pid %d", h.what, h.pid)
+}
+
+// there reports whether it still exists (a pid reused by another process
+// does not count).
+func (h hostThing) there() bool {
+	if h.dir != "" {
+		_, err := os.Stat(h.dir)
+		return err == nil
+	}
+	start, err := startTime(h.pid)
+	return err == nil && start == h.start
+}
+
+// startTime is field 22 of /proc/<pid>/stat (comm may hold spaces and
+// parentheses: the fields are counted after its last ')').
+func startTime(pid int) (string, error) {
+	f, err := statFields(pid)
+	if err != nil {
+		return "", err
+	}
+	return f[19], nil
+}
+
+func statFields(pid int) ([]string, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return nil, err
+	}
+	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+	if len(f) < 20 {
+		return nil, fmt.Errorf("/proc/%d/stat: %q", pid, b)
+	}
+	return f, nil
+}
+
+// providerOnTheHost finds, from this machine (the node's pod cgroups, host
+// pids), the provider whose process group's leader has the pid leader in
+// the survivor's PID namespace (a Generation's status.pid). Sandboxed, the
+// leader is the sandbox launcher, PID 1 of a PID namespace of its own
+// (NSpid: the host's pid, the survivor's, 1), and the provider is its child
+// of uid 65534; unsandboxed, the leader is the provider. It returns the
+// provider's host pid and the leader's.
+func (c *cluster) providerOnTheHost(t *testing.T, leader int64) (provider, leaderPid int) {
+	t.Helper()
+	procs, err := c.local.PodProcesses()
+	if err != nil {
+		t.Fatal(err)
+	}
+	uid := map[int]int{}
+	for _, p := range procs {
+		uid[p.Pid] = p.UID
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.Pid))
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if f := strings.Fields(line); len(f) >= 3 && f[0] == "NSpid:" && f[2] == strconv.FormatInt(leader, 10) {
+				leaderPid = p.Pid
+			}
+		}
+	}
+	if leaderPid == 0 {
+		t.Fatalf("no host process of the provider's group leader (pid %d in the survivor's PID namespace)%s", leader, c.diagnostics())
+	}
+	if uid[leaderPid] == 65534 {
+		return leaderPid, leaderPid
+	}
+	for _, p := range procs {
+		if f, err := statFields(p.Pid); err == nil && f[1] == strconv.Itoa(leaderPid) && p.UID == 65534 {
+			return p.Pid, leaderPid
+		}
+	}
+	t.Fatalf("no provider process (uid 65534) below its launcher, host pid %d%s", leaderPid, c.diagnostics())
+	return 0, 0
+}
+
+// hostileOnTheHost finds, from this machine, the hostile provider
+// (providerOnTheHost), its launcher and the provider's cgroup directories.
+func (c *cluster) hostileOnTheHost(t *testing.T, nsPid int64) []hostThing {
+	t.Helper()
+	host, launcher := c.providerOnTheHost(t, nsPid)
+	f, err := statFields(host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lf, err := statFields(launcher)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := []hostThing{{what: "provider", pid: host, start: f[19]}, {what: "launcher", pid: launcher, start: lf[19]}}
+	cg, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", host))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(cg), "\n") {
+		// "<id>:<controllers>:<path>": the provider is in the group the
+		// survivor made, or in its "provider" child (v1 pids).
+		parts := strings.SplitN(line, ":", 3)
+		if len(parts) == 3 && (parts[1] == "pids" || parts[1] == "memory") && strings.Contains(parts[2], "/iteron-sandbox-") {
+			group := parts[2]
+			if filepath.Base(group) == "provider" {
+				group = filepath.Dir(group)
+			}
+			out = append(out, hostThing{what: parts[1] + " cgroup", dir: filepath.Join("/sys/fs/cgroup", parts[1], group)})
+		}
+	}
+	if len(out) < 4 {
+		t.Errorf("the hostile provider's cgroups, from the host: %s; want its pids and memory groups below the survivor's tree", cg)
+	}
+	return out
 }

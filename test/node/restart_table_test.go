@@ -301,32 +301,14 @@ func (c *cluster) servingPid(t *testing.T, name string) string {
 }
 
 // killProvider SIGKILLs prompt_system's serving provider from this machine
-// (its host pid found by its pid in the survivor's PID namespace) and
-// waits until another process serves. It returns the killed host pid.
+// (found by its group leader's pid in the survivor's PID namespace,
+// providerOnTheHost) and waits until another process serves. It returns the
+// killed host pid.
 func (c *cluster) killProvider(t *testing.T, name string) int {
 	t.Helper()
 	nsPid := c.servingPid(t, name)
-	host := 0
-	procs, err := c.local.PodProcesses()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, p := range procs {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.Pid))
-		if err != nil {
-			continue
-		}
-		for _, line := range strings.Split(string(b), "\n") {
-			// NSpid: the host's pid, the survivor pod's, then (sandboxed)
-			// the provider's own PID namespace's.
-			if f := strings.Fields(line); len(f) >= 3 && f[0] == "NSpid:" && f[2] == nsPid {
-				host = p.Pid
-			}
-		}
-	}
-	if host == 0 {
-		t.Fatalf("no host process of the provider pid %s in the survivor's PID namespace", nsPid)
-	}
+	pid, _ := strconv.ParseInt(nsPid, 10, 64)
+	host, _ := c.providerOnTheHost(t, pid)
 	if err := syscall.Kill(host, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}

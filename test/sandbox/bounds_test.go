@@ -16,6 +16,7 @@ import (
 	"iteron.dev/operator/examples/providers/artifacts"
 	"iteron.dev/operator/examples/providers/providertest"
 	"iteron.dev/operator/internal/catalog"
+	"iteron.dev/operator/internal/doctor"
 	"iteron.dev/operator/internal/ledger"
 	"iteron.dev/operator/internal/reasons"
 	"iteron.dev/operator/internal/sandbox"
@@ -229,7 +230,61 @@ func TestAnAuditedNodeRefusesARequiredLevelAndCountsWhatEnforceWouldRefuse(t *te
 		if log := audited.log.String(); !strings.Contains(log, "sandbox violation (audit: allowed)") || !strings.Contains(log, `"syscall":"socket"`) {
 			t.Errorf("the manager's log does not name the violation:\n%s", grepLines(log, "sandbox"))
 		}
+		// The Generation's status counts it (no transition follows the
+		// call: an audited Generation is mirrored again while it runs), and
+		// the doctor says it.
+		counted := operatortest.WaitGeneration(t, suite.Env.Client, act.Namespace, ms.GenerationName, "the violation counted in status.sandbox", func(g *iteronv1.Generation) bool {
+			return g.Status.Sandbox != nil && g.Status.Sandbox.Violations["socket"] == 1
+		})
+		t.Logf("status.sandbox.violations of %s: %v", counted.Name, counted.Status.Sandbox.Violations)
+		want := "audit: " + counted.Name + " did what --sandbox=enforce refuses: socket 1"
+		if text := doctorText(t, got); !strings.Contains(text, want) || !strings.Contains(text, "prompt_system: "+counted.Name+": mode=audit level=limits") {
+			t.Errorf("the doctor's report lacks %q and the sandbox line:\n%s", want, text)
+		} else {
+			t.Logf("kubectl iteron doctor:\n%s", grepLines(text, counted.Name))
+		}
+		// The serving source is swapped for one that requires the
+		// isolated level, which this node cannot give: the new generation
+		// is refused and the audited one keeps serving.
+		impl2 := providertest.Implement(t, artifacts.Spec{Binary: providertest.Program(t, "iteron.dev/operator/test/sandbox/hostile"),
+			ImplementationID: "hostile-2", Version: catalog.Version{1, 1, 0}, Protocol: 1, Module: "prompt_system", Capabilities: none.caps, Argv: []string{}})
+		src2 := providertest.Catalog(t, impl2)[0]
+		operatortest.UpdateSpec(t, suite.Env.Client, got, func(a *iteronv1.ImplementationActivation) {
+			a.Spec.Sources[0] = iteronv1.ActivationSource{Module: "prompt_system", ImplementationID: "hostile-2", CatalogPath: src2.CatalogPath,
+				ArtifactRoot: src2.ArtifactRoot, ManifestSHA256: src2.ManifestSHA256, ArtifactSHA256: src2.ArtifactSHA256,
+				Sandbox: &iteronv1.SourceSandbox{Require: iteronv1.SandboxLevelIsolated}}
+		})
+		refused := waitFailedGeneration(t, got, "hostile-2", audited.log.String)
+		if refused.Status.Reason != reasons.SandboxUnavailable || !strings.Contains(refused.Status.Message, "sandbox.require") {
+			t.Errorf("a swap to a source requiring Isolated on an audited node: %s: %s; want %s naming sandbox.require", refused.Status.Reason, refused.Status.Message, reasons.SandboxUnavailable)
+		}
+		var cur iteronv1.ImplementationActivation
+		if err := suite.Env.Client.Get(context.Background(), client.ObjectKeyFromObject(got), &cur); err != nil {
+			t.Fatal(err)
+		}
+		if ms := operatortest.ModuleStatus(&cur, "prompt_system"); ms.Phase != iteronv1.PhaseActive || ms.GenerationName != counted.Name {
+			t.Errorf("the module is %s on %s; want Active on the old generation %s", ms.Phase, ms.GenerationName, counted.Name)
+		}
+		if a := callVia(t, audited.socket, deployed{act: got}, "ok", "", 10*time.Second); !a.OK {
+			t.Errorf("the old generation does not serve: %+v", a)
+		}
+		t.Logf("swap refused: %s: %s; %s still serves", refused.Status.Reason, refused.Status.Message, counted.Name)
 	}
+}
+
+// doctorText is what `kubectl iteron doctor` prints for act (the doctor
+// package on the API server's objects, as the CLI runs it).
+func doctorText(t *testing.T, act *iteronv1.ImplementationActivation) string {
+	t.Helper()
+	in, err := doctor.Gather(context.Background(), suite.Env.Client, act.Namespace, act.Name, doctor.GatherOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	if err := doctor.WriteText(&b, doctor.Diagnose(in, nil, doctor.Options{})); err != nil {
+		t.Fatal(err)
+	}
+	return b.String()
 }
 
 func grepLines(s, sub string) string {

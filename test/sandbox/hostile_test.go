@@ -62,6 +62,13 @@ func TestAHostileProviderIsRefusedWhatItWasNotAdmittedAndGetsWhatItWas(t *testin
 	}
 	neighbour := dep(variant{"neighbour", none.caps})
 	e.neighbourPid = int(neighbour.gen.Status.Pid)
+	// What its sandbox applied: the ledger's note (TestAForkBomb…), its
+	// Generation's status and the doctor.
+	if text := doctorText(t, neighbour.act); !strings.Contains(text, "prompt_system: "+neighbour.gen.Name+": mode=enforce level=isolated ns=cgroup,ipc,mnt,net,pid,uts network=none exec=no") {
+		t.Errorf("the doctor does not show the neighbour's sandbox:\n%s", text)
+	} else {
+		t.Logf("kubectl iteron doctor: %s", strings.TrimSpace(grepLines(text, neighbour.gen.Name+": mode=")))
+	}
 	e.artifactRoot = neighbour.gen.Spec.Implementation.ArtifactRoot
 	ledgers := filepath.Join(suite.StateDir, "ledgers")
 
@@ -207,5 +214,8 @@ func nothingLeft(t *testing.T, leaders map[string]int) {
 	}
 	if entries, _ := os.ReadDir(filepath.Join(suite.StateDir, "scratch")); len(entries) != 0 {
 		t.Errorf("scratch directories left: %d", len(entries))
+	}
+	if !t.Failed() {
+		t.Logf("left once they are gone: no process in the group of any of the %d providers, no provider cgroup, no scratch directory", len(leaders))
 	}
 }

@@ -12,6 +12,15 @@
 // one cgroup never share one), and each provider's Group is a directory
 // below the Tree.
 //
+// Two rules of cgroup v2 shape what Attach and NewTree do on a v2 node. A
+// cgroup that holds processes cannot delegate controllers to its children:
+// this process moves into a leaf child of its own cgroup (LeafName) and
+// makes its trees beside it. And a container with a cgroup namespace of
+// its own (a pod's, on v2) that has the node's /sys/fs/cgroup bound in
+// sees the mount's root outside its namespace, where its own cgroup
+// cannot be found by path: Attach mounts the namespace's own view of the
+// hierarchy over it.
+//
 // Joining happens before the provider's first instruction: the launcher
 // writes itself into every hierarchy's cgroup.procs (Group.Procs) before it
 // builds anything else, so that no process it or the provider forks starts
@@ -48,12 +57,34 @@ type Hierarchy struct {
 	// Controllers are the needed controllers this hierarchy holds (for v2:
 	// those available in Dir).
 	Controllers []string
+	// Own reports that Dir is this process's own cgroup (Detect). On v2 a
+	// cgroup that holds processes cannot delegate controllers to its
+	// children (the "no internal process" rule), so the first Tree made
+	// there moves this process into a leaf child of its own (LeafName).
+	Own bool
 }
+
+// LeafName is the child of this process's own v2 cgroup that the process
+// moves into so that its own cgroup can delegate controllers to its trees
+// (what a container's init does for the containers it nests). Detect
+// reads a process found in it as being in its parent.
+const LeafName = "iteron-leaf"
 
 // Layout is where the needed controllers are. A controller no hierarchy
 // holds is missing: its limit cannot be applied.
 type Layout struct {
 	Hierarchies []Hierarchy
+	// Outside lists the mount points of cgroup hierarchies whose root lies
+	// outside this process's cgroup namespace (the node's /sys/fs/cgroup
+	// bound into a container that has a cgroup namespace of its own, as
+	// on a cgroup v2 node): /proc/self/cgroup names this process's cgroup
+	// relative to its namespace, which such a mount cannot resolve, so
+	// they are not used. Attach mounts the namespace's own view of a v2
+	// one over it.
+	Outside []string
+	// Note says why a hierarchy this process sees is not used ("" when
+	// every one is).
+	Note string
 }
 
 // Missing lists the needed controllers the layout lacks.
@@ -119,6 +150,69 @@ func Detect() (*Layout, error) {
 	})
 }
 
+// Attach is Detect, except that a cgroup2 hierarchy that lies outside
+// this process's cgroup namespace (Layout.Outside: the node's
+// /sys/fs/cgroup bound into a container with a cgroup namespace of its
+// own, as the DaemonSets do on a cgroup v2 node) is mounted again over the
+// same point, from inside the namespace: that mount's root is the
+// namespace's root, which /proc/self/cgroup names this process's cgroup
+// relative to, and it is writable. The mount is made only in a layout
+// that lacks a needed controller, and only in this process's mount
+// namespace (a container's own); a process in the node's cgroup namespace
+// never has an Outside mount. If the mount fails, Layout.Note says why.
+func Attach() (*Layout, error) {
+	l, err := Detect()
+	if err != nil || len(l.Missing()) == 0 || len(l.Outside) == 0 {
+		return l, err
+	}
+	var mounted bool
+	for _, point := range l.Outside {
+		if !isCgroup2(point) {
+			continue
+		}
+		if err := mountCgroup2Over(point); err != nil {
+			l.Note = fmt.Sprintf("the cgroup2 hierarchy at %s lies outside this process's cgroup namespace, and mounting it again from inside failed: %v", point, err)
+			return l, nil
+		}
+		mounted = true
+	}
+	if !mounted {
+		l.Note = "the cgroup hierarchies at " + strings.Join(l.Outside, ", ") + " lie outside this process's cgroup namespace (cgroup v1 in a cgroup namespace: run the manager and the survivor in the node's cgroup namespace)"
+		return l, nil
+	}
+	return Detect()
+}
+
+// mountCgroup2Over mounts cgroup2, as this process's cgroup namespace
+// sees it, over point. mount(2) refuses a file system on a point where the
+// same one is mounted (EBUSY), whatever its root: the mount is made
+// detached (fsopen, fsmount) and moved there (move_mount), which does not.
+func mountCgroup2Over(point string) error {
+	fs, err := unix.Fsopen("cgroup2", unix.FSOPEN_CLOEXEC)
+	if err != nil {
+		return fmt.Errorf("fsopen: %w", err)
+	}
+	defer unix.Close(fs)
+	if err := unix.FsconfigCreate(fs); err != nil {
+		return fmt.Errorf("fsconfig: %w", err)
+	}
+	m, err := unix.Fsmount(fs, unix.FSMOUNT_CLOEXEC, unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV|unix.MOUNT_ATTR_NOEXEC)
+	if err != nil {
+		return fmt.Errorf("fsmount: %w", err)
+	}
+	defer unix.Close(m)
+	if err := unix.MoveMount(m, "", unix.AT_FDCWD, point, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+		return fmt.Errorf("move_mount: %w", err)
+	}
+	return nil
+}
+
+// isCgroup2 reports whether the file system mounted at point is cgroup2.
+func isCgroup2(point string) bool {
+	var st unix.Statfs_t
+	return unix.Statfs(point, &st) == nil && st.Type == unix.CGROUP2_SUPER_MAGIC
+}
+
 // detect is Detect over the contents of /proc/self/cgroup and
 // /proc/self/mountinfo; v2Controllers reads the controllers available in a
 // v2 cgroup.
@@ -134,6 +228,11 @@ func detect(procCgroup, mountinfo []byte, v2Controllers func(dir string) ([]stri
 		}
 		if parts[0] == "0" && parts[1] == "" {
 			ownV2, hasV2 = parts[2], true
+			if filepath.Base(ownV2) == LeafName {
+				// This process moved into the leaf of its own cgroup
+				// (NewTree): its trees are made beside the leaf.
+				ownV2 = filepath.Dir(ownV2)
+			}
 			continue
 		}
 		for _, c := range strings.Split(parts[1], ",") {
@@ -180,16 +279,26 @@ func detect(procCgroup, mountinfo []byte, v2Controllers func(dir string) ([]stri
 					path = ownV1[opt]
 				}
 			}
-			if len(held) == 0 {
+			if len(held) == 0 || l.has(held[0]) {
+				// (a hierarchy mounted twice is taken once)
+				continue
+			}
+			if outside(m.root) {
+				l.Outside = append(l.Outside, point)
 				continue
 			}
 			dir, ok := below(point, m.root, path)
 			if !ok {
 				continue
 			}
-			l.Hierarchies = append(l.Hierarchies, Hierarchy{Version: 1, Dir: dir, Controllers: held})
+			l.Hierarchies = append(l.Hierarchies, Hierarchy{Version: 1, Dir: dir, Controllers: held, Own: true})
 		case "cgroup2":
-			if !hasV2 {
+			if !hasV2 || slices.ContainsFunc(l.Hierarchies, func(h Hierarchy) bool { return h.Version == 2 }) {
+				// (there is one v2 hierarchy, taken once)
+				continue
+			}
+			if outside(m.root) {
+				l.Outside = append(l.Outside, point)
 				continue
 			}
 			dir, ok := below(point, m.root, ownV2)
@@ -209,11 +318,19 @@ func detect(procCgroup, mountinfo []byte, v2Controllers func(dir string) ([]stri
 				}
 			}
 			if len(held) > 0 {
-				l.Hierarchies = append(l.Hierarchies, Hierarchy{Version: 2, Dir: dir, Controllers: held})
+				l.Hierarchies = append(l.Hierarchies, Hierarchy{Version: 2, Dir: dir, Controllers: held, Own: true})
 			}
 		}
 	}
 	return l, nil
+}
+
+// outside reports a mount root that lies outside this process's cgroup
+// namespace: the kernel shows it relative to the namespace's root, as
+// "/.." segments. Joining it to the mount point would name the root of the
+// node's hierarchy, never this process's cgroup.
+func outside(root string) bool {
+	return root == "/.." || strings.HasPrefix(root, "/../")
 }
 
 // below maps a cgroup path to its directory under a mount of the
@@ -290,7 +407,7 @@ func (l *Layout) NewTree(name string) (*Tree, error) {
 		}
 		t.dirs = append(t.dirs, dir)
 		if h.Version == 2 {
-			if err := enableV2(h.Dir, dir, h.Controllers); err != nil {
+			if err := enableV2(h, dir); err != nil {
 				t.Remove()
 				return nil, err
 			}
@@ -301,24 +418,60 @@ func (l *Layout) NewTree(name string) (*Tree, error) {
 
 // enableV2 makes the controllers available to the tree's children: enabled
 // in the parent's subtree_control (the tree sees them) and in the tree's
-// own (its children do).
-func enableV2(parent, tree string, controllers []string) error {
+// own (its children do). A parent that is this process's own cgroup and
+// holds processes cannot delegate them (v2's "no internal process" rule:
+// EBUSY): this process then moves into a leaf child of it (LeafName) and
+// tries again, as runc and systemd expect of a process that nests
+// cgroups below its own.
+func enableV2(h Hierarchy, tree string) error {
 	var b strings.Builder
-	for _, c := range controllers {
+	for _, c := range h.Controllers {
 		b.WriteString("+" + c + " ")
 	}
-	for _, dir := range []string{parent, tree} {
+	for _, dir := range []string{h.Dir, tree} {
 		f := filepath.Join(dir, "cgroup.subtree_control")
 		have, _ := os.ReadFile(f)
-		if allEnabled(string(have), controllers) {
+		if allEnabled(string(have), h.Controllers) {
 			continue
 		}
-		if err := os.WriteFile(f, []byte(strings.TrimSpace(b.String())), 0); err != nil {
-			if dir == parent && errors.Is(err, unix.EBUSY) {
-				return fmt.Errorf("cgroups: cannot enable %s in %s: it holds processes (cgroup v2 lets only a cgroup without processes delegate controllers; run the launcher's process in a leaf of its own)", strings.Join(controllers, ", "), dir)
+		err := os.WriteFile(f, []byte(strings.TrimSpace(b.String())), 0)
+		if err != nil && dir == h.Dir && h.Own && errors.Is(err, unix.EBUSY) {
+			if err := leaveForLeaf(h.Dir); err != nil {
+				return err
 			}
-			return fmt.Errorf("cgroups: enabling %s in %s: %w", strings.Join(controllers, ", "), f, err)
+			// The kernel may refuse for a moment after the move (crun
+			// retries too).
+			for deadline := time.Now().Add(time.Second); ; time.Sleep(10 * time.Millisecond) {
+				err = os.WriteFile(f, []byte(strings.TrimSpace(b.String())), 0)
+				if err == nil || !errors.Is(err, unix.EBUSY) || time.Now().After(deadline) {
+					break
+				}
+			}
 		}
+		if err != nil {
+			if dir == h.Dir && errors.Is(err, unix.EBUSY) {
+				procs, _ := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
+				which := "processes"
+				if h.Own {
+					which = "processes other than this one"
+				}
+				return fmt.Errorf("cgroups: cannot enable %s in %s: it holds %s (%s), and cgroup v2 lets only a cgroup without processes delegate controllers", strings.Join(h.Controllers, ", "), dir, which, strings.Join(strings.Fields(string(procs)), ", "))
+			}
+			return fmt.Errorf("cgroups: enabling %s in %s: %w", strings.Join(h.Controllers, ", "), f, err)
+		}
+	}
+	return nil
+}
+
+// leaveForLeaf moves this process (every thread of it: v2 places a
+// process whole) from its own cgroup dir into dir's leaf child.
+func leaveForLeaf(dir string) error {
+	leaf := filepath.Join(dir, LeafName)
+	if err := os.Mkdir(leaf, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+		return fmt.Errorf("cgroups: creating %s to move this process out of %s: %w", leaf, dir, err)
+	}
+	if err := os.WriteFile(filepath.Join(leaf, "cgroup.procs"), []byte("0"), 0); err != nil {
+		return fmt.Errorf("cgroups: moving this process into %s: %w", leaf, err)
 	}
 	return nil
 }

@@ -58,6 +58,16 @@ const podV1Mountinfo = `900 800 0:50 / /sys/fs/cgroup ro,nosuid - tmpfs tmpfs ro
 const podMountinfo = `1200 1190 0:22 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup rw
 `
 
+// A v2 pod with a cgroup namespace of its own and the node's
+// /sys/fs/cgroup bound over the runtime's mount (the DaemonSets): the
+// kernel shows the bound mount's root relative to the namespace's root.
+const podV2BoundMountinfo = `1200 1190 0:22 / /sys/fs/cgroup ro,nosuid - cgroup2 cgroup rw
+1300 1190 0:22 /../../../.. /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdelegate
+`
+
+// A process that moved into the leaf of its own cgroup.
+const leafCgroup = "0::/system.slice/iteron.service/" + LeafName + "\n"
+
 func TestDetectFindsEachControllersHierarchyBelowTheProcesssOwnCgroup(t *testing.T) {
 	all := func(string) ([]string, error) { return []string{"cpuset", "cpu", "io", "memory", "pids"}, nil }
 	none := func(string) ([]string, error) { return nil, nil }
@@ -68,24 +78,32 @@ func TestDetectFindsEachControllersHierarchyBelowTheProcesssOwnCgroup(t *testing
 		want           []Hierarchy
 		version        string
 		missing        []string
+		outside        []string
 	}{
 		{"a hybrid machine keeps the controllers on v1 and ignores the empty v2 mount", hybridCgroup, hybridMountinfo, none, []Hierarchy{
-			{1, "/sys/fs/cgroup/cpu", []string{"cpu"}},
-			{1, "/sys/fs/cgroup/memory/process_api/abc", []string{"memory"}},
-			{1, "/sys/fs/cgroup/pids", []string{"pids"}},
-		}, "v1", nil},
+			{1, "/sys/fs/cgroup/cpu", []string{"cpu"}, true},
+			{1, "/sys/fs/cgroup/memory/process_api/abc", []string{"memory"}, true},
+			{1, "/sys/fs/cgroup/pids", []string{"pids"}, true},
+		}, "v1", nil, nil},
 		{"a unified machine puts every controller on v2, below the service's cgroup", unifiedCgroup, unifiedMountinfo, all, []Hierarchy{
-			{2, "/sys/fs/cgroup/system.slice/iteron.service", []string{"memory", "cpu", "pids"}},
-		}, "v2", nil},
+			{2, "/sys/fs/cgroup/system.slice/iteron.service", []string{"memory", "cpu", "pids"}, true},
+		}, "v2", nil, nil},
 		{"a pod with a cgroup namespace sees its own cgroup at the mount's root", podCgroup, podMountinfo, all, []Hierarchy{
-			{2, "/sys/fs/cgroup", []string{"memory", "cpu", "pids"}},
-		}, "v2", nil},
+			{2, "/sys/fs/cgroup", []string{"memory", "cpu", "pids"}, true},
+		}, "v2", nil, nil},
 		{"a v1 pod with the node's hierarchies bound over the runtime's finds its own cgroup in them, never their root", podV1Cgroup, podV1Mountinfo, none, []Hierarchy{
-			{1, "/sys/fs/cgroup/memory/kubepods/besteffort/pod1/c1", []string{"memory"}},
-			{1, "/sys/fs/cgroup/pids/kubepods/besteffort/pod1/c1", []string{"pids"}},
-			{1, "/sys/fs/cgroup/cpu/kubepods/besteffort/pod1/c1", []string{"cpu"}},
-		}, "v1", nil},
-		{"a v2 hierarchy without the controllers gives no bounds", unifiedCgroup, unifiedMountinfo, none, nil, "", []string{"memory", "cpu", "pids"}},
+			{1, "/sys/fs/cgroup/memory/kubepods/besteffort/pod1/c1", []string{"memory"}, true},
+			{1, "/sys/fs/cgroup/pids/kubepods/besteffort/pod1/c1", []string{"pids"}, true},
+			{1, "/sys/fs/cgroup/cpu/kubepods/besteffort/pod1/c1", []string{"cpu"}, true},
+		}, "v1", nil, nil},
+		{"a v2 hierarchy without the controllers gives no bounds", unifiedCgroup, unifiedMountinfo, none, nil, "", []string{"memory", "cpu", "pids"}, nil},
+		{"a process moved into its leaf makes its trees beside the leaf", leafCgroup, unifiedMountinfo, all, []Hierarchy{
+			{2, "/sys/fs/cgroup/system.slice/iteron.service", []string{"memory", "cpu", "pids"}, true},
+		}, "v2", nil, nil},
+		{"a v2 pod with the node's hierarchy bound over the runtime's never takes the node's root for its own cgroup", podCgroup, podV2BoundMountinfo, all, nil, "", []string{"memory", "cpu", "pids"}, []string{"/sys/fs/cgroup"}},
+		{"a hierarchy mounted twice is taken once", unifiedCgroup, unifiedMountinfo + "26 1 0:22 / /mnt/again rw - cgroup2 cgroup2 rw\n", all, []Hierarchy{
+			{2, "/sys/fs/cgroup/system.slice/iteron.service", []string{"memory", "cpu", "pids"}, true},
+		}, "v2", nil, nil},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			l, err := detect([]byte(c.cgroup), []byte(c.mounts), c.v2)
@@ -96,12 +114,12 @@ func TestDetectFindsEachControllersHierarchyBelowTheProcesssOwnCgroup(t *testing
 				t.Fatalf("hierarchies %+v, want %+v", l.Hierarchies, c.want)
 			}
 			for i, h := range l.Hierarchies {
-				if h.Version != c.want[i].Version || h.Dir != c.want[i].Dir || !slices.Equal(h.Controllers, c.want[i].Controllers) {
+				if h.Version != c.want[i].Version || h.Dir != c.want[i].Dir || !slices.Equal(h.Controllers, c.want[i].Controllers) || h.Own != c.want[i].Own {
 					t.Errorf("hierarchy %d is %+v, want %+v", i, h, c.want[i])
 				}
 			}
-			if l.Version() != c.version || !slices.Equal(l.Missing(), c.missing) {
-				t.Errorf("version %q missing %v, want %q and %v", l.Version(), l.Missing(), c.version, c.missing)
+			if l.Version() != c.version || !slices.Equal(l.Missing(), c.missing) || !slices.Equal(l.Outside, c.outside) {
+				t.Errorf("version %q missing %v outside %v, want %q, %v and %v", l.Version(), l.Missing(), l.Outside, c.version, c.missing, c.outside)
 			}
 		})
 	}

@@ -462,9 +462,13 @@ type seccompNotifResp struct {
 	Flags uint32
 }
 
-// supervise answers the audit filter's notifications: each is reported as a
-// violation and allowed to proceed. The provider's own launch (the first
-// execve) is not a violation.
+// supervise answers the audit filter's notifications: each is allowed to
+// proceed and reported as a violation. The provider's own launch (the first
+// execve) is not a violation. A notification whose syscall a signal
+// interrupted before the answer (a Go provider's threads get SIGURG to be
+// preempted) cannot be answered (ENOENT), and the kernel restarts the
+// syscall, which notifies again: it is counted once, when an answer lets
+// it proceed.
 func supervise(listener int, names map[int]string, report func(Status)) {
 	launched := false
 	for {
@@ -475,6 +479,10 @@ func supervise(listener int, names map[int]string, report func(Status)) {
 			}
 			return
 		}
+		resp := seccompNotifResp{ID: n.ID, Flags: unix.SECCOMP_USER_NOTIF_FLAG_CONTINUE}
+		if _, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(listener), unix.SECCOMP_IOCTL_NOTIF_SEND, uintptr(unsafe.Pointer(&resp))); errno != 0 {
+			continue
+		}
 		name := names[int(n.Nr)]
 		if name == "" {
 			name = "syscall " + strconv.Itoa(int(n.Nr))
@@ -484,8 +492,6 @@ func supervise(listener int, names map[int]string, report func(Status)) {
 		} else {
 			report(Status{Violation: name})
 		}
-		resp := seccompNotifResp{ID: n.ID, Flags: unix.SECCOMP_USER_NOTIF_FLAG_CONTINUE}
-		unix.Syscall(unix.SYS_IOCTL, uintptr(listener), unix.SECCOMP_IOCTL_NOTIF_SEND, uintptr(unsafe.Pointer(&resp)))
 	}
 }
 

@@ -5,8 +5,9 @@
 // {"act":"connect","ok":false,"error":"…"}. Some acts never answer: a
 // memory hog is killed by the kernel, a fork bomb keeps its tasks.
 //
-// Run with arguments (hostile <act> [arg]) it does the act once and prints
-// the same JSON on stdout, without the protocol: the sandbox package's own
+// Run with arguments (hostile <act> [arg [after-a-line]]) it does the act
+// once (after reading a line from stdin, with after-a-line) and prints the
+// same JSON on stdout, without the protocol: the sandbox package's own
 // tests drive it that way.
 package main
 
@@ -64,6 +65,11 @@ func main() {
 		if len(os.Args) > 2 {
 			arg = os.Args[2]
 		}
+		if len(os.Args) > 3 && os.Args[3] == "after-a-line" {
+			// The test starts what it does beside the act first.
+			var line string
+			fmt.Scanln(&line)
+		}
 		b, _ := json.Marshal(do(os.Args[1], arg))
 		fmt.Println(string(b))
 		return
@@ -93,6 +99,17 @@ func do(act, arg string) Result {
 			c.Close()
 		}
 		return result(act, err, arg)
+	case "sockets":
+		// arg internet sockets, opened and closed one after the other.
+		n, _ := strconv.Atoi(arg)
+		for i := 0; i < n; i++ {
+			fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+			if err != nil {
+				return result(act, err, strconv.Itoa(i))
+			}
+			unix.Close(fd)
+		}
+		return result(act, nil, arg)
 	case "read":
 		b, err := os.ReadFile(arg)
 		return result(act, err, fmt.Sprintf("%d bytes", len(b)))
