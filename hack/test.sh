@@ -68,13 +68,16 @@ table=(
 # or the plugin through test/operatortest, needs no row: they stat the
 # sources, which makes them part of the cache key.)
 rerun=(
+  cmd/manager    # the sandbox launcher beside the manager it builds
   test/crash     # the manager and survivor binaries, SIGKILLed
   test/docs      # the guides build and run the manager, the plugin and the providers
   test/e2e       # the manager and the plugin, hack/catalog
   test/fleet     # the manager and the plugin
+  test/fleetanalysis # the manager, the plugin and the sandbox launcher
   test/localnode # the pause image from hack/image
   test/node      # the image of the manager and the survivor, the plugin, hack/catalog
   test/oci       # the manager binary, SIGKILLed mid-pull
+  test/sandbox   # the manager and the sandbox launcher
   test/survivor  # the manager and survivor binaries
 )
 reruns() { local p; for p in "${rerun[@]}"; do [ "$1" = "$p" ] && return 0; done; return 1; }
