@@ -106,6 +106,10 @@ type recoveryManager struct {
 	served chan error
 	gw     *Client
 	socket string
+	// outcomeMu guards srv and held against the survivor client's
+	// goroutine; held are the outcomes that arrived before srv existed.
+	outcomeMu sync.Mutex
+	held      []survivor.Outcome
 }
 
 // startManager attaches a manager, as cmd/manager does after a (re)start
@@ -116,9 +120,15 @@ func (n *recoveryNode) startManager(restarted bool, hook func(hotswap.Activation
 	m := &recoveryManager{served: make(chan error, 1), socket: filepath.Join(n.dir, fmt.Sprintf("gw-%d.sock", time.Now().UnixNano()%1e6))}
 	client, err := survivor.NewClient(survivor.ClientConfig{Socket: filepath.Join(n.dir, survivor.ControlSocket), Lock: n.lock, Log: n.logs.logger("client"),
 		OnOutcome: func(o survivor.Outcome) {
-			if m.srv != nil {
-				m.srv.Outcome(o)
+			// As cmd/manager does: an outcome that arrives before the
+			// server exists is held for it, not dropped.
+			m.outcomeMu.Lock()
+			defer m.outcomeMu.Unlock()
+			if m.srv == nil {
+				m.held = append(m.held, o)
+				return
 			}
+			m.srv.Outcome(o)
 		}})
 	if err != nil {
 		t.Fatal(err)
@@ -145,8 +155,13 @@ func (n *recoveryNode) startManager(restarted bool, hook func(hotswap.Activation
 	if err != nil {
 		t.Fatal(err)
 	}
+	m.outcomeMu.Lock()
 	srv.Remember(att.Outcomes)
-	m.srv = srv
+	for _, o := range m.held {
+		srv.Outcome(o)
+	}
+	m.srv, m.held = srv, nil
+	m.outcomeMu.Unlock()
 	lis, err := Listen(m.socket, testGroup)
 	if err != nil {
 		t.Fatal(err)

@@ -148,14 +148,11 @@ func TestARetiredModuleStaysInStatusAsDrainingUntilItsProcessIsGone(t *testing.T
 		st := operatortest.ModuleStatus(a, "store")
 		return operatortest.ModuleStatus(a, "swapper").Phase == iteronv1.PhaseActive && st.Phase == iteronv1.PhaseActive
 	})
-	var g iteronv1.Generation
-	if err := env.Client.Get(context.Background(), client.ObjectKey{Namespace: "default", Name: gen}, &g); err != nil {
-		t.Fatal(err)
-	}
+	// The Generation's status is mirrored from the manager after the
+	// activation's; the activation can say Active a moment before its
+	// Generation shows the pid.
+	g := operatortest.WaitGeneration(t, env.Client, "default", gen, "showing its process's pid", func(g *iteronv1.Generation) bool { return g.Status.Pid > 0 })
 	pid = g.Status.Pid
-	if pid <= 0 {
-		t.Fatalf("generation %s shows no pid: %+v", gen, g.Status)
-	}
 
 	released := make(chan struct{})
 	seen := make(chan iteronv1.ModuleStatus, 1)
