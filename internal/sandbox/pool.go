@@ -150,36 +150,44 @@ func (s *Sandbox) take(uid int) (l *idleLauncher, fresh bool, err error) {
 	}
 }
 
-// refill starts a launcher in the background if the pool has room.
+// refill starts launchers in the background until the pool holds
+// poolSize, ready or being started. (It started one per launch: a launch
+// that found none ready left the pool one short for good, and a second
+// launch in a row always started its own.)
 func (s *Sandbox) refill(uid int) {
-	s.mu.Lock()
-	if s.closed || s.filling+len(s.ready) >= poolSize {
+	for {
+		s.mu.Lock()
+		if s.closed || s.filling+len(s.ready) >= poolSize {
+			s.mu.Unlock()
+			return
+		}
+		s.filling++
 		s.mu.Unlock()
+		go s.fillOne(uid)
+	}
+}
+
+// fillOne starts one launcher for the pool.
+func (s *Sandbox) fillOne(uid int) {
+	// Not at once: the launch that took a launcher is starting its
+	// provider, and the next launcher's start would compete with it for
+	// the CPU.
+	time.Sleep(refillDelay)
+	l, err := s.start(uid)
+	s.mu.Lock()
+	s.filling--
+	if err != nil {
+		s.mu.Unlock()
+		s.log("a launcher could not be started ahead of a launch", "error", err.Error())
 		return
 	}
-	s.filling++
-	s.mu.Unlock()
-	go func() {
-		// Not at once: the launch that took a launcher is starting its
-		// provider, and the next launcher's start would compete with it for
-		// the CPU.
-		time.Sleep(refillDelay)
-		l, err := s.start(uid)
-		s.mu.Lock()
-		s.filling--
-		if err != nil {
-			s.mu.Unlock()
-			s.log("a launcher could not be started ahead of a launch", "error", err.Error())
-			return
-		}
-		if s.closed || len(s.ready) >= poolSize {
-			s.mu.Unlock()
-			l.kill()
-			return
-		}
-		s.ready = append(s.ready, l)
+	if s.closed || len(s.ready) >= poolSize {
 		s.mu.Unlock()
-	}()
+		l.kill()
+		return
+	}
+	s.ready = append(s.ready, l)
+	s.mu.Unlock()
 }
 
 // drain ends the ready launchers (and those being started).

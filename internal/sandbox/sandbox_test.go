@@ -360,3 +360,36 @@ func TestSIGTERMReachesTheProviderAndWhatItLeftDiesWithIt(t *testing.T) {
 	}
 	noGroupsLeft(t, sb)
 }
+
+// TestAfterALaunchThePoolHoldsTwoReadyLaunchersAndTheNextLaunchTakesOne
+// launches one provider into a sandbox with no launcher ready: the launch
+// starts its own, and the pool then fills to its size (it used to start one
+// per launch and stay a launcher short for good).
+func TestAfterALaunchThePoolHoldsTwoReadyLaunchersAndTheNextLaunchTakesOne(t *testing.T) {
+	sb := newSandbox(t, Policy{Mode: ModeEnforce})
+	exe := hostile(t)
+	first := run(t, sb, exe, nil, Request{}, "", "ok")
+	if !first.act(t).OK {
+		t.Fatalf("the first provider: %+v", first)
+	}
+	if !sb.AwaitReady(20 * time.Second) {
+		t.Fatalf("20 s after a launch the pool holds %d ready launchers; want %d", len(sb.readyGroups()), poolSize)
+	}
+	ready := sb.readyGroups()
+	second := run(t, sb, exe, nil, Request{}, "", "ok")
+	if !second.act(t).OK {
+		t.Fatalf("the second provider: %+v", second)
+	}
+	took := false
+	for _, s := range second.launch.Steps() {
+		took = took || strings.HasPrefix(s.Name, "host: take a ready launcher")
+	}
+	t.Logf("ready after the first launch: %v; the second launch took a ready one: %v", ready, took)
+	if !took {
+		t.Errorf("the second launch started its own launcher while %d were ready", len(ready))
+	}
+	if !sb.AwaitReady(20 * time.Second) {
+		t.Errorf("after the second launch the pool holds %d ready launchers; want %d", len(sb.readyGroups()), poolSize)
+	}
+	noGroupsLeft(t, sb)
+}

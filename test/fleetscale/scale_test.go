@@ -537,8 +537,12 @@ type waveLog struct {
 }
 
 type waveEntry struct {
-	wave      int32
-	nodes     []string
+	wave  int32
+	nodes []string
+	// updated is status.updatedNodes when the wave began, the wave's
+	// nodes included: minus the previous wave's, it is the wave's size
+	// (status lists at most 32 of its nodes).
+	updated   int32
 	at        time.Time
 	wall, cpu time.Duration
 	n         int
@@ -554,7 +558,7 @@ func (w *waveLog) watch(t *testing.T, key client.ObjectKey, inf cache.Informer) 
 		last = s.Status.Wave
 		wall, cpu, n := w.tm.get()
 		w.mu.Lock()
-		w.entries = append(w.entries, waveEntry{wave: s.Status.Wave, nodes: s.Status.WaveNodes, at: time.Now(), wall: wall, cpu: cpu, n: n})
+		w.entries = append(w.entries, waveEntry{wave: s.Status.Wave, nodes: s.Status.WaveNodes, updated: s.Status.UpdatedNodes, at: time.Now(), wall: wall, cpu: cpu, n: n})
 		w.mu.Unlock()
 	}
 	reg, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{AddFunc: on, UpdateFunc: func(_, n any) { on(n) }})
@@ -573,6 +577,7 @@ func (w *waveLog) rows() []string {
 	defer w.mu.Unlock()
 	wall, cpu, n := w.tm.get()
 	var out []string
+	var before int32 // status.updatedNodes before this wave
 	for i, e := range w.entries {
 		next := waveEntry{at: time.Now(), wall: wall, cpu: cpu, n: n}
 		if i+1 < len(w.entries) {
@@ -585,9 +590,11 @@ func (w *waveLog) rows() []string {
 		if e.wave == 1 {
 			label = "wave  1 (canary)"
 		}
-		k := time.Duration(max(1, len(e.nodes)))
-		out = append(out, fmt.Sprintf("  %s: %2d nodes (%s …), lasted %s, %2d reconciles, wall %s, CPU %s (%s per node)",
-			label, len(e.nodes), first(e.nodes), next.at.Sub(e.at).Round(time.Millisecond), next.n-e.n,
+		size := int(e.updated - before)
+		before = e.updated
+		k := time.Duration(max(1, size))
+		out = append(out, fmt.Sprintf("  %s: %3d nodes (%s …), lasted %s, %2d reconciles, wall %s, CPU %s (%s per node)",
+			label, size, first(e.nodes), next.at.Sub(e.at).Round(time.Millisecond), next.n-e.n,
 			(next.wall-e.wall).Round(time.Millisecond), (next.cpu-e.cpu).Round(time.Microsecond), ((next.cpu-e.cpu)/k).Round(time.Microsecond)))
 	}
 	return out
