@@ -381,7 +381,7 @@ func TestADigestMismatchNeverSpawns(t *testing.T) {
 	p, err := ex.Launch(providertest.Plan(t, impl, func(f *activation.LaunchPlanFields) {
 		f.ArtifactSHA256 = "sha256:" + strings.Repeat("0", 64)
 	}))
-	if memfds(t) != beforeMem {
+	if newMemfds(t, beforeMem) != 0 {
 		t.Fatal("the refused copy's memfd was kept open")
 	}
 	f, ok := AsFault(err)

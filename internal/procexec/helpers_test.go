@@ -202,16 +202,37 @@ func sameFDs(t *testing.T, before []string) {
 	}
 }
 
-// memfds counts this process's open memfds (sealed executables).
-func memfds(t *testing.T) int {
+// memfds returns the inodes of this process's open memfds (sealed
+// executables). Inodes, not a count: an executor an earlier test left
+// behind holds cached memfds that its finalizer closes whenever the
+// garbage collector runs, so a count can fall during a test that leaked
+// nothing; a memfd this test left open is an inode that was not there.
+func memfds(t *testing.T) map[uint64]bool {
 	t.Helper()
 	ents, err := os.ReadDir("/proc/self/fd")
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := 0
+	out := map[uint64]bool{}
 	for _, e := range ents {
-		if target, _ := os.Readlink("/proc/self/fd/" + e.Name()); strings.HasPrefix(target, "/memfd:iteron-provider") {
+		path := "/proc/self/fd/" + e.Name()
+		if target, _ := os.Readlink(path); !strings.HasPrefix(target, "/memfd:iteron-provider") {
+			continue
+		}
+		var st syscall.Stat_t
+		if syscall.Stat(path, &st) == nil {
+			out[st.Ino] = true
+		}
+	}
+	return out
+}
+
+// newMemfds returns how many memfds are open now that were not in before.
+func newMemfds(t *testing.T, before map[uint64]bool) int {
+	t.Helper()
+	n := 0
+	for ino := range memfds(t) {
+		if !before[ino] {
 			n++
 		}
 	}

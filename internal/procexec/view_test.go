@@ -161,7 +161,7 @@ func TestAScriptWithAnotherInterpreterIsRefusedBeforeSpawn(t *testing.T) {
 			impl := script(t, tc.line+"exit 0\n")
 			before, beforeMem := openFDs(t), memfds(t)
 			p, err := ex.Launch(providertest.Plan(t, impl))
-			if memfds(t) != beforeMem {
+			if newMemfds(t, beforeMem) != 0 {
 				t.Fatal("the refused script's memfd was kept open")
 			}
 			f, ok := AsFault(err)
