@@ -106,10 +106,9 @@ type recoveryManager struct {
 	served chan error
 	gw     *Client
 	socket string
-	// outcomeMu guards srv and held against the survivor client's
-	// goroutine; held are the outcomes that arrived before srv existed.
-	outcomeMu sync.Mutex
-	held      []survivor.Outcome
+	// outcomes hands the survivor client's outcomes to srv, as
+	// cmd/manager does.
+	outcomes *OutcomeRelay
 }
 
 // startManager attaches a manager, as cmd/manager does after a (re)start
@@ -117,19 +116,9 @@ type recoveryManager struct {
 func (n *recoveryNode) startManager(restarted bool, hook func(hotswap.ActivationKey, string)) *recoveryManager {
 	t := n.t
 	t.Helper()
-	m := &recoveryManager{served: make(chan error, 1), socket: filepath.Join(n.dir, fmt.Sprintf("gw-%d.sock", time.Now().UnixNano()%1e6))}
+	m := &recoveryManager{served: make(chan error, 1), outcomes: NewOutcomeRelay(true), socket: filepath.Join(n.dir, fmt.Sprintf("gw-%d.sock", time.Now().UnixNano()%1e6))}
 	client, err := survivor.NewClient(survivor.ClientConfig{Socket: filepath.Join(n.dir, survivor.ControlSocket), Lock: n.lock, Log: n.logs.logger("client"),
-		OnOutcome: func(o survivor.Outcome) {
-			// As cmd/manager does: an outcome that arrives before the
-			// server exists is held for it, not dropped.
-			m.outcomeMu.Lock()
-			defer m.outcomeMu.Unlock()
-			if m.srv == nil {
-				m.held = append(m.held, o)
-				return
-			}
-			m.srv.Outcome(o)
-		}})
+		OnOutcome: m.outcomes.Deliver})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -155,13 +144,8 @@ func (n *recoveryNode) startManager(restarted bool, hook func(hotswap.Activation
 	if err != nil {
 		t.Fatal(err)
 	}
-	m.outcomeMu.Lock()
-	srv.Remember(att.Outcomes)
-	for _, o := range m.held {
-		srv.Outcome(o)
-	}
-	m.srv, m.held = srv, nil
-	m.outcomeMu.Unlock()
+	m.outcomes.Start(srv, att.Outcomes)
+	m.srv = srv
 	lis, err := Listen(m.socket, testGroup)
 	if err != nil {
 		t.Fatal(err)

@@ -339,7 +339,7 @@ func New(cfg *rest.Config, o Options) (*Manager, error) {
 			return nil, fmt.Errorf("gateway: %w", err)
 		}
 		if sv != nil {
-			ended, running := sv.outcomes.start(gw, sv.att.Outcomes)
+			ended, running := sv.outcomes.Start(gw, sv.att.Outcomes)
 			log.Info("invocations kept by the survivor", "ended", ended, "running", running, "instanceID", sv.att.Instance)
 		}
 		if err := mgr.Add(gw); err != nil {
@@ -366,59 +366,13 @@ type attached struct {
 	owner     *hotswap.SurvivorOwner
 	listeners chan net.Listener
 	coord     atomic.Pointer[hotswap.Coordinator]
-	outcomes  outcomeRelay
-}
-
-// outcomeRelay hands the survivor's outcomes to the gateway. An outcome
-// that arrives before the gateway exists (a run that ends between the
-// attachment's listing, which named it running, and the gateway's start)
-// is held for it, not dropped: the survivor counts an outcome delivered
-// once it is handed over, and a retry of that invocation would wait for
-// an end that never comes.
-type outcomeRelay struct {
-	mu sync.Mutex
-	// hold is whether outcomes are kept until a gateway starts (false:
-	// this manager serves no gateway).
-	hold bool
-	gw   outcomeSink
-	held []survivor.Outcome
-}
-
-// outcomeSink is what the relay feeds: the gateway's invocation table.
-type outcomeSink interface {
-	Remember(listed []survivor.Outcome) (ended, running int)
-	Outcome(survivor.Outcome)
-}
-
-// deliver passes o to the gateway, or holds it until one starts.
-func (r *outcomeRelay) deliver(o survivor.Outcome) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	switch {
-	case r.gw != nil:
-		r.gw.Outcome(o)
-	case r.hold:
-		r.held = append(r.held, o)
-	}
-}
-
-// start seeds gw with the invocations the attachment listed, then with
-// the outcomes held since, and passes every later one to it.
-func (r *outcomeRelay) start(gw outcomeSink, listed []survivor.Outcome) (ended, running int) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	ended, running = gw.Remember(listed)
-	for _, o := range r.held {
-		gw.Outcome(o)
-	}
-	r.gw, r.held = gw, nil
-	return ended, running
+	outcomes  *gateway.OutcomeRelay
 }
 
 // attachSurvivor connects to the node's survivor and waits for its
 // attachment.
 func attachSurvivor(o Options, log logr.Logger) (*attached, error) {
-	sv := &attached{listeners: make(chan net.Listener, 8), outcomes: outcomeRelay{hold: o.Gateway != nil}}
+	sv := &attached{listeners: make(chan net.Listener, 8), outcomes: gateway.NewOutcomeRelay(o.Gateway != nil)}
 	client, err := survivor.NewClient(survivor.ClientConfig{
 		Socket: o.Survivor.Socket, Lock: o.Survivor.Lock, Log: log,
 		OnListener: func(f *os.File) {
@@ -434,7 +388,7 @@ func attachSurvivor(o Options, log logr.Logger) (*attached, error) {
 				l.Close()
 			}
 		},
-		OnOutcome: sv.outcomes.deliver,
+		OnOutcome: sv.outcomes.Deliver,
 		OnCheckpoint: func(ctx context.Context) {
 			if c := sv.coord.Load(); c != nil {
 				c.HoldForOwnerRestart(ctx)

@@ -1,4 +1,4 @@
-package app
+package gateway
 
 import (
 	"fmt"
@@ -14,7 +14,7 @@ type recordingSink struct{ got []string }
 
 func (s *recordingSink) Remember(listed []survivor.Outcome) (ended, running int) {
 	for _, o := range listed {
-		s.got = append(s.got, "listed "+describe(o))
+		s.got = append(s.got, "listed "+describeOutcome(o))
 		if o.Done {
 			ended++
 		} else {
@@ -24,9 +24,11 @@ func (s *recordingSink) Remember(listed []survivor.Outcome) (ended, running int)
 	return ended, running
 }
 
-func (s *recordingSink) Outcome(o survivor.Outcome) { s.got = append(s.got, "outcome "+describe(o)) }
+func (s *recordingSink) Outcome(o survivor.Outcome) {
+	s.got = append(s.got, "outcome "+describeOutcome(o))
+}
 
-func describe(o survivor.Outcome) string { return fmt.Sprintf("%s done=%v", o.RunID, o.Done) }
+func describeOutcome(o survivor.Outcome) string { return fmt.Sprintf("%s done=%v", o.RunID, o.Done) }
 
 func TestOutcomeRelay(t *testing.T) {
 	running := survivor.Outcome{RunID: "r1"}
@@ -62,9 +64,9 @@ func TestOutcomeRelay(t *testing.T) {
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r := outcomeRelay{hold: tc.hold}
+			r := NewOutcomeRelay(tc.hold)
 			for _, o := range tc.before {
-				r.deliver(o)
+				r.Deliver(o)
 			}
 			if !tc.hold && len(r.held) != 0 {
 				t.Fatalf("held %d outcomes with no gateway to give them to", len(r.held))
@@ -75,7 +77,7 @@ func TestOutcomeRelay(t *testing.T) {
 				t.Errorf("start reported %d ended, %d running; want 0, 1", e, n)
 			}
 			for _, o := range tc.after {
-				r.deliver(o)
+				r.Deliver(o)
 			}
 			if !slices.Equal(sink.got, tc.want) {
 				t.Errorf("the gateway got %q, want %q", sink.got, tc.want)
