@@ -30,7 +30,10 @@
 //     with the node's system directories read-only, a private /dev and a
 //     /proc of its PID namespace);
 //  2. at the launch, the host writes the provider's bounds into that
-//     cgroup and hands the launcher, in one message, its configuration and
+//     cgroup (the pool wrote the node's defaults already, so most
+//     launches write nothing; the CPU bound starts over a 100 ms period
+//     and settles to 10 ms after it, cgroups.StartPeriod) and hands the
+//     launcher, in one message, its configuration and
 //     the provider's descriptors (SCM_RIGHTS; fd 3 the provider's sealed
 //     memfd): the launcher finishes the root (its artifact root read-only,
 //     a private size-bounded /tmp, its scratch directory) and pivots into

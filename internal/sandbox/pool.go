@@ -99,15 +99,16 @@ func (s *Sandbox) start(uid int) (*idleLauncher, error) {
 	}
 	l := &idleLauncher{g: g, pidfd: pidfd, ctl: pair[0]}
 	// What does not depend on the launch is done while the launcher waits:
-	// its cgroup (its bounds are written at the launch), its network
-	// namespace, the node's part of its private root.
+	// its cgroup (with the node's default bounds, which most launches use:
+	// a launch that asks others rewrites them), its network namespace, the
+	// node's part of its private root.
 	enforce := s.policy.Mode == ModeEnforce
 	prep := launcher.Prepare{Version: launcher.ConfigVersion, CgroupNamespace: enforce, PrivateNetwork: enforce && !s.rootless}
 	if enforce {
 		prep.ReadOnly = s.policy.ReadOnlyPaths
 	}
 	if s.tree != nil {
-		if l.group, err = s.tree.NewGroup("p-"+strconv.FormatUint(s.seq.Add(1), 10), cgroups.Limits{}); err != nil {
+		if l.group, err = s.tree.NewGroup("p-"+strconv.FormatUint(s.seq.Add(1), 10), s.policy.Defaults.cgroupLimits()); err != nil {
 			l.kill()
 			return nil, fmt.Errorf("sandbox: %w", err)
 		}

@@ -298,6 +298,7 @@ type Launch struct {
 	mu         sync.Mutex
 	violations map[string]int64
 	finished   bool
+	settle     *time.Timer // moves the group to its steady CPU period
 	oomKills   int64
 	steps      []Step
 }
@@ -383,10 +384,11 @@ func (s *Sandbox) Spawn(st Start, attr *syscall.ProcAttr, uid int) (spawn.Group,
 	}
 	group := idle.group
 	if group != nil {
-		cl := cgroups.Limits{MemoryBytes: lim.MemoryBytes, CPUMillis: lim.CPUMillis, Tasks: lim.Tasks}
-		if err := group.SetLimits(cl); err != nil {
-			idle.kill()
-			return spawn.Group{}, -1, nil, fmt.Errorf("sandbox: %w", err)
+		if cl := lim.cgroupLimits(); group.Limits() != cl {
+			if err := group.SetLimits(cl); err != nil {
+				idle.kill()
+				return spawn.Group{}, -1, nil, fmt.Errorf("sandbox: %w", err)
+			}
 		}
 		ev.Limits = Limits{MemoryBytes: lim.MemoryBytes, CPUMillis: lim.CPUMillis, Tasks: lim.Tasks}
 	}
@@ -442,6 +444,9 @@ func (s *Sandbox) Spawn(st Start, attr *syscall.ProcAttr, uid int) (spawn.Group,
 		}
 	}
 	l.steps = steps
+	if group != nil {
+		l.settle = time.AfterFunc(cgroups.StartPeriod, l.settleGroup)
+	}
 	return g, pidfd, l, nil
 }
 
@@ -615,6 +620,9 @@ func (l *Launch) Finish(exit spawn.Exit) (spawn.Exit, string) {
 	defer l.mu.Unlock()
 	if !l.finished {
 		l.finished = true
+		if l.settle != nil {
+			l.settle.Stop()
+		}
 		if l.group != nil {
 			l.oomKills = l.group.OOMKills()
 			if err := l.group.Remove(); err != nil {
@@ -626,6 +634,25 @@ func (l *Launch) Finish(exit spawn.Exit) (spawn.Exit, string) {
 		return exit, reasons.MemoryExceeded
 	}
 	return exit, ""
+}
+
+// cgroupLimits are the bounds of l that its cgroup enforces (a private
+// /tmp's size is its mount's).
+func (l Limits) cgroupLimits() cgroups.Limits {
+	return cgroups.Limits{MemoryBytes: l.MemoryBytes, CPUMillis: l.CPUMillis, Tasks: l.Tasks}
+}
+
+// settleGroup moves a running provider's group from the start period of
+// its CPU bound to the steady one (cgroups.Group.Settle).
+func (l *Launch) settleGroup() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.finished {
+		return
+	}
+	if err := l.group.Settle(); err != nil {
+		l.s.log("a provider's CPU bound could not be settled to its steady period", "module", l.module, "error", err.Error())
+	}
 }
 
 // ProviderExit is the provider's exit from its launcher's: the launcher

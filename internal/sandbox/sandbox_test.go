@@ -179,6 +179,39 @@ func TestTheBoundsStopAMemoryHogAForkBombAndACPUSpinner(t *testing.T) {
 	noGroupsLeft(t, sb)
 }
 
+func TestAProvidersCPUBoundHasAStartPeriodAndThenTheSteadyOne(t *testing.T) {
+	sb := newSandbox(t, Policy{Mode: ModeEnforce})
+	exe := hostile(t)
+	// The CFS files of the group's CPU hierarchy, as "quota period".
+	cpuBound := func(l *Launch) string {
+		for _, dir := range l.Group().Dirs() {
+			if b, err := os.ReadFile(filepath.Join(dir, "cpu.max")); err == nil {
+				return strings.TrimSpace(string(b))
+			}
+			q, qerr := os.ReadFile(filepath.Join(dir, "cpu.cfs_quota_us"))
+			p, perr := os.ReadFile(filepath.Join(dir, "cpu.cfs_period_us"))
+			if qerr == nil && perr == nil {
+				return strings.TrimSpace(string(q)) + " " + strings.TrimSpace(string(p))
+			}
+		}
+		return "no cpu hierarchy"
+	}
+	var atStart, settled string
+	r := runWith(t, sb, exe, opts{req: Request{Limits: Limits{CPUMillis: 200}}, argv: []string{"spin", "1s"}, while: func(l *Launch, _ int) {
+		atStart = cpuBound(l)
+		time.Sleep(cgroups.StartPeriod + 100*time.Millisecond)
+		settled = cpuBound(l)
+	}})
+	if atStart != "20000 100000" || settled != "2000 10000" {
+		t.Errorf("a 200m bound read %q at the start and %q after %v; want 20000 100000 (the start period), then 2000 10000", atStart, settled, cgroups.StartPeriod+100*time.Millisecond)
+	}
+	ar := r.act(t)
+	if ratio, _ := strconv.ParseFloat(ar.Detail, 64); ratio > 0.3 || r.throttled == 0 {
+		t.Errorf("the spinner got %.2f CPU per second of wall time (throttled %d times) under a bound of 0.2", ratio, r.throttled)
+	}
+	noGroupsLeft(t, sb)
+}
+
 func TestAuditModeAppliesTheBoundsAndCountsWhatEnforceWouldRefuse(t *testing.T) {
 	sb := newSandbox(t, Policy{Mode: ModeAudit})
 	exe := hostile(t)

@@ -371,8 +371,9 @@ type Limits struct {
 	// MemoryBytes bounds memory (anonymous, page cache, tmpfs pages the
 	// group wrote, kernel memory); no swap.
 	MemoryBytes int64
-	// CPUMillis bounds CPU time in thousandths of a CPU (1000 = one CPU)
-	// per 10 ms period.
+	// CPUMillis bounds CPU time in thousandths of a CPU (1000 = one CPU):
+	// per 100 ms period while the provider starts, per 10 ms once the
+	// group is settled (Group.Settle).
 	CPUMillis int64
 	// Tasks bounds processes and threads together.
 	Tasks int64
@@ -383,6 +384,19 @@ type Limits struct {
 // milliseconds of each period instead of taking the node's CPUs for tens
 // of milliseconds at a time (what its neighbours' latency would show).
 const cpuPeriodUs = 10000
+
+// cpuStartPeriodUs is the CFS period while a provider starts: the same
+// share, over the kernel's default period. A runtime's start is a burst on
+// every thread it has (a Go provider's takes several milliseconds of CPU
+// on each of two): cut into 10 ms periods it is throttled for most of each,
+// and a launch with the default half CPU took about twice as long as one
+// without bounds (BenchmarkSandboxedLaunch in internal/procexec). The
+// launch settles the group to cpuPeriodUs after one start period.
+const cpuStartPeriodUs = 100000
+
+// StartPeriod is how long a launch keeps the start period before it
+// settles its group: one period.
+const StartPeriod = cpuStartPeriodUs * time.Microsecond
 
 // Tree is this process's subtree in every hierarchy of a layout.
 type Tree struct {
@@ -567,13 +581,33 @@ func (t *Tree) NewGroup(name string, lim Limits) (*Group, error) {
 	return g, nil
 }
 
+// cpuFilesV1 set the CPU bound over periodUs in a v1 hierarchy. The kernel
+// checks each write against the parent's bound, so they are written in the
+// order that never raises the share in between: the period first when it
+// grows (a new group's is the kernel's 100 ms already), the quota first
+// when it shrinks (Settle).
+func cpuFilesV1(lim Limits, periodUs int) []limitFile {
+	period := limitFile{"cpu.cfs_period_us", strconv.Itoa(periodUs), false}
+	quota := limitFile{"cpu.cfs_quota_us", strconv.FormatInt(lim.CPUMillis*int64(periodUs)/1000, 10), false}
+	if periodUs < cpuStartPeriodUs {
+		return []limitFile{quota, period}
+	}
+	return []limitFile{period, quota}
+}
+
+// cpuFileV2 sets the CPU bound over periodUs in the v2 hierarchy.
+func cpuFileV2(lim Limits, periodUs int) limitFile {
+	return limitFile{"cpu.max", strconv.FormatInt(lim.CPUMillis*int64(periodUs)/1000, 10) + " " + strconv.Itoa(periodUs), false}
+}
+
 type limitFile struct {
 	file, value string
 	optional    bool // absent on some kernels (swap accounting off)
 }
 
-// limitFiles are the files and values that set lim in hierarchy h.
-func limitFiles(h Hierarchy, lim Limits) []limitFile {
+// limitFiles are the files and values that set lim in hierarchy h, the CPU
+// bound over a CFS period of periodUs.
+func limitFiles(h Hierarchy, lim Limits, periodUs int) []limitFile {
 	var out []limitFile
 	has := func(c string) bool { return slices.Contains(h.Controllers, c) }
 	if h.Version == 1 {
@@ -582,7 +616,7 @@ func limitFiles(h Hierarchy, lim Limits) []limitFile {
 			out = append(out, limitFile{"memory.limit_in_bytes", v, false}, limitFile{"memory.memsw.limit_in_bytes", v, true}, limitFile{"memory.swappiness", "0", true})
 		}
 		if has("cpu") && lim.CPUMillis > 0 {
-			out = append(out, limitFile{"cpu.cfs_period_us", strconv.Itoa(cpuPeriodUs), false}, limitFile{"cpu.cfs_quota_us", strconv.FormatInt(lim.CPUMillis*cpuPeriodUs/1000, 10), false})
+			out = append(out, cpuFilesV1(lim, periodUs)...)
 		}
 		if has("pids") && lim.Tasks > 0 {
 			out = append(out, limitFile{"pids.max", strconv.FormatInt(lim.Tasks, 10), false})
@@ -593,7 +627,7 @@ func limitFiles(h Hierarchy, lim Limits) []limitFile {
 		out = append(out, limitFile{"memory.max", strconv.FormatInt(lim.MemoryBytes, 10), false}, limitFile{"memory.swap.max", "0", true})
 	}
 	if has("cpu") && lim.CPUMillis > 0 {
-		out = append(out, limitFile{"cpu.max", strconv.FormatInt(lim.CPUMillis*cpuPeriodUs/1000, 10) + " " + strconv.Itoa(cpuPeriodUs), false})
+		out = append(out, cpuFileV2(lim, periodUs))
 	}
 	if has("pids") && lim.Tasks > 0 {
 		out = append(out, limitFile{"pids.max", strconv.FormatInt(lim.Tasks, 10), false})
@@ -635,13 +669,38 @@ func (g *Group) SetLimits(lim Limits) error {
 		if groupLim.Tasks > 0 {
 			groupLim.Tasks += LauncherTasks
 		}
-		for _, w := range limitFiles(h, groupLim) {
+		for _, w := range limitFiles(h, groupLim, cpuStartPeriodUs) {
 			if err := writeLimit(g.dirs[i], w.file, w.value, w.optional); err != nil {
 				return err
 			}
 		}
 		if h.Version == 1 && lim.Tasks > 0 && slices.Contains(h.Controllers, "pids") {
 			if err := writeLimit(filepath.Join(g.dirs[i], providerLeaf), "pids.max", strconv.FormatInt(lim.Tasks, 10), false); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// Settle moves the CPU bound written by SetLimits from its start period to
+// the steady one (the same share, throttled after a few milliseconds of
+// each 10 ms instead of tens of each 100 ms: what a spinning provider's
+// neighbours feel). It writes nothing without a CPU bound.
+func (g *Group) Settle() error {
+	if g.limits.CPUMillis <= 0 {
+		return nil
+	}
+	for i, h := range g.tree.layout.Hierarchies {
+		if !slices.Contains(h.Controllers, "cpu") {
+			continue
+		}
+		files := []limitFile{cpuFileV2(g.limits, cpuPeriodUs)}
+		if h.Version == 1 {
+			files = cpuFilesV1(g.limits, cpuPeriodUs)
+		}
+		for _, w := range files {
+			if err := writeLimit(g.dirs[i], w.file, w.value, w.optional); err != nil {
 				return err
 			}
 		}

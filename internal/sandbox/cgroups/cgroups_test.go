@@ -164,13 +164,13 @@ func TestLimitsAreWrittenInEachVersionsOwnFiles(t *testing.T) {
 	for _, c := range []struct{ dir, file, want string }{
 		{g.Dirs()[0], "memory.limit_in_bytes", "536870912"},
 		{g.Dirs()[0], "memory.memsw.limit_in_bytes", "536870912"},
-		{g.Dirs()[0], "cpu.cfs_period_us", "10000"},
-		{g.Dirs()[0], "cpu.cfs_quota_us", "2500"},
+		{g.Dirs()[0], "cpu.cfs_period_us", "100000"},
+		{g.Dirs()[0], "cpu.cfs_quota_us", "25000"},
 		{g.Dirs()[0], "pids.max", "288"},
 		{filepath.Join(g.Dirs()[0], "provider"), "pids.max", "256"},
 		{g.Dirs()[1], "memory.max", "536870912"},
 		{g.Dirs()[1], "memory.swap.max", "0"},
-		{g.Dirs()[1], "cpu.max", "2500 10000"},
+		{g.Dirs()[1], "cpu.max", "25000 100000"},
 		{g.Dirs()[1], "pids.max", "288"},
 		{v2, "cgroup.subtree_control", "+memory +cpu +pids"},
 		{tree.Dirs()[1], "cgroup.subtree_control", "+memory +cpu +pids"},
@@ -187,6 +187,31 @@ func TestLimitsAreWrittenInEachVersionsOwnFiles(t *testing.T) {
 	}
 	if g.Dir() != g.Dirs()[1] {
 		t.Errorf("Dir (the v2 group) = %q, want %q", g.Dir(), g.Dirs()[1])
+	}
+	// Settled: the same share over the steady 10 ms period, the v1 quota
+	// written before its period (the share never rises in between, or a
+	// parent with a bound of its own refuses the write).
+	var order []string
+	write := writeLimit
+	writeLimit = func(dir, file, value string, optional bool) error {
+		order = append(order, file)
+		return write(dir, file, value, optional)
+	}
+	if err := g.Settle(); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ dir, file, want string }{
+		{g.Dirs()[0], "cpu.cfs_period_us", "10000"},
+		{g.Dirs()[0], "cpu.cfs_quota_us", "2500"},
+		{g.Dirs()[1], "cpu.max", "2500 10000"},
+		{g.Dirs()[0], "memory.limit_in_bytes", "536870912"},
+	} {
+		if got := read(c.dir, c.file); got != c.want {
+			t.Errorf("settled: %s/%s = %q, want %q", c.dir, c.file, got, c.want)
+		}
+	}
+	if want := []string{"cpu.cfs_quota_us", "cpu.cfs_period_us", "cpu.max"}; !slices.Equal(order, want) {
+		t.Errorf("Settle wrote %v, want %v", order, want)
 	}
 	os.WriteFile(filepath.Join(g.Dirs()[0], "memory.oom_control"), []byte("oom_kill_disable 0\nunder_oom 0\noom_kill 2\n"), 0o644)
 	os.WriteFile(filepath.Join(g.Dirs()[1], "memory.events"), []byte("low 0\nhigh 0\nmax 9\noom 1\noom_kill 1\n"), 0o644)

@@ -154,21 +154,27 @@ func Main() {
 		fail("chdir %s: %v", cfg.Dir, err)
 	}
 	step("launcher: /proc/sys/vm/memfd_noexec, chdir")
-	thread.launch <- launchOrder{cfg: cfg, fds: fds}
+	// The starting thread reports the start itself, as soon as the
+	// provider runs: a hand-off to this goroutine would wait for a CPU
+	// that the provider's own start is using.
+	announce := func(s started) {
+		for _, sub := range s.steps {
+			steps[sub[0].(string)] = sub[1].(int64)
+		}
+		st.Started, st.Landlock = true, s.landlock
+		st.StartedAtNs, st.Steps = t0.UnixNano(), steps
+		report(st)
+	}
+	thread.launch <- launchOrder{cfg: cfg, fds: fds, announce: announce}
 	s := <-thread.done
 	if s.err != nil {
 		fail("%v", s.err)
 	}
-	for _, sub := range s.steps {
-		steps[sub[0].(string)] = sub[1].(int64)
-	}
-	st.Started, st.Landlock = true, s.landlock
-	st.StartedAtNs, st.Steps = t0.UnixNano(), steps
 	// The kernel's OOM killer picks the provider, not the launcher, when
 	// their shared memory bound is reached: the launcher then reports how
-	// the provider ended.
+	// the provider ended. (Set after the report: the launcher's few
+	// megabytes make the provider the likelier pick meanwhile anyway.)
 	os.WriteFile("/proc/"+strconv.Itoa(s.pid)+"/oom_score_adj", []byte("1000"), 0)
-	report(st)
 	if err := keepOnlyKill(); err != nil {
 		// The provider already runs: it cannot be told apart from a
 		// failed setup any more, so it is killed with its namespace.
@@ -191,6 +197,8 @@ type starter struct {
 type launchOrder struct {
 	cfg *Config
 	fds []int
+	// announce reports a started provider (not a failed start).
+	announce func(started)
 }
 
 type started struct {
@@ -243,7 +251,11 @@ func (s *starter) run(prep *Prepare, cgroups []*os.File, ready chan<- error, rep
 	pid, abi, listener, err := restrictAndStart(o.cfg, o.fds, report, func(name string, d time.Duration) {
 		steps = append(steps, [2]any{name, int64(d)})
 	})
-	s.done <- started{pid, abi, listener, steps, err}
+	res := started{pid, abi, listener, steps, err}
+	if err == nil {
+		o.announce(res)
+	}
+	s.done <- res
 }
 
 // warmDecoder decodes a configuration once, so that the decoder's caches
