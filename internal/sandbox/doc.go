@@ -52,7 +52,10 @@
 //     kernel kills every process left in the namespace.
 //
 // Two launchers are kept ready and a new one is started 50 ms after each
-// launch (not at once: it would compete with the provider's own start).
+// launch (not at once: it would compete with the provider's own start). A
+// launcher counts as ready once it says it has prepared (its runtime
+// started, its cgroups joined, its namespaces and root made): a launch
+// beside a launcher still starting waited for the CPU.
 // A launch in a burst, after the ready ones are used, starts its own. The
 // launch-cost breakdown (Launch.Steps, BenchmarkSandboxedLaunch in
 // internal/procexec) shows why: exec'ing the launcher and starting its Go

@@ -211,6 +211,16 @@ func copyExecutable(tb testing.TB, src, dir string) string {
 // noGroupsLeft fails unless sb's cgroup tree holds no group.
 func noGroupsLeft(tb testing.TB, sb *Sandbox) {
 	tb.Helper()
+	// A launcher the pool is starting has its group before it is ready
+	// (it is counted once it has prepared): wait until none is starting.
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		sb.mu.Lock()
+		filling := sb.filling
+		sb.mu.Unlock()
+		if filling == 0 {
+			break
+		}
+	}
 	c := sb.Capacity()
 	for _, dir := range c.Tree {
 		entries, err := os.ReadDir(dir)

@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
@@ -129,6 +130,39 @@ func (s *Sandbox) start(uid int) (*idleLauncher, error) {
 // socket's messages it speaks.
 const launcherProtocol = launcher.Protocol
 
+// awaitPrepared waits up to timeout for the launcher's word that its
+// preparation is done.
+func (l *idleLauncher) awaitPrepared(timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	buf := make([]byte, 64<<10)
+	for {
+		left := time.Until(deadline)
+		if left <= 0 {
+			return fmt.Errorf("sandbox: the launcher did not prepare within %v", timeout)
+		}
+		n, err := unix.Poll([]unix.PollFd{{Fd: int32(l.ctl), Events: unix.POLLIN}}, int(left/time.Millisecond)+1)
+		if err == unix.EINTR || n == 0 {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("sandbox: waiting for the launcher: %w", err)
+		}
+		if n, err = unix.Read(l.ctl, buf); err != nil || n == 0 {
+			return errors.New("sandbox: the launcher ended while preparing")
+		}
+		var st launcher.Status
+		if json.Unmarshal(buf[:n], &st) != nil {
+			continue
+		}
+		switch {
+		case st.Error != "":
+			return errors.New("sandbox: preparing the launcher: " + st.Error)
+		case st.Prepared:
+			return nil
+		}
+	}
+}
+
 // take returns a ready launcher for providers of uid (fresh is false) or,
 // when none is ready, one started now; either way another is started in
 // the background.
@@ -168,13 +202,22 @@ func (s *Sandbox) refill(uid int) {
 	}
 }
 
-// fillOne starts one launcher for the pool.
+// fillOne starts one launcher for the pool, and puts it there once it says
+// it is prepared: a launcher still starting its Go runtime and building its
+// root takes about as much CPU as a provider's own start, and a launch
+// beside it waited for the CPU (a launch right after the pool looked full
+// took 20 ms, one 300 ms later 14, against 11.5 without the sandbox).
 func (s *Sandbox) fillOne(uid int) {
 	// Not at once: the launch that took a launcher is starting its
 	// provider, and the next launcher's start would compete with it for
 	// the CPU.
 	time.Sleep(refillDelay)
 	l, err := s.start(uid)
+	if err == nil {
+		if err = l.awaitPrepared(startTimeout); err != nil {
+			l.kill()
+		}
+	}
 	s.mu.Lock()
 	s.filling--
 	if err != nil {

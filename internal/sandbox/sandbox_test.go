@@ -248,8 +248,10 @@ func TestAuditModeAppliesTheBoundsAndCountsWhatEnforceWouldRefuse(t *testing.T) 
 func TestAuditCountsEachViolationOnceWhileSignalsInterruptIt(t *testing.T) {
 	// A signal that lands while an audited syscall waits for the launcher's
 	// answer (a Go provider's threads get SIGURG whenever its runtime
-	// preempts them) makes the kernel restart the syscall, which notifies
-	// the launcher again: each of the provider's sockets counts once.
+	// preempts them) could make the kernel restart the syscall after the
+	// launcher's answer, which notified it again (the listener now waits
+	// killable once it received a notification): each of the provider's
+	// sockets counts once.
 	sb := newSandbox(t, Policy{Mode: ModeAudit})
 	exe := hostile(t)
 	const n = 300
@@ -424,5 +426,17 @@ func TestAfterALaunchThePoolHoldsTwoReadyLaunchersAndTheNextLaunchTakesOne(t *te
 	if !sb.AwaitReady(20 * time.Second) {
 		t.Errorf("after the second launch the pool holds %d ready launchers; want %d", len(sb.readyGroups()), poolSize)
 	}
+	// Ready means prepared: the launcher runs inside its cgroup already
+	// (it joins it first thing after its runtime starts), so a launch
+	// never shares the CPU with a launcher's own start.
+	sb.mu.Lock()
+	for _, l := range sb.ready {
+		for _, procs := range l.group.Procs() {
+			if b, err := os.ReadFile(procs); err != nil || len(strings.Fields(string(b))) == 0 {
+				t.Errorf("a ready launcher (pid %d) is not in %s yet (%q, %v): it was counted ready before it prepared", l.g.PID, procs, b, err)
+			}
+		}
+	}
+	sb.mu.Unlock()
 	noGroupsLeft(t, sb)
 }

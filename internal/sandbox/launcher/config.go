@@ -10,7 +10,7 @@ import (
 // Protocol is the launcher's only argument: the version of the messages
 // of its control socket (descriptor 3). A launcher given another refuses to
 // start.
-const Protocol = "control/1"
+const Protocol = "control/2"
 
 // ConfigVersion is the version of Config this launcher reads. The host and
 // the launcher are built from the same tree; a launcher that reads another
@@ -190,6 +190,10 @@ func Parse(b []byte) (*Config, error) {
 
 // Status is one line the launcher writes on the status pipe (JSON).
 type Status struct {
+	// Prepared is sent once, when the preparation is done (the launcher's
+	// cgroups joined, its network namespace and the node's part of its
+	// root made): it waits for its launch and costs no CPU until then.
+	Prepared bool `json:"prepared,omitempty"`
 	// Started is set once the provider was executed; Landlock is the ABI
 	// applied (0: none), MemfdNoexec whether vm.memfd_noexec=2 holds.
 	Started     bool `json:"started,omitempty"`
