@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"syscall"
 	"time"
@@ -59,8 +60,9 @@ func (l *idleLauncher) kill() {
 	}
 }
 
-// start starts a launcher for providers of uid.
-func (s *Sandbox) start(uid int) (*idleLauncher, error) {
+// start starts a launcher for providers of uid; for the pool, it is
+// counted as preparing from the moment its cgroup exists.
+func (s *Sandbox) start(uid int, forPool bool) (*idleLauncher, error) {
 	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("sandbox: socketpair: %w", err)
@@ -123,6 +125,14 @@ func (s *Sandbox) start(uid int) (*idleLauncher, error) {
 		l.kill()
 		return nil, fmt.Errorf("sandbox: preparing the launcher: %w", err)
 	}
+	if forPool {
+		s.mu.Lock()
+		if s.preparing == nil {
+			s.preparing = map[*idleLauncher]bool{}
+		}
+		s.preparing[l] = true
+		s.mu.Unlock()
+	}
 	return l, nil
 }
 
@@ -172,7 +182,7 @@ func (s *Sandbox) take(uid int) (l *idleLauncher, fresh bool, err error) {
 		s.mu.Lock()
 		if len(s.ready) == 0 {
 			s.mu.Unlock()
-			l, err := s.start(uid)
+			l, err := s.start(uid, false)
 			return l, true, err
 		}
 		l := s.ready[0]
@@ -212,9 +222,13 @@ func (s *Sandbox) fillOne(uid int) {
 	// provider, and the next launcher's start would compete with it for
 	// the CPU.
 	time.Sleep(refillDelay)
-	l, err := s.start(uid)
+	l, err := s.start(uid, true)
 	if err == nil {
-		if err = l.awaitPrepared(startTimeout); err != nil {
+		err = l.awaitPrepared(startTimeout)
+		s.mu.Lock()
+		delete(s.preparing, l)
+		s.mu.Unlock()
+		if err != nil {
 			l.kill()
 		}
 	}
@@ -255,7 +269,8 @@ func (s *Sandbox) drain() {
 	}
 }
 
-// readyGroups are the cgroups of the ready launchers (directory names).
+// readyGroups are the cgroups of the launchers started ahead, ready or
+// still preparing (directory names).
 func (s *Sandbox) readyGroups() []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -265,6 +280,12 @@ func (s *Sandbox) readyGroups() []string {
 			out = append(out, l.group.Name())
 		}
 	}
+	for l := range s.preparing {
+		if l.group != nil {
+			out = append(out, l.group.Name())
+		}
+	}
+	slices.Sort(out)
 	return out
 }
 

@@ -78,7 +78,10 @@ type Sandbox struct {
 	seq     atomic.Uint64
 	ready   []*idleLauncher
 	filling int
-	closed  bool
+	// preparing are the launchers the pool started that have not said
+	// they are prepared yet.
+	preparing map[*idleLauncher]bool
+	closed    bool
 }
 
 // New seals the launcher, detects what this node can apply (cgroups,
@@ -206,7 +209,7 @@ type Capacity struct {
 	// Tree is this process's cgroup subtree (one directory per hierarchy).
 	Tree []string
 	// Ready are the cgroups (directory names in Tree) of the launchers
-	// started ahead of their launch.
+	// started ahead of their launch, ready or still preparing.
 	Ready []string
 }
 
