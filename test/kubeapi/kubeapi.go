@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -116,8 +117,9 @@ func NewScheme() (*runtime.Scheme, error) {
 func (e *Environment) Stop() error {
 	err := e.env.Stop()
 	if e.watchdog != nil {
-		// SIGKILL: its trap must not run once the control plane is gone.
-		_ = e.watchdog.Process.Kill()
+		// SIGKILL: its trap must not run once the control plane is gone;
+		// to its group, so that its sleep goes with it.
+		_ = syscall.Kill(-e.watchdog.Process.Pid, syscall.SIGKILL)
 		_ = e.watchdog.Wait()
 		e.watchdog = nil
 	}

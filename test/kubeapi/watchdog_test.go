@@ -99,6 +99,68 @@ func TestAPanickingTestBinaryLeavesNoControlPlaneRunning(t *testing.T) {
 	}
 }
 
+func TestAStoppedControlPlaneLeavesNoWatchdogProcess(t *testing.T) {
+	env, err := Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The watchdog's shell and the sleep it waits on ("pid:start"): an
+	// orphan sleep lived an hour after each Stop.
+	watchdog := strconv.Itoa(env.watchdog.Process.Pid)
+	procs := []string{watchdog + ":" + startTime(watchdog)}
+	deadline := time.Now().Add(5 * time.Second)
+	for len(procs) == 1 && time.Now().Before(deadline) {
+		b, _ := os.ReadFile("/proc/" + watchdog + "/task/" + watchdog + "/children")
+		for _, c := range strings.Fields(string(b)) {
+			procs = append(procs, c+":"+startTime(c))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if len(procs) == 1 {
+		t.Fatalf("the watchdog %s started no sleep within 5 s: the test shows nothing", watchdog)
+	}
+	if err := env.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		var left []string
+		for _, p := range procs {
+			pid, start, _ := strings.Cut(p, ":")
+			if st, err := os.ReadFile("/proc/" + pid + "/stat"); err == nil {
+				if f := strings.Fields(string(st)); len(f) > 21 && f[21] == start && f[2] != "Z" {
+					left = append(left, p)
+				}
+			}
+		}
+		if len(left) == 0 {
+			t.Logf("after Stop, the watchdog and its children %v are gone", procs)
+			return
+		}
+		if time.Now().After(deadline) {
+			for _, p := range left {
+				pid, _, _ := strings.Cut(p, ":")
+				n, _ := strconv.Atoi(pid)
+				syscall.Kill(n, syscall.SIGKILL)
+			}
+			t.Fatalf("2 s after Stop the watchdog's processes %v are still running (killed now)", left)
+		}
+	}
+}
+
+// startTime is field 22 of /proc/<pid>/stat ("" once it is gone).
+func startTime(pid string) string {
+	st, err := os.ReadFile("/proc/" + pid + "/stat")
+	if err != nil {
+		return ""
+	}
+	s := string(st)
+	f := strings.Fields(s[strings.LastIndex(s, ")")+2:])
+	if len(f) < 20 {
+		return ""
+	}
+	return f[19]
+}
+
 func tail(s string, n int) string {
 	if len(s) > n {
 		return "…" + s[len(s)-n:]
