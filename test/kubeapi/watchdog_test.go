@@ -65,15 +65,7 @@ func TestAPanickingTestBinaryLeavesNoControlPlaneRunning(t *testing.T) {
 	// on the child's death). Wait for it, bounded, and name what is left.
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		var alive []string
-		for _, g := range groups {
-			pid, start, _ := strings.Cut(g, ":")
-			if st, err := os.ReadFile("/proc/" + pid + "/stat"); err == nil {
-				if f := strings.Fields(string(st)); len(f) > 21 && f[21] == start && f[2] != "Z" {
-					alive = append(alive, g)
-				}
-			}
-		}
+		alive := running(groups)
 		for _, d := range dirs {
 			if _, err := os.Stat(d); err == nil {
 				alive = append(alive, d)
@@ -123,15 +115,7 @@ func TestAStoppedControlPlaneLeavesNoWatchdogProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 	for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		var left []string
-		for _, p := range procs {
-			pid, start, _ := strings.Cut(p, ":")
-			if st, err := os.ReadFile("/proc/" + pid + "/stat"); err == nil {
-				if f := strings.Fields(string(st)); len(f) > 21 && f[21] == start && f[2] != "Z" {
-					left = append(left, p)
-				}
-			}
-		}
+		left := running(procs)
 		if len(left) == 0 {
 			t.Logf("after Stop, the watchdog and its children %v are gone", procs)
 			return
@@ -145,6 +129,23 @@ func TestAStoppedControlPlaneLeavesNoWatchdogProcess(t *testing.T) {
 			t.Fatalf("2 s after Stop the watchdog's processes %v are still running (killed now)", left)
 		}
 	}
+}
+
+// running are the processes of procs ("pid:start") that still run: the
+// pid names the same process (field 22 of its stat, its start time) and it
+// is not a zombie. (The names checked hold no space, so fields split on
+// spaces.)
+func running(procs []string) []string {
+	var out []string
+	for _, p := range procs {
+		pid, start, _ := strings.Cut(p, ":")
+		if st, err := os.ReadFile("/proc/" + pid + "/stat"); err == nil {
+			if f := strings.Fields(string(st)); len(f) > 21 && f[21] == start && f[2] != "Z" {
+				out = append(out, p)
+			}
+		}
+	}
+	return out
 }
 
 // startTime is field 22 of /proc/<pid>/stat ("" once it is gone).
