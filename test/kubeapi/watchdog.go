@@ -1,6 +1,8 @@
 package kubeapi
 
 import (
+	"bufio"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -8,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"iteron.dev/operator/test/childproc"
 )
@@ -18,7 +21,8 @@ import (
 // this process's death (Pdeathsig) kills their groups then, each only if its
 // pid still names the process started here (start time checked).
 
-// watchdogScript waits; on SIGTERM it kills each group given as "pid:start"
+// watchdogScript says "armed" once its trap is set, then waits; on SIGTERM
+// it kills each group given as "pid:start"
 // whose leader still has that start time (field 22 of /proc/<pid>/stat; the
 // names etcd and kube-apiserver hold no space, so fields split on spaces),
 // then removes each directory given as "dir:<path>" (their data and
@@ -33,6 +37,8 @@ const watchdogScript = `cleanup() {
   done
 }
 trap 'cleanup "$@"; kill $! 2>/dev/null; exit 0' TERM
+echo armed
+exec >/dev/null
 while :; do sleep 3600 & wait $!; done`
 
 // startWatchdog finds this process's children named in names (the control
@@ -57,8 +63,33 @@ func startWatchdog(names []string, dirs ...string) (*exec.Cmd, []string, error) 
 	// together: killed alone, the shell left its sleep to init for up to an
 	// hour (22 of them were found after a day's test runs).
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	armed, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, groups, err
+	}
 	if err := childproc.Start(cmd, syscall.SIGTERM); err != nil {
 		return nil, groups, fmt.Errorf("start the control plane's watchdog: %w", err)
+	}
+	// Not before its trap is set: a SIGTERM that came first (this process
+	// dying at once, as a panicking test binary does) would end the shell
+	// without its cleanup, and the control plane would outlive it (seen
+	// once in 10 runs beside a CI run).
+	line := make(chan string, 1)
+	go func() {
+		b, _ := bufio.NewReader(armed).ReadString('\n')
+		line <- b
+	}()
+	select {
+	case b := <-line:
+		if b != "armed\n" {
+			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+			_ = cmd.Wait()
+			return nil, groups, fmt.Errorf("the control plane's watchdog did not start (it said %q)", b)
+		}
+	case <-time.After(30 * time.Second):
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		_ = cmd.Wait()
+		return nil, groups, errors.New("the control plane's watchdog did not set its trap within 30 s")
 	}
 	return cmd, groups, nil
 }
