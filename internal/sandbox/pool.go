@@ -60,9 +60,8 @@ func (l *idleLauncher) kill() {
 	}
 }
 
-// start starts a launcher for providers of uid; for the pool, it is
-// counted as preparing from the moment its cgroup exists.
-func (s *Sandbox) start(uid int, forPool bool) (*idleLauncher, error) {
+// start starts a launcher for providers of uid.
+func (s *Sandbox) start(uid int) (*idleLauncher, error) {
 	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("sandbox: socketpair: %w", err)
@@ -125,14 +124,6 @@ func (s *Sandbox) start(uid int, forPool bool) (*idleLauncher, error) {
 		l.kill()
 		return nil, fmt.Errorf("sandbox: preparing the launcher: %w", err)
 	}
-	if forPool {
-		s.mu.Lock()
-		if s.preparing == nil {
-			s.preparing = map[*idleLauncher]bool{}
-		}
-		s.preparing[l] = true
-		s.mu.Unlock()
-	}
 	return l, nil
 }
 
@@ -182,7 +173,7 @@ func (s *Sandbox) take(uid int) (l *idleLauncher, fresh bool, err error) {
 		s.mu.Lock()
 		if len(s.ready) == 0 {
 			s.mu.Unlock()
-			l, err := s.start(uid, false)
+			l, err := s.start(uid)
 			return l, true, err
 		}
 		l := s.ready[0]
@@ -222,8 +213,11 @@ func (s *Sandbox) fillOne(uid int) {
 	// provider, and the next launcher's start would compete with it for
 	// the CPU.
 	time.Sleep(refillDelay)
-	l, err := s.start(uid, true)
+	l, err := s.start(uid)
 	if err == nil {
+		s.mu.Lock()
+		s.preparing[l] = true
+		s.mu.Unlock()
 		err = l.awaitPrepared(startTimeout)
 		s.mu.Lock()
 		delete(s.preparing, l)

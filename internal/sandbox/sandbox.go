@@ -92,7 +92,7 @@ func New(cfg Config) (*Sandbox, error) {
 	if err := p.Check(); err != nil {
 		return nil, fmt.Errorf("sandbox: %w", err)
 	}
-	s := &Sandbox{policy: p, scratch: cfg.ScratchDir, log: cfg.Log, filters: map[filterKind]*compiled{}, rootless: os.Geteuid() != 0}
+	s := &Sandbox{policy: p, scratch: cfg.ScratchDir, log: cfg.Log, filters: map[filterKind]*compiled{}, preparing: map[*idleLauncher]bool{}, rootless: os.Geteuid() != 0}
 	if s.log == nil {
 		s.log = func(string, ...any) {}
 	}
