@@ -6,20 +6,31 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"iteron.dev/operator/internal/gateway"
 )
 
 // BenchmarkNeighbourLatencyBesideACPUSpinner measures the p99 of a
 // neighbour's calls (the hostile provider's "ok", through the gateway)
-// alone and beside a CPU spinner running at its default bound (1 CPU),
-// each provider in its sandbox, and reports their ratio.
+// alone and beside a CPU spinner running at its default bound (a quarter
+// of the node's CPUs, at most one), each provider in its sandbox, and
+// reports their ratio. The calls share one connection, as a caller's do:
+// dialing per call measured the connection's setup with them.
 func BenchmarkNeighbourLatencyBesideACPUSpinner(b *testing.B) {
 	neighbour := deploy(b, variant{"neighbour", none.caps}, nil)
 	spinner := deploy(b, variant{"spinner", none.caps}, nil)
+	// A caller keeps its connection to the gateway: each call is one
+	// Invoke on it, as the gateway's clients make them.
+	c, err := gateway.Dial(socket)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
 	measure := func(n int) []time.Duration {
 		var ds []time.Duration
 		for i := 0; i < n; i++ {
 			t0 := time.Now()
-			if a := call(b, neighbour, "ok", "", 10*time.Second); !a.OK {
+			if a := callOn(b, c, neighbour, "ok", "", 10*time.Second); !a.OK {
 				b.Fatalf("the neighbour answered %+v", a)
 			}
 			ds = append(ds, time.Since(t0))

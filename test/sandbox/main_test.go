@@ -164,6 +164,12 @@ func callVia(t testing.TB, sock string, d deployed, act, arg string, deadline ti
 		t.Fatal(err)
 	}
 	defer c.Close()
+	return callOn(t, c, d, act, arg, deadline)
+}
+
+// callOn is call over the gateway connection c.
+func callOn(t testing.TB, c *gateway.Client, d deployed, act, arg string, deadline time.Duration) answer {
+	t.Helper()
 	in, _ := json.Marshal(map[string]string{"act": act, "arg": arg})
 	ctx, cancel := context.WithTimeout(context.Background(), deadline+10*time.Second)
 	defer cancel()
