@@ -16,6 +16,7 @@ import (
 	"iteron.dev/operator/examples/providers/providertest"
 	"iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/procexec"
+	"iteron.dev/operator/internal/statedir"
 	"iteron.dev/operator/internal/survivor"
 )
 
@@ -36,7 +37,7 @@ func BenchmarkStartToTerminalSurvivor(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { os.RemoveAll(dir) })
-	lock, err := os.OpenFile(filepath.Join(dir, survivor.LockFile), os.O_RDWR|os.O_CREATE|unix.O_CLOEXEC, 0o600)
+	lock, err := os.OpenFile(statedir.Dir(dir).Lock(), os.O_RDWR|os.O_CREATE|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -55,7 +56,7 @@ func BenchmarkStartToTerminalSurvivor(b *testing.B) {
 		defer cancel()
 		srv.Shutdown(ctx)
 	}()
-	c, err := survivor.NewClient(survivor.ClientConfig{Socket: filepath.Join(dir, survivor.ControlSocket), Lock: lock, Log: logr.Discard()})
+	c, err := survivor.NewClient(survivor.ClientConfig{Socket: statedir.Dir(dir).SurvivorSocket(), Lock: lock, Log: logr.Discard()})
 	if err != nil {
 		b.Fatal(err)
 	}

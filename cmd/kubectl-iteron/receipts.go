@@ -14,7 +14,7 @@ import (
 
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
 	"iteron.dev/operator/internal/effects"
-	"iteron.dev/operator/internal/hotswap"
+	"iteron.dev/operator/internal/statedir"
 )
 
 // newReceiptsCmd is `kubectl iteron receipts <activation> [--module M]`.
@@ -57,7 +57,7 @@ unreachable, or the file unreadable.`,
 			if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: args[0]}, &act); err != nil {
 				return usage(fmt.Errorf("activation %s/%s: %w", ns, args[0], err))
 			}
-			path, err := hotswap.ReceiptsPath(stateDir, string(act.UID))
+			path, err := statedir.Dir(stateDir).Receipts(string(act.UID))
 			if err != nil {
 				return usage(err)
 			}

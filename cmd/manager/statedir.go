@@ -4,11 +4,11 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
+	"iteron.dev/operator/internal/statedir"
 )
 
 // stateDirLock is an exclusive flock on <state-dir>/lock, held for the
@@ -24,7 +24,7 @@ func lockStateDir(dir string) (*stateDirLock, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("create state directory %s: %w", dir, err)
 	}
-	path := filepath.Join(dir, "lock")
+	path := statedir.Dir(dir).Lock()
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", path, err)

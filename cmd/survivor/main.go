@@ -21,6 +21,7 @@ import (
 
 	"iteron.dev/operator/internal/procexec"
 	"iteron.dev/operator/internal/sandbox"
+	"iteron.dev/operator/internal/statedir"
 	"iteron.dev/operator/internal/survivor"
 )
 
@@ -51,7 +52,7 @@ func run(args []string, stderr io.Writer) int {
 	// The survivor launches the node's providers, so it builds their
 	// sandbox, below its own cgroup (docs/security.md).
 	sbLog := log.WithName("sandbox")
-	sb, err := sandbox.New(sandbox.Config{Policy: opts.sandbox, Launcher: opts.launcher, ScratchDir: sandbox.ScratchRoot(opts.stateDir),
+	sb, err := sandbox.New(sandbox.Config{Policy: opts.sandbox, Launcher: opts.launcher, ScratchDir: statedir.Dir(opts.stateDir).Scratch(),
 		Log: func(msg string, kv ...any) { sbLog.Info(msg, kv...) }})
 	if err != nil {
 		fmt.Fprintln(stderr, "survivor:", err)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"iteron.dev/operator/internal/sandbox"
+	"iteron.dev/operator/internal/statedir"
 	"iteron.dev/operator/internal/survivor"
 )
 
@@ -67,7 +68,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 			return nil, &flagError{"gateway-socket", o.gatewaySocket, fmt.Sprintf("is %d bytes; a unix socket path is at most %d", len(o.gatewaySocket), survivor.MaxSocketPath)}
 		}
 	}
-	if sock := filepath.Join(o.stateDir, survivor.ControlSocket); len(sock) > survivor.MaxSocketPath {
+	if sock := statedir.Dir(o.stateDir).SurvivorSocket(); len(sock) > survivor.MaxSocketPath {
 		return nil, &flagError{"state-dir", o.stateDir, fmt.Sprintf("leaves the control socket %s %d bytes; a unix socket path is at most %d", sock, len(sock), survivor.MaxSocketPath)}
 	}
 	if o.gatewayGroup < 0 {

@@ -19,6 +19,7 @@ import (
 
 	"iteron.dev/operator/internal/catalog"
 	"iteron.dev/operator/internal/reasons"
+	"iteron.dev/operator/internal/statedir"
 )
 
 // DefaultStore is the manager's default --artifact-store.
@@ -284,14 +285,10 @@ func isLocalWriteError(err error) bool {
 	return errors.As(err, &pe)
 }
 
+// syncDir is statedir.SyncDir, its error naming the store.
 func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("artifact store: fsync %s: %w", dir, err)
+	if err := statedir.SyncDir(dir); err != nil {
+		return fmt.Errorf("artifact store: %w", err)
 	}
 	return nil
 }
@@ -398,7 +395,7 @@ func (s *Store) layOut(ref, digest string, m *Manifest, blobs []string) (*Layout
 		}
 	}
 	list := strings.Join(blobs, "\n") + "\n"
-	if err := writeFileSync(filepath.Join(tmp, blobsFile), []byte(list), 0o444); err != nil {
+	if err := statedir.WriteFile(filepath.Join(tmp, blobsFile), []byte(list), 0o444); err != nil {
 		return nil, err
 	}
 	for _, d := range []string{filepath.Join(tmp, rootsDir), tmp} {
@@ -426,22 +423,6 @@ func (s *Store) layOut(ref, digest string, m *Manifest, blobs []string) (*Layout
 		return nil, fmt.Errorf("artifact store: source %s vanished after its layout", digest)
 	}
 	return l, nil
-}
-
-func writeFileSync(path string, data []byte, mode os.FileMode) error {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, mode)
-	if err != nil {
-		return err
-	}
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
 }
 
 // SourceOf returns the reference digest of the source a path lies in

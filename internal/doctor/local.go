@@ -12,16 +12,11 @@ import (
 
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
 	"iteron.dev/operator/internal/effects"
-	"iteron.dev/operator/internal/hotswap"
 	"iteron.dev/operator/internal/ledger"
 	"iteron.dev/operator/internal/procexec"
+	"iteron.dev/operator/internal/statedir"
 	"iteron.dev/operator/pkg/strictjson"
 )
-
-// ProcessRecordsDir is the directory under the state dir holding the
-// executor's durable process records: cmd/manager gives procexec
-// <state-dir>/procs as its RecordDir.
-const ProcessRecordsDir = "procs"
 
 // maxProcessRecordBytes bounds one record file (procexec writes a few
 // hundred bytes; it reads at most 4 KiB).
@@ -108,13 +103,13 @@ func ReadLocal(stateDir string, act *iteronv1.ImplementationActivation) *Local {
 		return loc
 	}
 	loc.Ledger = readLedger(stateDir, act)
-	if path, err := hotswap.ReceiptsPath(stateDir, string(act.UID)); err != nil {
+	if path, err := statedir.Dir(stateDir).Receipts(string(act.UID)); err != nil {
 		loc.ReceiptsErr = err.Error()
 	} else if loc.Receipts, err = effects.ReadReceiptsFile(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		// No file yet is no problem: nothing recorded a receipt.
 		loc.ReceiptsErr = err.Error()
 	}
-	loc.Processes, err = readProcessRecords(filepath.Join(stateDir, ProcessRecordsDir))
+	loc.Processes, err = readProcessRecords(statedir.Dir(stateDir).ProcessRecords())
 	if err != nil {
 		loc.ProcessesErr = err.Error()
 	}
@@ -211,7 +206,7 @@ func readProcessRecords(dir string) ([]LocalProcess, error) {
 	var out []LocalProcess
 	for _, e := range entries {
 		if !strings.HasSuffix(e.Name(), ".json") || !e.Type().IsRegular() {
-			continue // .tmp files are records being written
+			continue // files being written (statedir.IsTemporary) among them
 		}
 		if len(out) == maxProcessRecords {
 			return out, fmt.Errorf("%s holds more than %d records; the rest were not read", dir, maxProcessRecords)

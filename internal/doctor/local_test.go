@@ -15,6 +15,7 @@ import (
 	"iteron.dev/operator/internal/ledger"
 	"iteron.dev/operator/internal/procexec"
 	"iteron.dev/operator/internal/reasons"
+	"iteron.dev/operator/internal/statedir"
 	"iteron.dev/operator/pkg/strictjson"
 )
 
@@ -243,7 +244,7 @@ func provider(t *testing.T, script string) *exec.Cmd {
 // record writes the executor's durable record of a process group.
 func record(t *testing.T, stateDir string, r procexec.Record) string {
 	t.Helper()
-	dir := filepath.Join(stateDir, ProcessRecordsDir)
+	dir := statedir.Dir(stateDir).ProcessRecords()
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		t.Fatal(err)
 	}
@@ -307,11 +308,11 @@ func TestReadLocalProcesses(t *testing.T) {
 	}
 	t.Cleanup(func() { syscall.Kill(members[0], syscall.SIGKILL) })
 
-	dup := filepath.Join(stateDir, ProcessRecordsDir, "1-1.json")
+	dup := filepath.Join(statedir.Dir(stateDir).ProcessRecords(), "1-1.json")
 	if err := os.WriteFile(dup, []byte(`{"pid":1,"pid":2}`), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(stateDir, ProcessRecordsDir, "9-9.json.tmp"), []byte("{"), 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(statedir.Dir(stateDir).ProcessRecords(), "9-9.json.tmp"), []byte("{"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 

@@ -11,8 +11,8 @@ import (
 
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
 	"iteron.dev/operator/internal/effects"
-	"iteron.dev/operator/internal/hotswap"
 	"iteron.dev/operator/internal/reasons"
+	"iteron.dev/operator/internal/statedir"
 )
 
 // failedSwap is an activation whose swap of prompt_system to "faulty"
@@ -49,7 +49,7 @@ func TestTheDoctorCitesTheReceiptsOfAFailedGeneration(t *testing.T) {
 	t.Run("from the receipts file, with the state dir", func(t *testing.T) {
 		in, bad := failedSwap()
 		stateDir := t.TempDir()
-		path, err := hotswap.ReceiptsPath(stateDir, string(in.Activation.UID))
+		path, err := statedir.Dir(stateDir).Receipts(string(in.Activation.UID))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -94,7 +94,7 @@ func TestTheDoctorCitesTheReceiptsOfAFailedGeneration(t *testing.T) {
 func TestTheDoctorNamesAnUnreadableReceiptsLineAndStillCitesTheOthers(t *testing.T) {
 	in, bad := failedSwap()
 	stateDir := t.TempDir()
-	path, err := hotswap.ReceiptsPath(stateDir, string(in.Activation.UID))
+	path, err := statedir.Dir(stateDir).Receipts(string(in.Activation.UID))
 	if err != nil {
 		t.Fatal(err)
 	}

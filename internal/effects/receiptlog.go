@@ -11,6 +11,8 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"iteron.dev/operator/internal/statedir"
 )
 
 // The receipts file keeps a store's receipts across manager restarts
@@ -409,7 +411,7 @@ func OpenReceiptStore(path string, now func() time.Time) (*ReceiptStore, error) 
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, err
 	}
-	if err := writeDurably(path, func(w io.Writer) error {
+	if err := statedir.WriteFileWith(path, 0o600, func(w io.Writer) error {
 		return writeLine(w, receiptLine{Type: lineOpen, Format: ReceiptsFormat, AtUnixMs: now().UnixMilli()})
 	}); err != nil {
 		return nil, err
@@ -540,7 +542,7 @@ func (s *ReceiptStore) syncLocked(mark string) error {
 func (s *ReceiptStore) compactLocked() error {
 	path := s.file.path
 	lines := 0
-	err := writeDurably(path, func(w io.Writer) error {
+	err := statedir.WriteFileWith(path, 0o600, func(w io.Writer) error {
 		put := func(l receiptLine) error { lines++; return writeLine(w, l) }
 		if err := put(receiptLine{Type: lineOpen, Format: ReceiptsFormat, AtUnixMs: s.file.now().UnixMilli()}); err != nil {
 			return err
@@ -576,44 +578,4 @@ func (s *ReceiptStore) compactLocked() error {
 	s.file.f, s.file.lines = f, lines
 	s.file.synced = map[string]int64{}
 	return nil
-}
-
-// writeDurably writes path through a temporary file, fsynced and renamed
-// into place, then fsyncs the directory.
-func writeDurably(path string, write func(io.Writer) error) error {
-	dir := filepath.Dir(path)
-	tmp, err := os.CreateTemp(dir, ".tmp-receipts-*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	w := bufio.NewWriter(tmp)
-	if err := write(w); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := w.Flush(); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Chmod(0o600); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return err
-	}
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }

@@ -21,6 +21,7 @@ import (
 	"iteron.dev/operator/examples/providers/providertest"
 	"iteron.dev/operator/internal/hotswap"
 	"iteron.dev/operator/internal/procexec"
+	"iteron.dev/operator/internal/statedir"
 	"iteron.dev/operator/internal/survivor"
 )
 
@@ -65,7 +66,7 @@ func (l *lineLog) String() string {
 func startRecoveryNode(t *testing.T) *recoveryNode {
 	t.Helper()
 	n := &recoveryNode{t: t, dir: socketDir(t), served: make(chan error, 1), logs: &lineLog{}}
-	f, err := os.OpenFile(filepath.Join(n.dir, survivor.LockFile), os.O_RDWR|os.O_CREATE|unix.O_CLOEXEC, 0o600)
+	f, err := os.OpenFile(statedir.Dir(n.dir).Lock(), os.O_RDWR|os.O_CREATE|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -117,7 +118,7 @@ func (n *recoveryNode) startManager(restarted bool, hook func(hotswap.Activation
 	t := n.t
 	t.Helper()
 	m := &recoveryManager{served: make(chan error, 1), outcomes: NewOutcomeRelay(true), socket: filepath.Join(n.dir, fmt.Sprintf("gw-%d.sock", time.Now().UnixNano()%1e6))}
-	client, err := survivor.NewClient(survivor.ClientConfig{Socket: filepath.Join(n.dir, survivor.ControlSocket), Lock: n.lock, Log: n.logs.logger("client"),
+	client, err := survivor.NewClient(survivor.ClientConfig{Socket: statedir.Dir(n.dir).SurvivorSocket(), Lock: n.lock, Log: n.logs.logger("client"),
 		OnOutcome: m.outcomes.Deliver})
 	if err != nil {
 		t.Fatal(err)

@@ -3,6 +3,7 @@ package hotswap
 import (
 	"context"
 	"fmt"
+
 	"iteron.dev/operator/internal/reasons"
 )
 

@@ -3,9 +3,10 @@ package hotswap
 import (
 	"context"
 	"errors"
-	"iteron.dev/operator/internal/reasons"
 	"testing"
 	"time"
+
+	"iteron.dev/operator/internal/reasons"
 )
 
 func TestWithdrawingAQueuedCallFailsItAsCancelledAndItNeverRuns(t *testing.T) {

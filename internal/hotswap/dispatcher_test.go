@@ -4,12 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"iteron.dev/operator/internal/reasons"
-	"iteron.dev/operator/pkg/protocol"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"iteron.dev/operator/internal/reasons"
+	"iteron.dev/operator/pkg/protocol"
 )
 
 // scriptedBackend is a pure-logic stand-in for a provider process: each run

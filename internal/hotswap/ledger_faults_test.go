@@ -18,6 +18,7 @@ import (
 	"iteron.dev/operator/examples/providers/providertest"
 	"iteron.dev/operator/internal/ledger"
 	"iteron.dev/operator/internal/reasons"
+	"iteron.dev/operator/internal/statedir"
 	"iteron.dev/operator/test/faultfs"
 )
 
@@ -93,7 +94,7 @@ func newFaultyLedgerHarness(t *testing.T) (*harness, *faultfs.FS) {
 	stateDir := t.TempDir()
 	// Mounted before the harness starts, so it is unmounted after the
 	// coordinator's shutdown.
-	fsys := faultfs.Over(t, filepath.Join(stateDir, ledger.LedgersDir))
+	fsys := faultfs.Over(t, filepath.Join(stateDir, statedir.LedgersDir))
 	uidCounter.Lock()
 	uidCounter.n++
 	uid := fmt.Sprintf("%08x-0000-4000-8000-000000000000", 0xb0000000+uidCounter.n)

@@ -6,9 +6,9 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
-	"path/filepath"
 
 	"iteron.dev/operator/internal/ledger"
+	"iteron.dev/operator/internal/statedir"
 	"iteron.dev/operator/pkg/strictjson"
 )
 
@@ -22,9 +22,6 @@ import (
 // A rollback after a durable switch is done only once its file is durable:
 // otherwise the ledger's rule (forward after a durable switch) would revive
 // the generation the rollback disposed.
-
-// PendingDir holds the pending closes, under the state dir.
-const PendingDir = "pending"
 
 // maxPendingBytes bounds a pending close file.
 const maxPendingBytes = 8 << 10
@@ -106,20 +103,19 @@ func containsPhase(ps []ledger.Phase, p ledger.Phase) bool {
 
 // pendingPath is the pending close file of an activation.
 func pendingPath(stateDir, uid string) string {
-	return filepath.Join(stateDir, PendingDir, uid+".json")
+	return statedir.Dir(stateDir).PendingClose(uid)
 }
 
 // writePending makes p durable for the activation uid.
 func writePending(stateDir, uid string, p *pendingClose) error {
-	dir := filepath.Join(stateDir, PendingDir)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	if err := statedir.MkdirAll(statedir.Dir(stateDir).PendingCloses()); err != nil {
 		return err
 	}
 	data, err := json.Marshal(p)
 	if err != nil {
 		return err
 	}
-	return writeFileDurably(pendingPath(stateDir, uid), data)
+	return statedir.WriteFile(pendingPath(stateDir, uid), data, 0o600)
 }
 
 // readPending returns the activation's pending close, nil when there is
@@ -146,14 +142,7 @@ func readPending(stateDir, uid string) (*pendingClose, error) {
 
 // removePending deletes the activation's pending close, durably.
 func removePending(stateDir, uid string) error {
-	err := os.Remove(pendingPath(stateDir, uid))
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	return syncDir(filepath.Join(stateDir, PendingDir))
+	return statedir.Remove(pendingPath(stateDir, uid))
 }
 
 // keepPending makes an activation's pending close durable and keeps it in

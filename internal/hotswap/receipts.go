@@ -5,11 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"time"
 
 	"iteron.dev/operator/internal/effects"
-	"iteron.dev/operator/internal/ledger"
+	"iteron.dev/operator/internal/statedir"
 	"iteron.dev/operator/pkg/protocol"
 )
 
@@ -19,24 +18,11 @@ import (
 // manager did not close (it was killed, or the machine stopped) reports the
 // evidence of every generation in it incomplete.
 
-// ReceiptsDir is the directory under the state dir holding the receipts
-// files.
-const ReceiptsDir = "receipts"
-
-// ReceiptsPath is the receipts file of an activation.
-func ReceiptsPath(stateDir, activationUID string) (string, error) {
-	if _, err := ledger.ActivationDir(stateDir, activationUID); err != nil {
-		// The same check of the UID as the ledger's directory name.
-		return "", err
-	}
-	return filepath.Join(stateDir, ReceiptsDir, activationUID+".jsonl"), nil
-}
-
 // openReceipts opens the activation's receipts file. A file that cannot be
 // opened leaves an in-memory store whose evidence is reported incomplete,
 // with the reason.
 func (a *activationRuntime) openReceipts() {
-	path, err := ReceiptsPath(a.c.cfg.StateDir, a.key.UID)
+	path, err := statedir.Dir(a.c.cfg.StateDir).Receipts(a.key.UID)
 	if err == nil {
 		var s *effects.ReceiptStore
 		if s, err = effects.OpenReceiptStore(path, a.c.cfg.Now); err == nil {
@@ -83,7 +69,7 @@ func (a *activationRuntime) recordReceipt(g *generationRuntime, rc effects.Recei
 
 // removeReceipts removes an activation's receipts file with its state.
 func removeReceipts(stateDir, activationUID string) error {
-	path, err := ReceiptsPath(stateDir, activationUID)
+	path, err := statedir.Dir(stateDir).Receipts(activationUID)
 	if err != nil {
 		return err
 	}

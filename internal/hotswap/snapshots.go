@@ -16,7 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"iteron.dev/operator/internal/ledger"
-	"iteron.dev/operator/internal/sandbox"
+	"iteron.dev/operator/internal/statedir"
 	"iteron.dev/operator/pkg/protocol"
 	"iteron.dev/operator/pkg/strictjson"
 )
@@ -77,7 +77,7 @@ type SnapshotStore struct {
 
 // NewSnapshotStore returns the store rooted at <stateDir>/snapshots.
 func NewSnapshotStore(stateDir string) *SnapshotStore {
-	return &SnapshotStore{root: filepath.Join(stateDir, "snapshots")}
+	return &SnapshotStore{root: statedir.Dir(stateDir).Snapshots()}
 }
 
 func (s *SnapshotStore) dir(activationUID, module string) string {
@@ -136,7 +136,7 @@ func (s *SnapshotStore) put(activationUID string, snap StoredSnapshot) (string, 
 	}
 	name := strings.TrimPrefix(digest, strictjson.DigestPrefix) + "-" + snap.Kind + ".json"
 	path := filepath.Join(dir, name)
-	if err := writeFileDurably(path, data); err != nil {
+	if err := statedir.WriteFile(path, data, 0o600); err != nil {
 		return "", fmt.Errorf("store snapshot of %s: %w", snap.Module, err)
 	}
 	return path, nil
@@ -220,7 +220,7 @@ func (s *SnapshotStore) prune(activationUID, module, kind string, keep int) erro
 			return err
 		}
 	}
-	return syncDir(s.dir(activationUID, module))
+	return statedir.SyncDir(s.dir(activationUID, module))
 }
 
 // ActivationUIDs lists the activations that have snapshots.
@@ -269,41 +269,6 @@ func readSnapshot(path string) (StoredSnapshot, error) {
 	return snap, nil
 }
 
-// writeFileDurably writes data to path atomically: temp file, fsync, rename,
-// directory fsync.
-func writeFileDurably(path string, data []byte) error {
-	dir := filepath.Dir(path)
-	tmp, err := os.CreateTemp(dir, ".tmp-*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return err
-	}
-	return syncDir(dir)
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
-}
-
 // RemoveActivationState archives a deleted activation's ledger (bounded
 // archives under ledgers/archive) and removes its snapshots, its pending
 // close and its generations' sandbox scratch directories. Call it once the
@@ -321,7 +286,7 @@ func RemoveActivationState(stateDir, activationUID string, now time.Time) error 
 	if err := removeReceipts(stateDir, activationUID); err != nil {
 		return err
 	}
-	if err := os.RemoveAll(filepath.Join(sandbox.ScratchRoot(stateDir), activationUID)); err != nil {
+	if err := os.RemoveAll(filepath.Join(statedir.Dir(stateDir).Scratch(), activationUID)); err != nil {
 		return err
 	}
 	return NewSnapshotStore(stateDir).RemoveActivation(activationUID)

@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"iteron.dev/operator/internal/statedir"
 )
 
 func TestSnapshotStoreKeepsStateDurableAndContentAddressed(t *testing.T) {
@@ -28,7 +30,7 @@ func TestSnapshotStoreKeepsStateDurableAndContentAddressed(t *testing.T) {
 	}
 	entries, _ := os.ReadDir(filepath.Dir(path))
 	for _, e := range entries {
-		if strings.HasPrefix(e.Name(), ".tmp-") {
+		if statedir.IsTemporary(e.Name()) {
 			t.Fatalf("temporary file left behind: %s", e.Name())
 		}
 	}

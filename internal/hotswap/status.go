@@ -1,8 +1,9 @@
 package hotswap
 
 import (
-	"iteron.dev/operator/internal/effects"
 	"time"
+
+	"iteron.dev/operator/internal/effects"
 
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
 	"iteron.dev/operator/internal/ledger"

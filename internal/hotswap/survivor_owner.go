@@ -7,16 +7,15 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/go-logr/logr"
 
 	"iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/procexec"
+	"iteron.dev/operator/internal/statedir"
 	"iteron.dev/operator/internal/survivor"
 	"iteron.dev/operator/pkg/protocol"
 	"iteron.dev/operator/pkg/strictjson"
@@ -160,14 +159,11 @@ type attachedRecord struct {
 	AuthoritySHA256  string `json:"authority_sha256"`
 }
 
-// attachedDir holds one file per activation: <state-dir>/attached/<uid>.json.
-const attachedDir = "attached"
-
 // maxAttachedBytes bounds an attachment file (64 modules).
 const maxAttachedBytes = 256 << 10
 
 func attachedPath(stateDir, uid string) string {
-	return filepath.Join(stateDir, attachedDir, uid+".json")
+	return statedir.Dir(stateDir).Attached(uid)
 }
 
 // readAttached reads an activation's attachment records by module.
@@ -208,58 +204,23 @@ func (o *SurvivorOwner) noteAttached(uid, module string, rec *attachedRecord) er
 	} else {
 		recs[module] = *rec
 	}
-	dir := filepath.Join(o.stateDir, attachedDir)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	if err := statedir.MkdirAll(statedir.Dir(o.stateDir).Attachments()); err != nil {
 		return err
 	}
 	path := attachedPath(o.stateDir, uid)
 	if len(recs) == 0 {
-		if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			return err
-		}
-		return syncDirectory(dir)
+		return statedir.Remove(path)
 	}
 	b, err := json.Marshal(recs)
 	if err != nil {
 		return err
 	}
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY|syscall.O_CLOEXEC, 0o600)
-	if err != nil {
-		return err
-	}
-	if _, err := f.Write(b); err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err != nil {
-		os.Remove(tmp)
-		return err
-	}
-	return syncDirectory(dir)
-}
-
-func syncDirectory(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
+	return statedir.WriteFile(path, b, 0o600)
 }
 
 // removeAttached removes an activation's attachment file.
 func removeAttached(stateDir, uid string) error {
-	err := os.Remove(attachedPath(stateDir, uid))
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil
-	}
-	return err
+	return statedir.Remove(attachedPath(stateDir, uid))
 }
 
 // remoteProvider is a survivor's process as a Provider.

@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 	"iteron.dev/operator/internal/reasons"
+	"iteron.dev/operator/internal/statedir"
 )
 
 func readSegment(t testing.TB, dir string, n int) []byte {
@@ -600,10 +601,10 @@ func TestArchiveMovesALedgerAndKeepsABoundedNumber(t *testing.T) {
 		archived = append(archived, dst)
 	}
 	// The first two share a millisecond with nothing; names are unique.
-	if want := filepath.Join(state, LedgersDir, ArchiveDir, uids[2]+"-1760000000000"); archived[2] != want {
+	if want := filepath.Join(state, statedir.LedgersDir, statedir.ArchiveDir, uids[2]+"-1760000000000"); archived[2] != want {
 		t.Fatalf("archive path = %s, want %s", archived[2], want)
 	}
-	entries, err := os.ReadDir(filepath.Join(state, LedgersDir, ArchiveDir))
+	entries, err := os.ReadDir(filepath.Join(state, statedir.LedgersDir, statedir.ArchiveDir))
 	must(t, err)
 	if len(entries) != 2 {
 		t.Fatalf("%d archives kept, want 2", len(entries))
@@ -624,7 +625,7 @@ func TestArchiveMovesALedgerAndKeepsABoundedNumber(t *testing.T) {
 		_, err = Archive(state, uids[0], now.Add(time.Hour), 10)
 		must(t, err)
 	}
-	if _, err := os.Stat(filepath.Join(state, LedgersDir, ArchiveDir, uids[0]+"-1760003600001")); err != nil {
+	if _, err := os.Stat(filepath.Join(state, statedir.LedgersDir, statedir.ArchiveDir, uids[0]+"-1760003600001")); err != nil {
 		t.Fatalf("second archive in one millisecond: %v", err)
 	}
 	if dst, err := Archive(state, "44444444", now, 2); dst != "" || err != nil {

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"iteron.dev/operator/internal/statedir"
 )
 
 // Layout under the manager's state directory (docs/reference/state.md):
@@ -22,38 +24,20 @@ import (
 // A re-created activation of the same name has a new UID and so a new
 // ledger; the old one is archived when its activation is deleted or its
 // ledger is found corrupt.
+// The paths are statedir's.
 const (
-	// LedgersDir is the directory under the state dir that holds ledgers.
-	LedgersDir = "ledgers"
-	// ArchiveDir is the directory under LedgersDir that holds archives.
-	ArchiveDir = "archive"
 	// DefaultArchivesKept bounds the archives Archive keeps when keep is 0.
 	DefaultArchivesKept = 16
 )
 
-// validUID accepts a Kubernetes object UID: 1–128 bytes of [A-Za-z0-9-]
-// starting with an alphanumeric, which can be neither a path component
-// with a meaning ("." "..") nor the archive directory.
-func validUID(uid string) bool {
-	if len(uid) == 0 || len(uid) > 128 || uid == ArchiveDir || uid[0] == '-' {
-		return false
-	}
-	for i := 0; i < len(uid); i++ {
-		c := uid[i]
-		if (c < 'a' || c > 'z') && (c < 'A' || c > 'Z') && (c < '0' || c > '9') && c != '-' {
-			return false
-		}
-	}
-	return true
-}
-
 // ActivationDir returns <stateDir>/ledgers/<activationUID>, the ledger
 // directory of one activation.
 func ActivationDir(stateDir, activationUID string) (string, error) {
-	if !validUID(activationUID) {
-		return "", fmt.Errorf("ledger: activation uid %q is not 1-128 bytes of [A-Za-z0-9-]", activationUID)
+	dir, err := statedir.Dir(stateDir).Ledger(activationUID)
+	if err != nil {
+		return "", fmt.Errorf("ledger: %w", err)
 	}
-	return filepath.Join(stateDir, LedgersDir, activationUID), nil
+	return dir, nil
 }
 
 // OpenActivation opens the ledger of one activation; with opts.Create it
@@ -64,7 +48,7 @@ func OpenActivation(stateDir, activationUID string, opts Options) (*Ledger, Open
 		return nil, OpenReport{}, err
 	}
 	if opts.Create {
-		if err := ensureDir(filepath.Join(stateDir, LedgersDir)); err != nil {
+		if err := ensureDir(statedir.Dir(stateDir).Ledgers()); err != nil {
 			return nil, OpenReport{}, err
 		}
 	}
@@ -90,7 +74,7 @@ func ensureDir(dir string) error {
 // ActivationUIDs lists the activations that have a ledger under stateDir,
 // sorted: what a starting manager replays.
 func ActivationUIDs(stateDir string) ([]string, error) {
-	root := filepath.Join(stateDir, LedgersDir)
+	root := statedir.Dir(stateDir).Ledgers()
 	entries, err := os.ReadDir(root)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
@@ -100,7 +84,7 @@ func ActivationUIDs(stateDir string) ([]string, error) {
 	}
 	var uids []string
 	for _, e := range entries {
-		if e.Name() == ArchiveDir || !validUID(e.Name()) {
+		if statedir.CheckUID(e.Name()) != nil {
 			continue
 		}
 		uids = append(uids, e.Name())
@@ -128,7 +112,7 @@ func Archive(stateDir, activationUID string, now time.Time, keep int) (string, e
 		}
 		return "", &IOError{Op: "lstat", Path: src, Err: err}
 	}
-	archive := filepath.Join(stateDir, LedgersDir, ArchiveDir)
+	archive := statedir.Dir(stateDir).LedgerArchive()
 	if err := ensureDir(archive); err != nil {
 		return "", err
 	}

@@ -3,12 +3,15 @@ package ledger
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"iteron.dev/operator/internal/statedir"
 )
 
 // DefaultRetainSegments is how many sealed segments a ledger keeps when
@@ -221,15 +224,18 @@ func mkdirDurable(dir string) error {
 	return fsyncDir(filepath.Dir(dir))
 }
 
+// fsyncDir is statedir.SyncDir, its error an IOError.
 func fsyncDir(path string) error {
-	fd, err := retryEINTR(func() (int, error) {
-		return unix.Open(path, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	})
-	if err != nil {
-		return &IOError{Op: "open directory", Path: path, Err: err}
+	err := statedir.SyncDir(path)
+	var pe *fs.PathError
+	if err == nil || !errors.As(err, &pe) {
+		return err
 	}
-	defer unix.Close(fd)
-	return fsyncFD(fd, path)
+	op := "fsync"
+	if pe.Op == "open" {
+		op = "open directory"
+	}
+	return &IOError{Op: op, Path: path, Err: pe.Err}
 }
 
 func fsyncFD(fd int, path string) error {

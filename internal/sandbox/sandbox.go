@@ -48,10 +48,6 @@ type Config struct {
 	Log func(msg string, keysAndValues ...any)
 }
 
-// ScratchRoot is where a node keeps its providers' scratch directories,
-// below its state directory: <state-dir>/scratch/<activation uid>/<generation>.
-func ScratchRoot(stateDir string) string { return filepath.Join(stateDir, "scratch") }
-
 // TreePrefix starts the name of the cgroup subtree a Sandbox makes below
 // its process's cgroup (the pid follows).
 const TreePrefix = "iteron-sandbox-"

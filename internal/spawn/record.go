@@ -9,6 +9,7 @@ import (
 	"strings"
 	"syscall"
 
+	"iteron.dev/operator/internal/statedir"
 	"iteron.dev/operator/pkg/strictjson"
 )
 
@@ -49,39 +50,7 @@ func WriteRecord(dir string, r Record) (string, error) {
 		return "", err
 	}
 	path := filepath.Join(dir, r.fileName())
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY|syscall.O_CLOEXEC, 0o600)
-	if err != nil {
-		return "", err
-	}
-	if _, err := f.Write(append(b, '\n')); err != nil {
-		f.Close()
-		os.Remove(tmp)
-		return "", err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		os.Remove(tmp)
-		return "", err
-	}
-	if err := f.Close(); err != nil {
-		os.Remove(tmp)
-		return "", err
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		os.Remove(tmp)
-		return "", err
-	}
-	return path, syncDir(dir)
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
+	return path, statedir.WriteFile(path, append(b, '\n'), 0o600)
 }
 
 // ReadRecord reads one record file strictly.
@@ -128,7 +97,7 @@ func SweepRecords(dir string, live func(pid int) bool) (SweepReport, error) {
 	for _, e := range entries {
 		name := e.Name()
 		path := filepath.Join(dir, name)
-		if strings.HasSuffix(name, ".tmp") {
+		if statedir.IsTemporary(name) {
 			os.Remove(path) // an interrupted write: the process was not yet recorded
 			continue
 		}
@@ -153,7 +122,7 @@ func SweepRecords(dir string, live func(pid int) bool) (SweepReport, error) {
 			return rep, err
 		}
 	}
-	return rep, syncDir(dir)
+	return rep, statedir.SyncDir(dir)
 }
 
 // killRecorded kills what is left of a recorded group and reports whether

@@ -6,18 +6,12 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
+	"iteron.dev/operator/internal/statedir"
 )
-
-// LockFile is the manager's state-dir lock (cmd/manager takes it).
-const LockFile = "lock"
-
-// OwnLockFile is the survivor's own lock: one survivor per state dir.
-const OwnLockFile = "survivor.lock"
 
 // peerCred returns the kernel's credentials of the connection's peer.
 func peerCred(uc *net.UnixConn) (*unix.Ucred, error) {
@@ -43,7 +37,7 @@ func peerCred(uc *net.UnixConn) (*unix.Ucred, error) {
 // at once afterwards: holding it would keep the lock after its manager
 // died.
 func checkLockProof(stateDir string, f *os.File) error {
-	path := filepath.Join(stateDir, LockFile)
+	path := statedir.Dir(stateDir).Lock()
 	var want, got unix.Stat_t
 	if err := unix.Stat(path, &want); err != nil {
 		return fmt.Errorf("the manager's lock %s: %v", path, err)
@@ -80,7 +74,7 @@ func lockOwn(stateDir string) (*os.File, error) {
 	if err := os.MkdirAll(stateDir, 0o700); err != nil {
 		return nil, fmt.Errorf("create state directory %s: %w", stateDir, err)
 	}
-	path := filepath.Join(stateDir, OwnLockFile)
+	path := statedir.Dir(stateDir).SurvivorLock()
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", path, err)

@@ -20,6 +20,7 @@ import (
 	"iteron.dev/operator/examples/providers/providertest"
 	"iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/procexec"
+	"iteron.dev/operator/internal/statedir"
 )
 
 func TestMain(m *testing.M) {
@@ -73,7 +74,7 @@ func shortDir(t testing.TB) string {
 // managerLock takes the manager's state-dir lock, as cmd/manager does.
 func managerLock(t testing.TB, dir string) *os.File {
 	t.Helper()
-	f, err := os.OpenFile(filepath.Join(dir, LockFile), os.O_RDWR|os.O_CREATE|unix.O_CLOEXEC, 0o600)
+	f, err := os.OpenFile(statedir.Dir(dir).Lock(), os.O_RDWR|os.O_CREATE|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -109,7 +110,7 @@ func startNode(t testing.TB, edit ...func(*ServerConfig)) *node {
 	return n
 }
 
-func (n *node) socket() string { return filepath.Join(n.dir, ControlSocket) }
+func (n *node) socket() string { return statedir.Dir(n.dir).SurvivorSocket() }
 
 // client attaches a manager's client to the node's survivor.
 func (n *node) client(t testing.TB, edit ...func(*ClientConfig)) (*Client, *Attachment) {

@@ -18,16 +18,13 @@ import (
 	"golang.org/x/sys/unix"
 
 	"iteron.dev/operator/internal/procexec"
+	"iteron.dev/operator/internal/statedir"
 	"iteron.dev/operator/pkg/protocol"
 )
 
 // Superseded starts the refusal a session gets when a newer manager proved
 // the lock.
 const Superseded = "superseded by a newer manager session"
-
-// ControlSocket is the survivor's control socket in the state dir (mode
-// 0700, root: only root on the node reaches it).
-const ControlSocket = "survivor.sock"
 
 // ServerConfig configures a survivor.
 type ServerConfig struct {
@@ -114,7 +111,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		s.closeAll()
 		return nil, err
 	}
-	cfg.Executor.RecordDir = filepath.Join(cfg.StateDir, "procs")
+	cfg.Executor.RecordDir = statedir.Dir(cfg.StateDir).ProcessRecords()
 	if s.ex, err = procexec.NewExecutor(cfg.Executor); err != nil {
 		return fail(fmt.Errorf("survivor: process executor: %w", err))
 	}
@@ -138,7 +135,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		// and keep serving it; the next survivor replaces it.
 		s.gw.Detach()
 	}
-	path := filepath.Join(cfg.StateDir, ControlSocket)
+	path := statedir.Dir(cfg.StateDir).SurvivorSocket()
 	if fi, err := os.Lstat(path); err == nil {
 		if fi.Mode().Type() != os.ModeSocket {
 			return fail(fmt.Errorf("survivor: %s exists and is not a socket; refusing to replace it", path))

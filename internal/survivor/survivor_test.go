@@ -14,6 +14,7 @@ import (
 
 	"iteron.dev/operator/examples/providers/providertest"
 	"iteron.dev/operator/internal/procexec"
+	"iteron.dev/operator/internal/statedir"
 )
 
 func TestAManagerDrivesAProviderThroughTheSurvivor(t *testing.T) {
@@ -106,7 +107,7 @@ func TestOnlyTheManagerHoldingTheStateDirLockIsObeyed(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer other.Close()
-	unlocked, err := os.Open(filepath.Join(n.dir, LockFile))
+	unlocked, err := os.Open(statedir.Dir(n.dir).Lock())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -123,7 +124,7 @@ func TestOnlyTheManagerHoldingTheStateDirLockIsObeyed(t *testing.T) {
 		// a /1 survivor (which would launch unsandboxed) and the reverse.
 		{"the protocol before the sandbox", &header{Op: opHello, Hello: &helloBody{Protocol: "iteron-survivor/1"}}, []*os.File{n.lock}, `protocol "iteron-survivor/1"; this survivor speaks iteron-survivor/2`},
 		{"no lock descriptor", hello(), nil, "hello carries 0 descriptors"},
-		{"another file", hello(), []*os.File{other}, "is not " + filepath.Join(n.dir, LockFile)},
+		{"another file", hello(), []*os.File{other}, "is not " + statedir.Dir(n.dir).Lock()},
 		{"the lock file opened again, without the lock", hello(), []*os.File{unlocked}, "does not hold its exclusive lock"},
 	}
 	for _, tc := range cases {

@@ -24,6 +24,7 @@ import (
 	"iteron.dev/operator/examples/providers/providertest"
 	"iteron.dev/operator/internal/ledger"
 	"iteron.dev/operator/internal/reasons"
+	"iteron.dev/operator/internal/statedir"
 	"iteron.dev/operator/test/faultfs"
 )
 
@@ -551,7 +552,7 @@ func lfRun(t *testing.T, c lfCell) lfRow {
 // managers (cleanups run last-in first-out).
 func lfMountLedgers(t *testing.T, n *nodeState) *faultfs.FS {
 	t.Helper()
-	return faultfs.Over(t, filepath.Join(n.stateDir, ledger.LedgersDir))
+	return faultfs.Over(t, filepath.Join(n.stateDir, statedir.LedgersDir))
 }
 
 // lfRecordBytes is what the ledger writes for the phase's record (its
@@ -719,7 +720,7 @@ func lfRecords(t *testing.T, n *nodeState, a *iteronv1.ImplementationActivation,
 	t.Helper()
 	lfLedgerMu.Lock()
 	defer lfLedgerMu.Unlock()
-	dir := filepath.Join(n.stateDir, ledger.LedgersDir, string(a.UID))
+	dir := filepath.Join(n.stateDir, statedir.LedgersDir, string(a.UID))
 	for try := 1; ; try++ {
 		var out []lfRecord
 		_, err := ledger.Replay(dir, ledger.VerifyOptions{}, func(r *ledger.Record) error {

@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"iteron.dev/operator/internal/hotswap"
+	"iteron.dev/operator/internal/statedir"
 	"iteron.dev/operator/test/faultfs"
 )
 
@@ -147,7 +148,7 @@ func TestTheSnapshotStoreWorksThroughTheMountAndAFailedPutLeavesNoFile(t *testin
 	if _, err := store.Put(uid, snap(2)); !errors.Is(err, syscall.ENOSPC) {
 		t.Fatalf("Put with the disk full = %v, want ENOSPC", err)
 	}
-	if fault.Count() != 1 || !strings.HasPrefix(filepath.Base(fsys.Failures()[0].Path), ".tmp-") {
+	if fault.Count() != 1 || !statedir.IsTemporary(filepath.Base(fsys.Failures()[0].Path)) {
 		t.Fatalf("the fault fired %d times: %v", fault.Count(), fsys.Failures())
 	}
 	entries, err := os.ReadDir(filepath.Dir(filepath.Join(backing, rel)))

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"iteron.dev/operator/internal/ledger"
+	"iteron.dev/operator/internal/statedir"
 	"iteron.dev/operator/pkg/strictjson"
 	"iteron.dev/operator/test/faultfs"
 )
@@ -83,7 +84,7 @@ var beforeSnapshot = []ledger.Phase{
 func TestALedgerAppendCarryingTheChosenPhaseFailsWithENOSPCAndTheLedgerVerifiesAfterwards(t *testing.T) {
 	fsys, backing := mount(t)
 	l, tx := openLedger(t, fsys)
-	dir := filepath.Join(backing, ledger.LedgersDir, ledgerUID)
+	dir := filepath.Join(backing, statedir.LedgersDir, ledgerUID)
 	seg := filepath.Join(dir, ledger.SegmentName(1))
 	before, err := os.ReadFile(seg)
 	must(t, err)
@@ -101,7 +102,7 @@ func TestALedgerAppendCarryingTheChosenPhaseFailsWithENOSPCAndTheLedgerVerifiesA
 		t.Fatalf("fault fired %d times", fault.Count())
 	}
 	f := fsys.Failures()[0]
-	if f.Path != filepath.Join(ledger.LedgersDir, ledgerUID, ledger.SegmentName(1)) || !bytes.Contains(f.Data, []byte(`"schema_id":"iteron-operator-ledger/1","sequence":7,`)) {
+	if f.Path != filepath.Join(statedir.LedgersDir, ledgerUID, ledger.SegmentName(1)) || !bytes.Contains(f.Data, []byte(`"schema_id":"iteron-operator-ledger/1","sequence":7,`)) {
 		t.Fatalf("failure %v", f)
 	}
 	if !errors.Is(l.Err(), syscall.ENOSPC) {
@@ -145,7 +146,7 @@ func TestALedgerAppendCarryingTheChosenPhaseFailsWithENOSPCAndTheLedgerVerifiesA
 func TestALedgerFdatasyncFailingWithEIOFreezesTheLedgerAndTheLedgerVerifies(t *testing.T) {
 	fsys, backing := mount(t)
 	l, tx := openLedger(t, fsys)
-	dir := filepath.Join(backing, ledger.LedgersDir, ledgerUID)
+	dir := filepath.Join(backing, statedir.LedgersDir, ledgerUID)
 
 	// The next fdatasync of a segment is the snapshot record's.
 	fault := fsys.FailFsyncs(faultfs.Rule{Path: "ledger-*.jsonl", Errno: syscall.EIO})

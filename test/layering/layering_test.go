@@ -27,6 +27,7 @@ const module = "iteron.dev/operator"
 // place in the order and may import the package above it. Packages that do
 // not exist yet keep their place.
 var internalOrder = [][]string{
+	{"internal/statedir"},
 	{"internal/reasons"},
 	{"internal/catalog"},
 	{"internal/artifacts"},
@@ -100,9 +101,11 @@ var table = func() []rule {
 	}
 	rows = append(rows,
 		rule{pkgs: "internal/doctor", imports: append(slices.Clone(leaves), all...),
-			onlyBy:  []string{"cmd", "test"},
-			onlyWhy: "internal/doctor is imported only by cmd/... (and the suites under test/)",
-			why:     "internal/doctor may read any internal package of the order, api/..., pkg/strictjson and pkg/protocol, nothing else"},
+			never:    []string{"internal/hotswap"},
+			neverWhy: "internal/doctor never imports internal/hotswap, the transaction engine: the files it reads are named by internal/statedir",
+			onlyBy:   []string{"cmd", "test"},
+			onlyWhy:  "internal/doctor is imported only by cmd/... (and the suites under test/)",
+			why:      "internal/doctor may read any internal package of the order, api/..., pkg/strictjson and pkg/protocol, nothing else"},
 		rule{pkgs: "controllers",
 			imports: append(slices.Clone(leaves), "internal/reasons", "internal/catalog", "internal/activation", "internal/graph", "internal/hotswap", "internal/fleet"),
 			never:   []string{"internal/ledger", "internal/procexec", "internal/pkgruntime"},

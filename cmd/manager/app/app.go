@@ -12,7 +12,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -42,6 +41,7 @@ import (
 	"iteron.dev/operator/internal/procexec"
 	"iteron.dev/operator/internal/sandbox"
 	"iteron.dev/operator/internal/sandbox/cgroups"
+	"iteron.dev/operator/internal/statedir"
 	"iteron.dev/operator/internal/survivor"
 )
 
@@ -228,7 +228,7 @@ func New(cfg *rest.Config, o Options) (*Manager, error) {
 		// executable again, the largest cost of activating many modules.
 		exec, err := procexec.NewExecutor(procexec.Config{
 			ProviderUID: o.ProviderUID, ProviderGID: o.ProviderGID,
-			Interpreters: o.Interpreters, RecordDir: filepath.Join(o.StateDir, "procs"),
+			Interpreters: o.Interpreters, RecordDir: statedir.Dir(o.StateDir).ProcessRecords(),
 			ExecutableCacheBytes: procexec.DefaultExecutableCacheBytes, Sandbox: sb,
 		})
 		if err != nil {
@@ -244,7 +244,7 @@ func New(cfg *rest.Config, o Options) (*Manager, error) {
 	// and the next manager sweeps what is left and relaunches them.
 	runtimes, err := pkgruntime.NewLauncher(pkgruntime.LaunchConfig{
 		ProviderUID: o.ProviderUID, ProviderGID: o.ProviderGID, Interpreters: o.Interpreters,
-		RecordDir: filepath.Join(o.StateDir, "runtimes"), SocketDir: filepath.Join(o.StateDir, "rt"),
+		RecordDir: statedir.Dir(o.StateDir).RuntimeRecords(), SocketDir: statedir.Dir(o.StateDir).RuntimeSockets(),
 		SealCacheBytes: procexec.DefaultExecutableCacheBytes, Sandbox: sb,
 	})
 	if err != nil {
@@ -448,7 +448,7 @@ func (m *Manager) Sandbox() *sandbox.Capacity {
 // directory. Violations under --sandbox=audit are logged.
 func NewSandbox(o SandboxOptions, stateDir string, log logr.Logger) (*sandbox.Sandbox, error) {
 	sb, err := sandbox.New(sandbox.Config{
-		Policy: o.Policy, Launcher: o.Launcher, ScratchDir: sandbox.ScratchRoot(stateDir), Cgroups: o.Cgroups,
+		Policy: o.Policy, Launcher: o.Launcher, ScratchDir: statedir.Dir(stateDir).Scratch(), Cgroups: o.Cgroups,
 		Log: func(msg string, kv ...any) { log.Info(msg, kv...) },
 	})
 	if err != nil {
