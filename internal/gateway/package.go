@@ -422,15 +422,8 @@ func routedAway(d *hotswap.Dispatcher, route hotswap.Route, grace time.Duration)
 
 // callFailure is the status of a failed call: its reason code kept.
 func callFailure(err error, generation int64) error {
-	var ce *hotswap.CallError
-	if errors.As(err, &ce) {
-		return failure(reasons.GRPCCode(ce.Code), ce.Code, ce.Message, generation)
-	}
-	var pe *pkgruntime.Error
-	if errors.As(err, &pe) {
-		return failure(reasons.GRPCCode(pe.Code), pe.Code, pe.Message(), generation)
-	}
-	return failure(reasons.GRPCCode(reasons.ProviderFailed), reasons.ProviderFailed, err.Error(), generation)
+	ce := hotswap.Classify(err, generation)
+	return failure(reasons.GRPCCode(ce.Code), ce.Code, ce.Message, generation)
 }
 
 // packageWatchStatus answers GetInvocationStatus and CancelInvocation for

@@ -22,7 +22,6 @@ import (
 
 	gatewayv1 "iteron.dev/operator/api/gateway/v1"
 	"iteron.dev/operator/internal/hotswap"
-	"iteron.dev/operator/internal/procexec"
 	"iteron.dev/operator/internal/reasons"
 	"iteron.dev/operator/internal/survivor"
 	"iteron.dev/operator/pkg/protocol"
@@ -762,30 +761,14 @@ func (s *Server) finish(inv *invocation, res hotswap.Result, err error) {
 // outcomeOf maps a dispatcher error to the invocation's reason, message
 // and gRPC status. Caller holds inv.mu.
 func (s *Server) outcomeOf(inv *invocation, err error) (reason, message string, status error) {
-	reason, message = reasons.ProviderFailed, err.Error()
-	var ce *hotswap.CallError
-	if errors.As(err, &ce) {
-		reason, message = ce.Code, ce.Message
-	}
+	ce := hotswap.Classify(err, inv.generation)
+	reason, message = ce.Code, ce.Message
 	generation := inv.generation
 	switch {
-	case reason == reasons.Cancelled:
-		reason = reasons.Cancelled
-	case errors.Is(err, procexec.ErrRunCancelled) || errors.Is(err, procexec.ErrClosed):
-		if inv.cancelRequested {
-			reason, message = reasons.Cancelled, "the run was cancelled at the client's request"
-		} else {
-			reason, message = reasons.Interrupted, fmt.Sprintf("the host ended the run on generation %d (a swap's quiesce timeout, a retirement or a shutdown): %v", generation, err)
-		}
-	case s.ctx.Err() != nil && !inv.started:
+	case reason == reasons.Interrupted && inv.cancelRequested:
+		reason, message = reasons.Cancelled, "the run was cancelled at the client's request"
+	case s.ctx.Err() != nil && !inv.started && reason != reasons.Cancelled && reason != reasons.Interrupted:
 		reason, message = reasons.Interrupted, "the gateway stopped before the call ran"
-	case reason == reasons.ProviderFailed && ce != nil && ce.Err != nil:
-		// The executor's fault knows better (a run past its deadline is
-		// deadline_exceeded, a malformed input schema_mismatch).
-		var rc interface{ ReasonCode() string }
-		if errors.As(ce.Err, &rc) && rc.ReasonCode() != "" {
-			reason = rc.ReasonCode()
-		}
 	case reason == reasons.StaleGeneration:
 		if inv.dispatcher == nil {
 			break

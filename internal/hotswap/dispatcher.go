@@ -429,11 +429,7 @@ func (d *Dispatcher) run(p *pendingCall, route Route, deadline time.Duration) {
 		err = &CallError{Code: reasons.StaleGeneration, Message: fmt.Sprintf("generation %d answered after module %s had switched away from it; its output was dropped", route.Lineage, d.module)}
 	}
 	if err != nil {
-		var ce *CallError
-		if !errors.As(err, &ce) {
-			err = &CallError{Code: reasons.ProviderFailed, Message: err.Error(), Err: err}
-		}
-		p.err = err
+		p.err = Classify(err, route.Lineage)
 	}
 	close(p.done)
 
