@@ -220,7 +220,11 @@ func (a *activationRuntime) takeCheckpoint(m *moduleRuntime, g *generationRuntim
 	if !wasPaused {
 		defer m.dispatcher.Resume()
 	}
-	st, err := proc.Snapshot(ctx, g.lineage)
+	sh, err := stateOf(proc)
+	if err != nil {
+		return err
+	}
+	st, err := sh.Snapshot(ctx, g.lineage)
 	if err != nil {
 		return err
 	}

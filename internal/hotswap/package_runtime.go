@@ -172,15 +172,6 @@ func (p *packageProvider) Fits(time.Duration, int) bool { return true }
 
 func (p *packageProvider) StderrTail() (string, int64) { return string(p.r.StderrTail()), 0 }
 
-// errNoState is returned by the state operations: the transactions never
-// call them for a protocol-1 plan.
-var errNoState = &CallError{Code: reasons.UnsupportedVersion, Message: "a package runtime holds no state the host can move"}
-
-func (p *packageProvider) Snapshot(context.Context, int64) (State, error) { return State{}, errNoState }
-func (p *packageProvider) Migrate(context.Context, State) (State, error)  { return State{}, errNoState }
-func (p *packageProvider) Restore(context.Context, State) error           { return errNoState }
-func (p *packageProvider) Readiness(context.Context, int64, string) error { return errNoState }
-
 // Stop asks the runtime to end (SIGTERM) and waits up to its cancel_ms,
 // then kills its group; an error says it had to be killed or left pids.
 func (p *packageProvider) Stop(ctx context.Context, reason string) error {

@@ -60,7 +60,11 @@ func (r *txnRun) snapshotPhase(from *generationRuntime, proc func() Provider, ki
 			if p == nil {
 				return &phaseFailure{ledger.PhaseSnapshot, reasons.ProviderFailed, from.name + " has no process to snapshot"}
 			}
-			s, err := p.Snapshot(r.ctx, from.lineage)
+			sh, err := stateOf(p)
+			if err != nil {
+				return err
+			}
+			s, err := sh.Snapshot(r.ctx, from.lineage)
 			if err != nil {
 				return err
 			}
@@ -83,7 +87,13 @@ func (r *txnRun) snapshotPhase(from *generationRuntime, proc func() Provider, ki
 // restorePhase restores *st into g's process.
 func (r *txnRun) restorePhase(g *generationRuntime, st *State) phase {
 	return phase{name: ledger.PhaseRestore, fallback: reasons.ProviderFailed,
-		work:   func() error { return g.proc.Restore(r.ctx, *st) },
+		work: func() error {
+			sh, err := stateOf(g.proc)
+			if err != nil {
+				return err
+			}
+			return sh.Restore(r.ctx, *st)
+		},
 		record: func() error { return r.txn.Restore(st.StateSHA256) },
 		durable: func() {
 			r.a.mu.Lock()
@@ -98,7 +108,11 @@ func (r *txnRun) restorePhase(g *generationRuntime, st *State) phase {
 // state: after a durable switch, recovery goes forward with it).
 func (r *txnRun) readinessPhase(g *generationRuntime, st *State, durableAs string) phase {
 	return phase{name: ledger.PhaseReadiness, fallback: reasons.ProviderFailed, work: func() error {
-		if err := g.proc.Readiness(r.ctx, g.lineage, st.StateSHA256); err != nil {
+		sh, err := stateOf(g.proc)
+		if err != nil {
+			return err
+		}
+		if err := sh.Readiness(r.ctx, g.lineage, st.StateSHA256); err != nil {
 			return err
 		}
 		if durableAs != "" {

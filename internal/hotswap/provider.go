@@ -25,14 +25,6 @@ type Provider interface {
 	StartedAt() time.Time
 	// Load binds the verified artifact and contracts (the shadow_load phase).
 	Load(ctx context.Context) error
-	// Snapshot exports the state of the given lineage.
-	Snapshot(ctx context.Context, lineage int64) (State, error)
-	// Migrate converts state to lineage from.Generation + 1.
-	Migrate(ctx context.Context, from State) (State, error)
-	// Restore imports state.
-	Restore(ctx context.Context, st State) error
-	// Readiness proves the process is ready for the restored state.
-	Readiness(ctx context.Context, lineage int64, digest string) error
 	// Stop asks the process to exit and waits, escalating to killing its
 	// group after the cancellation deadline; an error means it had to be
 	// killed or did not exit cleanly.
@@ -48,6 +40,29 @@ type Provider interface {
 	// SetRenewalMargin sets the lifetime a run must leave unused (the swap
 	// deadline plus the quiesce timeout: the time a renewal needs).
 	SetRenewalMargin(time.Duration)
+}
+
+// StateHolder is a provider whose state the host moves between
+// generations: a provider process, its own or survivor-held. A package
+// runtime holds none the host can move, and is not one.
+type StateHolder interface {
+	// Snapshot exports the state of the given lineage.
+	Snapshot(ctx context.Context, lineage int64) (State, error)
+	// Migrate converts state to lineage from.Generation + 1.
+	Migrate(ctx context.Context, from State) (State, error)
+	// Restore imports state.
+	Restore(ctx context.Context, st State) error
+	// Readiness proves the process is ready for the restored state.
+	Readiness(ctx context.Context, lineage int64, digest string) error
+}
+
+// stateOf is p's state operations, or the failure of a transaction that
+// asked a provider holding no state for them.
+func stateOf(p Provider) (StateHolder, error) {
+	if sh, ok := p.(StateHolder); ok {
+		return sh, nil
+	}
+	return nil, &CallError{Code: reasons.UnsupportedVersion, Message: "a package runtime holds no state the host can move"}
 }
 
 // Budget is what remains of a process's per-process bounds

@@ -74,8 +74,11 @@ func (a *activationRuntime) swap(d *Desired, t ModuleTarget, old *generationRunt
 		phases = append(phases,
 			r.snapshotPhase(old, func() Provider { return old.proc }, SnapshotRollback, &st),
 			phase{name: ledger.PhaseMigrate, fallback: reasons.ProviderFailed, work: func() error {
-				var err error
-				migrated, err = g.proc.Migrate(r.ctx, st)
+				sh, err := stateOf(g.proc)
+				if err != nil {
+					return err
+				}
+				migrated, err = sh.Migrate(r.ctx, st)
 				return err
 			}},
 			r.restorePhase(g, &migrated),
@@ -280,10 +283,14 @@ func (r *txnRun) relaunchOld(ctx context.Context, old *generationRuntime) error 
 				return errors.Join(fmt.Errorf("read the rollback snapshot: %w", err), proc.Close())
 			}
 			st := snap.protocolState()
-			if err := proc.Restore(ctx, st); err != nil {
-				return errors.Join(err, proc.Close())
+			sh, err := stateOf(proc)
+			if err == nil {
+				err = sh.Restore(ctx, st)
 			}
-			if err := proc.Readiness(ctx, old.lineage, st.StateSHA256); err != nil {
+			if err == nil {
+				err = sh.Readiness(ctx, old.lineage, st.StateSHA256)
+			}
+			if err != nil {
 				return errors.Join(err, proc.Close())
 			}
 		}
