@@ -19,7 +19,6 @@ import (
 	"iteron.dev/operator/examples/providers/providertest"
 	"iteron.dev/operator/internal/hotswap"
 	"iteron.dev/operator/internal/reasons"
-	"iteron.dev/operator/pkg/protocol"
 )
 
 const module = "prompt_system"
@@ -657,7 +656,7 @@ func (emptyCoordinator) Status(string) (hotswap.ActivationStatus, bool) {
 
 type nopBackend struct{}
 
-func (nopBackend) Run(context.Context, string, protocol.Payload, time.Duration, func(hotswap.Observation)) (hotswap.Observation, error) {
+func (nopBackend) Run(context.Context, hotswap.RunRequest, func(hotswap.Observation)) (hotswap.Observation, error) {
 	return hotswap.Observation{}, errors.New("not used")
 }
 func (nopBackend) Cancel(context.Context, string, string) error { return nil }

@@ -15,16 +15,6 @@ import (
 	"iteron.dev/operator/pkg/protocol"
 )
 
-// invocationKey carries a call's Invocation to its backend's Run.
-type invocationKey struct{}
-
-// invocationOf is the Invocation a run serves, if the dispatcher was given
-// one.
-func invocationOf(ctx context.Context) *survivor.Invocation {
-	inv, _ := ctx.Value(invocationKey{}).(*survivor.Invocation)
-	return inv
-}
-
 // DefaultQueueLimit bounds the calls waiting for one module.
 const DefaultQueueLimit = 1024
 
@@ -49,7 +39,7 @@ type Backend interface {
 	// passing every observation (the terminal one included) to observe in
 	// order when observe is not nil. ctx ends the wait only; cancelling a run
 	// is Cancel's job.
-	Run(ctx context.Context, runID string, input protocol.Payload, deadline time.Duration, observe func(Observation)) (Observation, error)
+	Run(ctx context.Context, req RunRequest, observe func(Observation)) (Observation, error)
 	// Cancel asks the provider to cancel a run and waits (bounded by the
 	// cancellation deadline) for it to end.
 	Cancel(ctx context.Context, runID, reason string) error
@@ -58,6 +48,25 @@ type Backend interface {
 	// lifetime or its stdin would run out); a call that does not fit waits
 	// for the renewal.
 	Fits(deadline time.Duration, requestBytes int) bool
+}
+
+// RunRequest is one run as the dispatcher hands it to a backend: everything
+// the run needs is a field here, nothing rides in its context.
+type RunRequest struct {
+	// ID is the run ID (the call's ID).
+	ID string
+	// Input is the run's input.
+	Input protocol.Payload
+	// Deadline is the run's deadline_ms: what remained of the call's
+	// deadline when it was dispatched.
+	Deadline time.Duration
+	// Invocation, when set, is the gateway's invocation the run serves,
+	// with the generation that runs it filled in: a survivor keeps the
+	// run's outcome under it across manager restarts.
+	Invocation *survivor.Invocation
+	// Package is what the call asks of a package runtime besides its input
+	// (nil for a plain call).
+	Package *PackageCall
 }
 
 // Route is what the dispatcher sends calls to: one generation's backend.
@@ -393,17 +402,18 @@ func (d *Dispatcher) run(p *pendingCall, route Route, deadline time.Duration) {
 		p.call.OnStart(route)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), deadline+time.Second)
+	req := RunRequest{ID: p.call.ID, Input: p.call.Input, Deadline: deadline, Package: p.call.Package}
 	if p.call.Invocation != nil {
 		inv := *p.call.Invocation
 		inv.Generation, inv.GenerationName = route.Lineage, route.Name
-		ctx = context.WithValue(ctx, invocationKey{}, &inv)
+		req.Invocation = &inv
 	}
 	var terminal Observation
 	var err error
 	if field := p.call.Package.RuntimeOnlyField(); field != "" && route.Package == nil {
 		err = &CallError{Code: reasons.SchemaMismatch, Message: fmt.Sprintf("%s: module %s is served by a line-protocol provider (generation %d); %s applies to package runtimes only", field, d.module, route.Lineage, field)}
 	} else {
-		terminal, err = route.Backend.Run(withPackageCall(ctx, p.call.Package), p.call.ID, p.call.Input, deadline, p.call.Observe)
+		terminal, err = route.Backend.Run(ctx, req, p.call.Observe)
 	}
 	cancel()
 	var ns interface{ NotStarted() bool }

@@ -35,7 +35,8 @@ func newScripted(name string) *scriptedBackend {
 	return b
 }
 
-func (b *scriptedBackend) Run(ctx context.Context, runID string, input protocol.Payload, deadline time.Duration, observe func(Observation)) (Observation, error) {
+func (b *scriptedBackend) Run(ctx context.Context, req RunRequest, observe func(Observation)) (Observation, error) {
+	runID, input := req.ID, req.Input
 	n := b.active.Add(1)
 	defer b.active.Add(-1)
 	for {

@@ -5,7 +5,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/procexec"
 	"iteron.dev/operator/pkg/protocol"
 )
@@ -13,8 +12,8 @@ import (
 // NewExecutorLauncher adapts the process executor to a Launcher: every
 // provider is a procexec.Process started from its verified launch plan.
 func NewExecutorLauncher(exec *procexec.Executor) Launcher {
-	return func(ctx context.Context, plan activation.LaunchPlan) (Provider, error) {
-		p, err := exec.LaunchIn(plan, scratchFor(ctx))
+	return func(ctx context.Context, req LaunchRequest) (Provider, error) {
+		p, err := exec.LaunchIn(req.Plan, req.scratch())
 		if err != nil {
 			return nil, err
 		}
@@ -25,6 +24,13 @@ func NewExecutorLauncher(exec *procexec.Executor) Launcher {
 // processProvider is a procexec.Process as a Provider.
 type processProvider struct {
 	p *procexec.Process
+	runAllowance
+}
+
+// runAllowance is the dispatch bookkeeping both provider processes (own and
+// survivor-held) keep: the renewal margin a run must leave and the runs
+// started, from which Fits and the deadline a run is given follow.
+type runAllowance struct {
 	// margin is the renewal margin (swap deadline + quiesce timeout, at
 	// most half the lifetime): a run is dispatched only if it fits the
 	// remaining lifetime less this.
@@ -35,7 +41,21 @@ type processProvider struct {
 
 // SetRenewalMargin sets the margin a run must leave before the process's
 // end of life.
-func (pp *processProvider) SetRenewalMargin(d time.Duration) { pp.margin.Store(int64(d)) }
+func (a *runAllowance) SetRenewalMargin(d time.Duration) { a.margin.Store(int64(d)) }
+
+// fits is Backend.Fits for a process with budget b whose plan's lifetime is
+// runtime.
+func (a *runAllowance) fits(b procexec.Budget, runtime, deadline time.Duration, requestBytes int) bool {
+	return fits(b, runtime, time.Duration(a.margin.Load()), a.runs.Load(), deadline, requestBytes)
+}
+
+// start counts a run and returns the deadline it is given: the call's,
+// clamped to the plan's lifetime and to what the process has left before
+// the renewal margin (at least a millisecond, so the executor decides).
+func (a *runAllowance) start(b procexec.Budget, runtime, deadline time.Duration) time.Duration {
+	a.runs.Add(1)
+	return max(min(deadline, runtime, b.Lifetime-time.Duration(a.margin.Load())), time.Millisecond)
+}
 
 func (pp *processProvider) Pid() int             { return pp.p.Pid() }
 func (pp *processProvider) StartedAt() time.Time { return pp.p.StartedAt() }
@@ -58,7 +78,7 @@ func (pp *processProvider) Budget() Budget {
 }
 
 func (pp *processProvider) Fits(deadline time.Duration, requestBytes int) bool {
-	return fits(pp.p.Budget(), pp.p.Plan().RuntimeDeadline(), time.Duration(pp.margin.Load()), pp.runs.Load(), deadline, requestBytes)
+	return pp.runAllowance.fits(pp.p.Budget(), pp.p.Plan().RuntimeDeadline(), deadline, requestBytes)
 }
 
 // fits is the dispatch rule of every provider (Backend.Fits): whether a run
@@ -86,10 +106,9 @@ func fits(b procexec.Budget, runtime, margin time.Duration, runs int64, deadline
 	return runs == 0 && b.Lifetime > margin
 }
 
-func (pp *processProvider) Run(ctx context.Context, runID string, input protocol.Payload, deadline time.Duration, observe func(Observation)) (Observation, error) {
-	pp.runs.Add(1)
-	deadline = max(min(deadline, pp.p.Plan().RuntimeDeadline(), pp.p.Budget().Lifetime-time.Duration(pp.margin.Load())), time.Millisecond)
-	run, err := pp.p.StartPayload(ctx, runID, input, deadline)
+func (pp *processProvider) Run(ctx context.Context, req RunRequest, observe func(Observation)) (Observation, error) {
+	deadline := pp.start(pp.p.Budget(), pp.p.Plan().RuntimeDeadline(), req.Deadline)
+	run, err := pp.p.StartPayload(ctx, req.ID, req.Input, deadline)
 	if err != nil {
 		return Observation{}, err
 	}

@@ -81,52 +81,23 @@ type PackageBackend interface {
 	Pid() int
 }
 
-// packageCallKey carries a call's PackageCall from the dispatcher to the
-// backend's Run (the Backend interface is the line protocol's).
-type packageCallKey struct{}
-
-func withPackageCall(ctx context.Context, c *PackageCall) context.Context {
-	if c == nil {
-		return ctx
-	}
-	return context.WithValue(ctx, packageCallKey{}, c)
-}
-
-func packageCallOf(ctx context.Context) PackageCall {
-	if c, ok := ctx.Value(packageCallKey{}).(*PackageCall); ok {
-		return *c
-	}
-	return PackageCall{}
-}
-
-// launchFor is what a package runtime's every call context names about
-// the generation being launched: its epoch and its owner
-// ("<activation uid>/<module>").
-type launchFor struct{ epoch, owner string }
-
-type launchForKey struct{}
-
-func withLaunchFor(ctx context.Context, activationUID, module, epoch string) context.Context {
-	return context.WithValue(ctx, launchForKey{}, launchFor{epoch: epoch, owner: activationUID + "/" + module})
-}
-
 // WithPackageRuntimes returns a Launcher that starts package-runtime plans
 // with runtimes and every other plan with line. runtimes nil refuses
 // package runtimes (activation_failed).
 func WithPackageRuntimes(line Launcher, runtimes *pkgruntime.Launcher) Launcher {
-	return func(ctx context.Context, plan activation.LaunchPlan) (Provider, error) {
+	return func(ctx context.Context, req LaunchRequest) (Provider, error) {
+		plan := req.Plan
 		m, ok := plan.PackageRuntime()
 		if !ok {
-			return line(ctx, plan)
+			return line(ctx, req)
 		}
 		if runtimes == nil {
 			return nil, &CallError{Code: reasons.ActivationFailed, Message: fmt.Sprintf("module %s is a package runtime and this manager launches none", plan.Module())}
 		}
-		lf, _ := ctx.Value(launchForKey{}).(launchFor)
 		pin := pkgruntime.Pin{
-			Manifest: m, Admitted: plan.AdmittedCapabilities(), WorkspaceEpoch: lf.epoch,
-			BindingDigest: plan.AuthoritySHA256(), Owner: lf.owner,
-			Sandbox: plan.Sandbox(), Scratch: scratchFor(ctx),
+			Manifest: m, Admitted: plan.AdmittedCapabilities(), WorkspaceEpoch: req.Epoch,
+			BindingDigest: plan.AuthoritySHA256(), Owner: req.owner(),
+			Sandbox: plan.Sandbox(), Scratch: req.scratch(),
 		}
 		r, err := runtimes.Launch(ctx, pin, plan.ArtifactRoot())
 		if err != nil {
@@ -220,12 +191,16 @@ func (p *packageProvider) call(pc PackageCall, runID string, input protocol.Payl
 // Run invokes the runtime. The terminal observation's body is the result's
 // value as JSON, and Package holds the whole response (ok, error,
 // dependencies). A failure keeps the runtime's reason code.
-func (p *packageProvider) Run(ctx context.Context, runID string, input protocol.Payload, deadline time.Duration, observe func(Observation)) (Observation, error) {
-	call, err := p.call(packageCallOf(ctx), runID, input)
+func (p *packageProvider) Run(ctx context.Context, req RunRequest, observe func(Observation)) (Observation, error) {
+	var pc PackageCall
+	if req.Package != nil {
+		pc = *req.Package
+	}
+	call, err := p.call(pc, req.ID, req.Input)
 	if err != nil {
 		return Observation{}, err
 	}
-	ctx, cancel := context.WithTimeout(ctx, deadline)
+	ctx, cancel := context.WithTimeout(ctx, req.Deadline)
 	defer cancel()
 	resp, _, err := p.r.Conn().Invoke(ctx, call)
 	if err != nil {

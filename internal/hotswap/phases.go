@@ -4,14 +4,12 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"time"
 
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
 	"iteron.dev/operator/internal/effects"
 	"iteron.dev/operator/internal/ledger"
 	"iteron.dev/operator/internal/reasons"
 	"iteron.dev/operator/internal/survivor"
-	"iteron.dev/operator/pkg/protocol"
 )
 
 // The phases the transaction kinds share. Each returns a phase for the
@@ -192,7 +190,7 @@ func (r *txnRun) launch(g *generationRuntime) error {
 		proc, aheadErr, loaded = ahead.proc, ahead.err, true
 	} else {
 		tag := survivor.Tag{ActivationUID: r.a.key.UID, Module: r.m.name, Generation: g.name, Transaction: r.txn.Identity().TransactionID}
-		p, err := r.a.c.cfg.Launch(withLaunchFor(withLaunchTag(r.ctx, tag), r.a.key.UID, r.m.name, g.target.Epoch), g.target.Plan)
+		p, err := r.a.c.cfg.Launch(r.ctx, LaunchRequest{Plan: g.target.Plan, Tag: tag, Epoch: g.target.Epoch})
 		if err != nil {
 			return fail(ledger.PhaseShadowLoad, err, reasons.ActivationFailed)
 		}
@@ -300,14 +298,14 @@ type receiptBackend struct {
 	class effects.Class
 }
 
-func (b *receiptBackend) Run(ctx context.Context, runID string, input protocol.Payload, deadline time.Duration, observe func(Observation)) (Observation, error) {
+func (b *receiptBackend) Run(ctx context.Context, req RunRequest, observe func(Observation)) (Observation, error) {
 	started := b.a.c.cfg.Now()
-	obs, err := b.Backend.Run(ctx, runID, input, deadline, observe)
+	obs, err := b.Backend.Run(ctx, req, observe)
 	detail := "completed"
 	if err != nil {
 		detail = "ended without a terminal observation: " + firstLine(err.Error())
 	}
-	b.a.recordReceipt(b.g, effects.Receipt{ID: "run-" + runID, Kind: effects.ReceiptRun, Class: b.class, StartedAt: started, FinishedAt: b.a.c.cfg.Now(), Detail: detail})
+	b.a.recordReceipt(b.g, effects.Receipt{ID: "run-" + req.ID, Kind: effects.ReceiptRun, Class: b.class, StartedAt: started, FinishedAt: b.a.c.cfg.Now(), Detail: detail})
 	return obs, err
 }
 

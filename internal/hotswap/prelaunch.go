@@ -141,7 +141,7 @@ func (a *activationRuntime) launchAhead(ctx context.Context, t ModuleTarget) *ah
 		return r
 	}
 	tag := survivor.Tag{ActivationUID: a.key.UID, Module: t.Module, Generation: t.GenerationName, Transaction: id.String()}
-	proc, err := a.c.cfg.Launch(withLaunchFor(withLaunchTag(ctx, tag), a.key.UID, t.Module, t.Epoch), t.Plan)
+	proc, err := a.c.cfg.Launch(ctx, LaunchRequest{Plan: t.Plan, Tag: tag, Epoch: t.Epoch})
 	if err != nil {
 		r.err = err
 		return r

@@ -12,7 +12,6 @@ import (
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
 	"iteron.dev/operator/examples/providers/artifacts"
 	"iteron.dev/operator/examples/providers/providertest"
-	"iteron.dev/operator/internal/activation"
 )
 
 // launchRecorder wraps the real launcher: it records every process started
@@ -34,8 +33,9 @@ func newLaunchRecorder(inner Launcher, together int) *launchRecorder {
 	return &launchRecorder{inner: inner, together: together, changed: make(chan struct{}), pids: map[string][]int{}}
 }
 
-func (l *launchRecorder) launch(ctx context.Context, plan activation.LaunchPlan) (Provider, error) {
-	p, err := l.inner(ctx, plan)
+func (l *launchRecorder) launch(ctx context.Context, req LaunchRequest) (Provider, error) {
+	plan := req.Plan
+	p, err := l.inner(ctx, req)
 	if err != nil {
 		return nil, err
 	}

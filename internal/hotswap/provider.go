@@ -8,6 +8,7 @@ import (
 	"iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/ledger"
 	"iteron.dev/operator/internal/reasons"
+	"iteron.dev/operator/internal/survivor"
 	"iteron.dev/operator/pkg/protocol"
 )
 
@@ -83,7 +84,29 @@ func (b Budget) ending() bool { return b == Budget{} }
 
 // Launcher starts a provider process from a verified launch plan (not yet
 // loaded).
-type Launcher func(ctx context.Context, plan activation.LaunchPlan) (Provider, error)
+type Launcher func(ctx context.Context, req LaunchRequest) (Provider, error)
+
+// LaunchRequest is one launch as the engine asks for it: everything the
+// launcher needs is a field here, nothing rides in the context.
+type LaunchRequest struct {
+	// Plan is the verified launch plan.
+	Plan activation.LaunchPlan
+	// Tag says which activation, module, generation and transaction the
+	// launch is for: a survivor keeps it with the process, and it names the
+	// generation's scratch directory.
+	Tag survivor.Tag
+	// Epoch is the module's epoch at the generation (a package runtime's
+	// workspace epoch).
+	Epoch string
+}
+
+// owner is the launch's owner as a package runtime names it
+// ("<activation uid>/<module>").
+func (r LaunchRequest) owner() string { return r.Tag.ActivationUID + "/" + r.Tag.Module }
+
+// scratch is the scratch directory's name of the launch (one per
+// activation and generation).
+func (r LaunchRequest) scratch() string { return survivor.ScratchKey(r.Tag) }
 
 // reasonCoder is implemented by errors that carry a reason code of
 // docs/reference/reasons.md: the executor's faults, verification errors,

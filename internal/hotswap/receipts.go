@@ -9,7 +9,6 @@ import (
 
 	"iteron.dev/operator/internal/effects"
 	"iteron.dev/operator/internal/statedir"
-	"iteron.dev/operator/pkg/protocol"
 )
 
 // Receipts survive a manager restart in one bounded file per activation
@@ -87,8 +86,8 @@ type countingBackend struct {
 	g *generationRuntime
 }
 
-func (b *countingBackend) Run(ctx context.Context, runID string, input protocol.Payload, deadline time.Duration, observe func(Observation)) (Observation, error) {
-	obs, err := b.Backend.Run(ctx, runID, input, deadline, observe)
+func (b *countingBackend) Run(ctx context.Context, req RunRequest, observe func(Observation)) (Observation, error) {
+	obs, err := b.Backend.Run(ctx, req, observe)
 	b.a.receipts.CountReversible(b.g.name, b.g.module)
 	return obs, err
 }

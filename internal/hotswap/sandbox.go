@@ -1,11 +1,8 @@
 package hotswap
 
 import (
-	"context"
-
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
 	"iteron.dev/operator/internal/sandbox"
-	"iteron.dev/operator/internal/survivor"
 )
 
 // The sandbox's part of the coordinator: what a launch's sandbox applied is
@@ -89,11 +86,4 @@ func (g *generationRuntime) sandboxStatus() *iteronv1.SandboxStatus {
 		MemoryBytes: ev.Limits.MemoryBytes, CPUMillis: ev.Limits.CPUMillis, Tasks: ev.Limits.Tasks, TmpBytes: ev.Limits.TmpBytes,
 		Cgroups: ev.Cgroups, Seccomp: ev.Seccomp, Landlock: int32(ev.Landlock), Launcher: ev.Launcher, Violations: violations,
 	}
-}
-
-// scratchFor is the scratch directory's name of the launch ctx describes
-// (its activation and generation).
-func scratchFor(ctx context.Context) string {
-	tag, _ := ctx.Value(launchTagKey{}).(survivor.Tag)
-	return survivor.ScratchKey(tag)
 }

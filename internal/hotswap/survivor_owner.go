@@ -8,16 +8,13 @@ import (
 	"io/fs"
 	"os"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
 
-	"iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/procexec"
 	"iteron.dev/operator/internal/statedir"
 	"iteron.dev/operator/internal/survivor"
-	"iteron.dev/operator/pkg/protocol"
 	"iteron.dev/operator/pkg/strictjson"
 )
 
@@ -52,25 +49,17 @@ func NewSurvivorOwner(client *survivor.Client, att *survivor.Attachment, stateDi
 // Client is the survivor's client.
 func (o *SurvivorOwner) Client() *survivor.Client { return o.client }
 
-// launchTagKey carries the tag of a launch (which activation, module,
-// generation and transaction it is for) to the launcher.
-type launchTagKey struct{}
-
-func withLaunchTag(ctx context.Context, tag survivor.Tag) context.Context {
-	return context.WithValue(ctx, launchTagKey{}, tag)
-}
-
 // Launch is the coordinator's Launcher: it seals the verified executable
 // here and hands the survivor the sealed memfd (never a path), tagged with
 // the transaction that launches it.
-func (o *SurvivorOwner) Launch(ctx context.Context, plan activation.LaunchPlan) (Provider, error) {
-	tag, _ := ctx.Value(launchTagKey{}).(survivor.Tag)
+func (o *SurvivorOwner) Launch(ctx context.Context, req LaunchRequest) (Provider, error) {
+	plan := req.Plan
 	exe, err := o.seals.Seal(plan.Executable(), plan.ArtifactSHA256())
 	if err != nil {
 		return nil, err
 	}
 	defer exe.Close()
-	rp, err := o.client.Launch(ctx, plan, exe, tag)
+	rp, err := o.client.Launch(ctx, plan, exe, req.Tag)
 	if err != nil {
 		return nil, err
 	}
@@ -225,18 +214,16 @@ func removeAttached(stateDir, uid string) error {
 
 // remoteProvider is a survivor's process as a Provider.
 type remoteProvider struct {
-	rp     *survivor.RemoteProcess
-	margin atomic.Int64
-	runs   atomic.Int64
+	rp *survivor.RemoteProcess
+	runAllowance
 }
 
-func (p *remoteProvider) SetRenewalMargin(d time.Duration) { p.margin.Store(int64(d)) }
-func (p *remoteProvider) Pid() int                         { return p.rp.Pid() }
-func (p *remoteProvider) StartedAt() time.Time             { return p.rp.StartedAt() }
-func (p *remoteProvider) Exited() <-chan struct{}          { return p.rp.Done() }
-func (p *remoteProvider) Close() error                     { return p.rp.Close() }
-func (p *remoteProvider) StderrTail() (string, int64)      { return p.rp.StderrTail() }
-func (p *remoteProvider) Load(ctx context.Context) error   { return p.rp.Load(ctx) }
+func (p *remoteProvider) Pid() int                       { return p.rp.Pid() }
+func (p *remoteProvider) StartedAt() time.Time           { return p.rp.StartedAt() }
+func (p *remoteProvider) Exited() <-chan struct{}        { return p.rp.Done() }
+func (p *remoteProvider) Close() error                   { return p.rp.Close() }
+func (p *remoteProvider) StderrTail() (string, int64)    { return p.rp.StderrTail() }
+func (p *remoteProvider) Load(ctx context.Context) error { return p.rp.Load(ctx) }
 
 // OwnerLost reports whether the process ended with its survivor.
 func (p *remoteProvider) OwnerLost() bool { return p.rp.OwnerLost() }
@@ -250,19 +237,18 @@ func (p *remoteProvider) Budget() Budget {
 }
 
 func (p *remoteProvider) Fits(deadline time.Duration, requestBytes int) bool {
-	return fits(p.rp.Budget(), p.rp.Plan().RuntimeDeadline(), time.Duration(p.margin.Load()), p.runs.Load(), deadline, requestBytes)
+	return p.runAllowance.fits(p.rp.Budget(), p.rp.Plan().RuntimeDeadline(), deadline, requestBytes)
 }
 
-func (p *remoteProvider) Run(ctx context.Context, runID string, input protocol.Payload, deadline time.Duration, observe func(Observation)) (Observation, error) {
-	p.runs.Add(1)
-	deadline = max(min(deadline, p.rp.Plan().RuntimeDeadline(), p.rp.Budget().Lifetime-time.Duration(p.margin.Load())), time.Millisecond)
+func (p *remoteProvider) Run(ctx context.Context, req RunRequest, observe func(Observation)) (Observation, error) {
+	deadline := p.start(p.rp.Budget(), p.rp.Plan().RuntimeDeadline(), req.Deadline)
 	var ob func(uint64, bool, []byte)
 	if observe != nil {
 		ob = func(seq uint64, terminal bool, body []byte) {
 			observe(Observation{Sequence: seq, Terminal: terminal, Body: body})
 		}
 	}
-	seq, body, err := p.rp.Run(ctx, runID, input.Raw(), deadline, invocationOf(ctx), ob)
+	seq, body, err := p.rp.Run(ctx, req.ID, req.Input.Raw(), deadline, req.Invocation, ob)
 	if err != nil {
 		return Observation{}, err
 	}

@@ -11,6 +11,7 @@ import (
 	"iteron.dev/operator/internal/effects"
 	"iteron.dev/operator/internal/ledger"
 	"iteron.dev/operator/internal/reasons"
+	"iteron.dev/operator/internal/survivor"
 )
 
 // swap replaces a module's active generation old with the target:
@@ -270,7 +271,10 @@ func (r *txnRun) relaunchOld(ctx context.Context, old *generationRuntime) error 
 	running := old.proc
 	r.a.mu.Unlock()
 	if running == nil {
-		proc, err := r.a.c.cfg.Launch(withLaunchFor(ctx, r.a.key.UID, r.m.name, old.target.Epoch), old.target.Plan)
+		// The old generation's tag: its scratch directory is the one it
+		// had, and a survivor that holds the process knows whose it is.
+		tag := survivor.Tag{ActivationUID: r.a.key.UID, Module: r.m.name, Generation: old.name, Transaction: r.txn.Identity().TransactionID}
+		proc, err := r.a.c.cfg.Launch(ctx, LaunchRequest{Plan: old.target.Plan, Tag: tag, Epoch: old.target.Epoch})
 		if err != nil {
 			return err
 		}
