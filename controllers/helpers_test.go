@@ -21,6 +21,7 @@ import (
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
 	"iteron.dev/operator/examples/providers/artifacts"
 	"iteron.dev/operator/examples/providers/providertest"
+	"iteron.dev/operator/internal/dispatch"
 	"iteron.dev/operator/internal/hotswap"
 	"iteron.dev/operator/pkg/protocol"
 	"iteron.dev/operator/test/operatortest"
@@ -112,7 +113,7 @@ func count(t *testing.T, a *iteronv1.ImplementationActivation, module, key strin
 	if !ok {
 		t.Fatalf("no dispatcher for %s", module)
 	}
-	r, err := d.Invoke(context.Background(), hotswap.Call{ID: fmt.Sprintf("c-%d", time.Now().UnixNano()), Input: protocol.MustPayload(fmt.Sprintf(`{"key":%q,"add":%d}`, key, add)), Deadline: time.Now().Add(10 * time.Second)})
+	r, err := d.Invoke(context.Background(), dispatch.Call{ID: fmt.Sprintf("c-%d", time.Now().UnixNano()), Input: protocol.MustPayload(fmt.Sprintf(`{"key":%q,"add":%d}`, key, add)), Deadline: time.Now().Add(10 * time.Second)})
 	if err != nil {
 		t.Fatalf("invoke %s: %v", module, err)
 	}

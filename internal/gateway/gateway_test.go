@@ -17,6 +17,7 @@ import (
 	gatewayv1 "iteron.dev/operator/api/gateway/v1"
 	"iteron.dev/operator/examples/providers/artifacts"
 	"iteron.dev/operator/examples/providers/providertest"
+	"iteron.dev/operator/internal/dispatch"
 	"iteron.dev/operator/internal/hotswap"
 	"iteron.dev/operator/internal/reasons"
 )
@@ -618,19 +619,19 @@ func TestStaleOutputIsDroppedAndTheCallFails(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d := hotswap.NewDispatcher(module, 4)
+	d := dispatch.NewDispatcher(module, 4)
 	t.Cleanup(d.Close)
-	if _, err := d.Switch(hotswap.Route{Lineage: 2, Name: "g2", Backend: nopBackend{}}); err != nil {
+	if _, err := d.Switch(dispatch.Route{Lineage: 2, Name: "g2", Backend: nopBackend{}}); err != nil {
 		t.Fatal(err)
 	}
 	inv := newInvocation()
 	inv.key, inv.id, inv.module, inv.dispatcher, inv.streaming = "default\x00s", "s", module, d, true
 	inv.started, inv.generation, inv.generationName = true, 1, "g1"
-	srv.observe(inv, hotswap.Observation{Sequence: 1, Terminal: true, Body: []byte(`{"count":1}`)})
+	srv.observe(inv, dispatch.Observation{Sequence: 1, Terminal: true, Body: []byte(`{"count":1}`)})
 	if srv.DroppedObservations() != 1 || len(inv.events) != 0 {
 		t.Fatalf("dropped %d, queued %d; want the stale observation dropped", srv.DroppedObservations(), len(inv.events))
 	}
-	srv.finish(inv, hotswap.Result{Lineage: 1, Name: "g1", Terminal: hotswap.Observation{Terminal: true, Body: []byte(`{"count":1}`)}}, nil)
+	srv.finish(inv, dispatch.Result{Lineage: 1, Name: "g1", Terminal: dispatch.Observation{Terminal: true, Body: []byte(`{"count":1}`)}}, nil)
 	f := expectFailure(t, inv.err, codes.FailedPrecondition, "stale_generation", "dropped")
 	if f.Generation != 2 || inv.result.Terminal.Body != nil {
 		t.Fatalf("detail %+v, result %+v; want the serving generation and no output", f, inv.result)
@@ -638,7 +639,7 @@ func TestStaleOutputIsDroppedAndTheCallFails(t *testing.T) {
 	// The current generation's output is delivered.
 	inv2 := newInvocation()
 	inv2.dispatcher, inv2.streaming, inv2.generation = d, true, 2
-	srv.observe(inv2, hotswap.Observation{Sequence: 1, Body: []byte(`{}`)})
+	srv.observe(inv2, dispatch.Observation{Sequence: 1, Body: []byte(`{}`)})
 	if len(inv2.events) != 1 || srv.DroppedObservations() != 1 {
 		t.Fatal("an observation of the serving generation was dropped")
 	}
@@ -646,18 +647,15 @@ func TestStaleOutputIsDroppedAndTheCallFails(t *testing.T) {
 
 type emptyCoordinator struct{}
 
-func (emptyCoordinator) Lookup(namespace, name, _ string) (*hotswap.Dispatcher, error) {
-	return nil, &hotswap.CallError{Code: reasons.NotFound, Message: "no activation " + namespace + "/" + name + " on this node"}
+func (emptyCoordinator) Lookup(namespace, name, _ string) (*dispatch.Dispatcher, error) {
+	return nil, &dispatch.CallError{Code: reasons.NotFound, Message: "no activation " + namespace + "/" + name + " on this node"}
 }
-func (emptyCoordinator) Activations() []hotswap.ActivationKey { return nil }
-func (emptyCoordinator) Status(string) (hotswap.ActivationStatus, bool) {
-	return hotswap.ActivationStatus{}, false
-}
+func (emptyCoordinator) ServedModules() []dispatch.ServedModule { return nil }
 
 type nopBackend struct{}
 
-func (nopBackend) Run(context.Context, hotswap.RunRequest, func(hotswap.Observation)) (hotswap.Observation, error) {
-	return hotswap.Observation{}, errors.New("not used")
+func (nopBackend) Run(context.Context, dispatch.RunRequest, func(dispatch.Observation)) (dispatch.Observation, error) {
+	return dispatch.Observation{}, errors.New("not used")
 }
 func (nopBackend) Cancel(context.Context, string, string) error { return nil }
 func (nopBackend) Fits(time.Duration, int) bool                 { return true }

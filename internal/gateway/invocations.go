@@ -5,7 +5,7 @@ import (
 	"time"
 
 	gatewayv1 "iteron.dev/operator/api/gateway/v1"
-	"iteron.dev/operator/internal/hotswap"
+	"iteron.dev/operator/internal/dispatch"
 )
 
 // The idempotency window: a client-chosen invocation_id is remembered, with
@@ -35,7 +35,7 @@ type invocation struct {
 	activation  string
 	module      string
 	fingerprint [32]byte
-	dispatcher  *hotswap.Dispatcher
+	dispatcher  *dispatch.Dispatcher
 
 	done chan struct{} // closed when the outcome is recorded
 
@@ -49,7 +49,7 @@ type invocation struct {
 	arrived time.Time
 	// runtime is the package runtime running the call (nil for a
 	// line-protocol provider): status requests are forwarded to it.
-	runtime         hotswap.PackageBackend
+	runtime         dispatch.PackageBackend
 	cancelRequested bool
 	// droppedStale is set when an observation of the run was dropped
 	// because its generation no longer served the module.
@@ -62,7 +62,7 @@ type invocation struct {
 	events    []event
 	notify    chan struct{} // signalled when events grow or the call ends
 	// outcome, valid once done is closed
-	result   hotswap.Result
+	result   dispatch.Result
 	err      error
 	reason   string
 	message  string
@@ -74,7 +74,7 @@ type invocation struct {
 type event struct {
 	generation     int64
 	generationName string
-	obs            hotswap.Observation
+	obs            dispatch.Observation
 }
 
 func newInvocation() *invocation {
@@ -89,7 +89,7 @@ func (inv *invocation) signal() {
 }
 
 // runningOn is the package runtime the call runs on, if any.
-func (inv *invocation) runningOn() hotswap.PackageBackend {
+func (inv *invocation) runningOn() dispatch.PackageBackend {
 	inv.mu.Lock()
 	defer inv.mu.Unlock()
 	return inv.runtime

@@ -4,8 +4,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-
-	"iteron.dev/operator/internal/hotswap"
+	"iteron.dev/operator/internal/dispatch"
 )
 
 // The gateway's call metrics. Labels are namespace, activation, module,
@@ -50,7 +49,7 @@ func observeCall(namespace, activation, module, revision string, d time.Duration
 
 // routeRevision is the revision of the generation d routes to now ("" when
 // none).
-func routeRevision(d *hotswap.Dispatcher) string {
+func routeRevision(d *dispatch.Dispatcher) string {
 	if r := d.Route(); r != nil {
 		return r.Revision
 	}

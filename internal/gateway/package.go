@@ -14,8 +14,8 @@ import (
 	gatewayv1 "iteron.dev/operator/api/gateway/v1"
 	quixospb "iteron.dev/operator/api/quixos/quixos"
 	runtimepb "iteron.dev/operator/api/quixos/quixos/runtime"
+	"iteron.dev/operator/internal/dispatch"
 	"iteron.dev/operator/internal/effects"
-	"iteron.dev/operator/internal/hotswap"
 	"iteron.dev/operator/internal/pkgruntime"
 	"iteron.dev/operator/internal/reasons"
 	"iteron.dev/operator/pkg/protocol"
@@ -57,8 +57,8 @@ func (f packageFields) set() bool {
 
 // packageCall checks the request's package-runtime fields (each error
 // names its field) and makes the call's PackageCall.
-func packageCall(namespace string, f packageFields) (*hotswap.PackageCall, error) {
-	pc := &hotswap.PackageCall{Export: f.export, ObjectID: f.objectID, SessionID: f.sessionID, Namespace: namespace}
+func packageCall(namespace string, f packageFields) (*dispatch.PackageCall, error) {
+	pc := &dispatch.PackageCall{Export: f.export, ObjectID: f.objectID, SessionID: f.sessionID, Namespace: namespace}
 	if f.export != "" {
 		if err := protocol.ValidID(f.export); err != nil {
 			return nil, fail(reasons.InvalidRequest, fmt.Sprintf("export %q: %v", f.export, err))
@@ -102,7 +102,7 @@ func derivedDependencies(ds []*runtimepb.DerivedDependency) []*gatewayv1.Depende
 }
 
 // fillPackageResponse adds a package runtime's answer to an Invoke's response.
-func fillPackageResponse(resp *gatewayv1.InvokeResponse, obs hotswap.Observation) {
+func fillPackageResponse(resp *gatewayv1.InvokeResponse, obs dispatch.Observation) {
 	if obs.Package == nil {
 		return
 	}
@@ -115,7 +115,7 @@ func fillPackageResponse(resp *gatewayv1.InvokeResponse, obs hotswap.Observation
 type packageWatch struct {
 	mu      sync.Mutex
 	watchID string
-	route   hotswap.Route // route.Package is the runtime it is open on (nil before)
+	route   dispatch.Route // route.Package is the runtime it is open on (nil before)
 	// watch is the runtime's open stream; cancelled is set by
 	// CancelInvocation, after which the Watch ends (cancelled) and never
 	// moves.
@@ -143,7 +143,7 @@ func (w *packageWatch) isCancelled() bool {
 	return w.cancelled
 }
 
-func (w *packageWatch) current() (hotswap.PackageBackend, string, hotswap.Route) {
+func (w *packageWatch) current() (dispatch.PackageBackend, string, dispatch.Route) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.route.Package, w.watchID, w.route
@@ -184,7 +184,7 @@ func (p *packageWatches) lookup(key string) (*packageWatch, bool) {
 
 // packageDispatcher returns the module's dispatcher when a package runtime
 // serves it now (nil when a line-protocol provider or nothing does).
-func (s *Server) packageDispatcher(namespace, activation, module string) *hotswap.Dispatcher {
+func (s *Server) packageDispatcher(namespace, activation, module string) *dispatch.Dispatcher {
 	d, err := s.cfg.Coordinator.Lookup(namespace, activation, module)
 	if err != nil {
 		return nil
@@ -198,7 +198,7 @@ func (s *Server) packageDispatcher(namespace, activation, module string) *hotswa
 // watchPackage serves a Watch on a package runtime until the caller ends
 // it, the runtime ends it, or its deadline passes, moving it to the
 // module's next runtime whenever the one it runs on goes away.
-func (s *Server) watchPackage(req *gatewayv1.WatchRequest, d *hotswap.Dispatcher, stream grpc.ServerStreamingServer[gatewayv1.WatchEvent]) (err error) {
+func (s *Server) watchPackage(req *gatewayv1.WatchRequest, d *dispatch.Dispatcher, stream grpc.ServerStreamingServer[gatewayv1.WatchEvent]) (err error) {
 	defer func() { countCall(req.GetNamespace(), req.GetActivation(), req.GetModule(), routeRevision(d), err) }()
 	ctx := stream.Context()
 	if req.PinnedGeneration != nil {
@@ -240,7 +240,7 @@ func (s *Server) watchPackage(req *gatewayv1.WatchRequest, d *hotswap.Dispatcher
 
 	var (
 		seq  uint64
-		last hotswap.PackageBackend
+		last dispatch.PackageBackend
 	)
 	for moves := 0; ; moves++ {
 		if entry.isCancelled() {
@@ -322,7 +322,7 @@ func entryRouteName(w *packageWatch) string {
 // awaitPackageRoute returns the module's route once a package runtime other
 // than last serves it, waiting at most WatchMoveTimeout (and ctx); or why
 // none will.
-func (s *Server) awaitPackageRoute(ctx context.Context, d *hotswap.Dispatcher, last hotswap.PackageBackend) (*hotswap.Route, *hotswap.CallError) {
+func (s *Server) awaitPackageRoute(ctx context.Context, d *dispatch.Dispatcher, last dispatch.PackageBackend) (*dispatch.Route, *dispatch.CallError) {
 	deadline := time.Now().Add(s.cfg.WatchMoveTimeout)
 	for {
 		r := d.Route()
@@ -330,21 +330,21 @@ func (s *Server) awaitPackageRoute(ctx context.Context, d *hotswap.Dispatcher, l
 		case r != nil && r.Package != nil && r.Package != last:
 			return r, nil
 		case r != nil && r.Package == nil && r.Backend != nil:
-			return nil, &hotswap.CallError{Code: reasons.StaleGeneration, Message: fmt.Sprintf("module %s is now served by a line-protocol provider (generation %s), which has no Watch of a package runtime", d.Module(), r.Name)}
+			return nil, &dispatch.CallError{Code: reasons.StaleGeneration, Message: fmt.Sprintf("module %s is now served by a line-protocol provider (generation %s), which has no Watch of a package runtime", d.Module(), r.Name)}
 		case d.Closed():
-			return nil, &hotswap.CallError{Code: reasons.StaleGeneration, Message: fmt.Sprintf("module %s was retired", d.Module())}
+			return nil, &dispatch.CallError{Code: reasons.StaleGeneration, Message: fmt.Sprintf("module %s was retired", d.Module())}
 		}
 		if ce := d.Unavailable(); ce != nil {
 			return nil, ce
 		}
 		if time.Now().After(deadline) {
-			return nil, &hotswap.CallError{Code: reasons.StaleGeneration, Message: fmt.Sprintf("no runtime of module %s took over within %s", d.Module(), s.cfg.WatchMoveTimeout)}
+			return nil, &dispatch.CallError{Code: reasons.StaleGeneration, Message: fmt.Sprintf("no runtime of module %s took over within %s", d.Module(), s.cfg.WatchMoveTimeout)}
 		}
 		select {
 		case <-ctx.Done():
-			return nil, &hotswap.CallError{Code: reasons.DeadlineExceeded, Message: "the caller stopped watching: " + ctx.Err().Error()}
+			return nil, &dispatch.CallError{Code: reasons.DeadlineExceeded, Message: "the caller stopped watching: " + ctx.Err().Error()}
 		case <-s.ctx.Done():
-			return nil, &hotswap.CallError{Code: reasons.Interrupted, Message: "the gateway is stopping"}
+			return nil, &dispatch.CallError{Code: reasons.Interrupted, Message: "the gateway is stopping"}
 		case <-time.After(5 * time.Millisecond):
 		}
 	}
@@ -353,7 +353,7 @@ func (s *Server) awaitPackageRoute(ctx context.Context, d *hotswap.Dispatcher, l
 // relayPackageWatch sends w's events to the caller until the Watch ends. It
 // reports how it ended, and whether the Watch should move: the runtime it
 // ran on is no longer the module's (switched away from, or exited).
-func (s *Server) relayPackageWatch(ctx context.Context, id string, w *pkgruntime.Watch, route hotswap.Route, d *hotswap.Dispatcher, seq *uint64, stream grpc.ServerStreamingServer[gatewayv1.WatchEvent], cancelled func() bool) (error, bool) {
+func (s *Server) relayPackageWatch(ctx context.Context, id string, w *pkgruntime.Watch, route dispatch.Route, d *dispatch.Dispatcher, seq *uint64, stream grpc.ServerStreamingServer[gatewayv1.WatchEvent], cancelled func() bool) (error, bool) {
 	for {
 		ev, err := w.Recv(ctx)
 		if err == nil {
@@ -402,7 +402,7 @@ func (s *Server) relayPackageWatch(ctx context.Context, id string, w *pkgruntime
 // routedAway reports whether route's runtime no longer serves the module:
 // the route moved on, or its process exited (waiting up to grace for the
 // exit to be seen: a crash breaks the stream before the exit is reaped).
-func routedAway(d *hotswap.Dispatcher, route hotswap.Route, grace time.Duration) bool {
+func routedAway(d *dispatch.Dispatcher, route dispatch.Route, grace time.Duration) bool {
 	moved := func() bool {
 		cur := d.Route()
 		return cur == nil || cur.Package != route.Package
@@ -422,7 +422,7 @@ func routedAway(d *hotswap.Dispatcher, route hotswap.Route, grace time.Duration)
 
 // callFailure is the status of a failed call: its reason code kept.
 func callFailure(err error, generation int64) error {
-	ce := hotswap.Classify(err, generation)
+	ce := dispatch.Classify(err, generation)
 	return failure(reasons.GRPCCode(ce.Code), ce.Code, ce.Message, generation)
 }
 

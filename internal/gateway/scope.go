@@ -3,8 +3,8 @@ package gateway
 import (
 	"context"
 
+	"iteron.dev/operator/internal/dispatch"
 	"iteron.dev/operator/internal/effects"
-	"iteron.dev/operator/internal/hotswap"
 )
 
 // A call's stream (an Invoke or a Watch) is a live resource of the
@@ -22,7 +22,7 @@ type streamBinding struct {
 
 // bindStream registers inv's stream in the scope of the generation r that
 // runs it.
-func (s *Server) bindStream(inv *invocation, r hotswap.Route) {
+func (s *Server) bindStream(inv *invocation, r dispatch.Route) {
 	if r.Scope == nil {
 		return
 	}

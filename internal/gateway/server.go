@@ -21,7 +21,7 @@ import (
 	"google.golang.org/grpc"
 
 	gatewayv1 "iteron.dev/operator/api/gateway/v1"
-	"iteron.dev/operator/internal/hotswap"
+	"iteron.dev/operator/internal/dispatch"
 	"iteron.dev/operator/internal/reasons"
 	"iteron.dev/operator/internal/survivor"
 	"iteron.dev/operator/pkg/protocol"
@@ -46,16 +46,15 @@ const DefaultStopTimeout = 5 * time.Second
 // the other fields.
 const maxRequestBytes = protocol.MaxPayloadBytes + 64<<10
 
-// Coordinator is what the gateway reads of the node-local coordinator;
-// *hotswap.Coordinator is one.
+// Coordinator is what the gateway reads of the node runtime; the
+// transaction engine's coordinator is one. The gateway needs nothing else of
+// it, so it does not import the engine.
 type Coordinator interface {
-	// Lookup returns a module's dispatcher, or a *hotswap.CallError saying
+	// Lookup returns a module's dispatcher, or a *dispatch.CallError saying
 	// why there is none (recovering, ledger_corrupt, not_found).
-	Lookup(namespace, name, module string) (*hotswap.Dispatcher, error)
-	// Activations lists the activations the coordinator knows.
-	Activations() []hotswap.ActivationKey
-	// Status snapshots one activation.
-	Status(uid string) (hotswap.ActivationStatus, bool)
+	Lookup(namespace, name, module string) (*dispatch.Dispatcher, error)
+	// ServedModules lists every module of every activation on the node.
+	ServedModules() []dispatch.ServedModule
 }
 
 // Dispatch describes a call whose run just started, for Config.OnDispatch.
@@ -65,7 +64,7 @@ type Dispatch struct {
 	// InvocationID is the client's (or the gateway's) invocation ID.
 	InvocationID string
 	// Route is the generation that runs it.
-	Route hotswap.Route
+	Route dispatch.Route
 	// At is when the run was dispatched.
 	At time.Time
 }
@@ -309,21 +308,15 @@ func (s *Server) Handshake(ctx context.Context, req *gatewayv1.HandshakeRequest)
 		Caller: &gatewayv1.Caller{Uid: p.UID, Gid: p.GID, Pid: p.PID, Namespaces: s.cfg.Allow.Namespaces(p.UID, p.GID)},
 		Nonce:  req.GetNonce(),
 	}
-	for _, key := range s.cfg.Coordinator.Activations() {
-		if !s.cfg.Allow.Permits(p.UID, p.GID, key.Namespace) {
+	for _, m := range s.cfg.Coordinator.ServedModules() {
+		if !s.cfg.Allow.Permits(p.UID, p.GID, m.Namespace) {
 			continue
 		}
-		st, ok := s.cfg.Coordinator.Status(key.UID)
-		if !ok {
-			continue
-		}
-		for _, ms := range st.Modules {
-			resp.Modules = append(resp.Modules, &gatewayv1.ModuleInfo{
-				Namespace: key.Namespace, Activation: key.Name, Module: ms.Module,
-				Generation: ms.Lineage, GenerationName: ms.Active, Epoch: ms.Epoch,
-				ImplementationId: ms.ImplementationID, Phase: string(ms.Phase), Reason: ms.Reason,
-			})
-		}
+		resp.Modules = append(resp.Modules, &gatewayv1.ModuleInfo{
+			Namespace: m.Namespace, Activation: m.Activation, Module: m.Module,
+			Generation: m.Lineage, GenerationName: m.GenerationName, Epoch: m.Epoch,
+			ImplementationId: m.ImplementationID, Phase: m.Phase, Reason: m.Reason,
+		})
 	}
 	sort.Slice(resp.Modules, func(i, j int) bool {
 		a, b := resp.Modules[i], resp.Modules[j]
@@ -525,20 +518,20 @@ func (s *Server) beginAuthorized(ctx context.Context, req callRequest, streaming
 	}
 
 	callDeadline := time.Now().Add(budget)
-	var d *hotswap.Dispatcher
+	var d *dispatch.Dispatcher
 	err = s.whileRecovering(ctx, callDeadline, func() error {
 		var err error
 		d, err = s.cfg.Coordinator.Lookup(req.namespace, req.activation, req.module)
 		if err != nil {
 			reason, message := reasons.NotFound, err.Error()
-			var ce *hotswap.CallError
+			var ce *dispatch.CallError
 			if errors.As(err, &ce) {
 				reason, message = ce.Code, ce.Message
 			}
 			return fail(reason, message)
 		}
 		// What a module that nothing serves answers — wait, recovering,
-		// or its reason at once — is the dispatcher's rule (hotswap.Dispatcher).
+		// or its reason at once — is the dispatcher's rule (dispatch.Dispatcher).
 		return nil
 	})
 	if err != nil {
@@ -566,9 +559,9 @@ func (s *Server) beginAuthorized(ctx context.Context, req callRequest, streaming
 	if req.pinned != nil {
 		pinned = *req.pinned
 	}
-	call := hotswap.Call{
+	call := dispatch.Call{
 		ID: inv.runID, Input: payload, Deadline: deadline, PinnedLineage: pinned,
-		OnStart: func(r hotswap.Route) { s.started(inv, r) },
+		OnStart: func(r dispatch.Route) { s.started(inv, r) },
 		Invocation: &survivor.Invocation{Namespace: inv.namespace, InvocationID: inv.id, Fingerprint: hex.EncodeToString(fp[:]),
 			Activation: inv.activation, Module: inv.module},
 		Package: pc,
@@ -577,7 +570,7 @@ func (s *Server) beginAuthorized(ctx context.Context, req callRequest, streaming
 		// Only a Watch needs the run's observations (an Invoke gets the
 		// terminal one as the result, and the dispatcher drops the output
 		// of a generation it no longer routes to).
-		call.Observe = func(o hotswap.Observation) { s.observe(inv, o) }
+		call.Observe = func(o dispatch.Observation) { s.observe(inv, o) }
 	}
 	s.calls.Add(1)
 	go func() {
@@ -586,11 +579,11 @@ func (s *Server) beginAuthorized(ctx context.Context, req callRequest, streaming
 		cancelled := inv.cancelRequested
 		inv.mu.Unlock()
 		if cancelled {
-			s.finish(inv, hotswap.Result{}, &hotswap.CallError{Code: reasons.Cancelled, Message: "cancelled before it was queued"})
+			s.finish(inv, dispatch.Result{}, &dispatch.CallError{Code: reasons.Cancelled, Message: "cancelled before it was queued"})
 			return
 		}
 		res, err := d.Invoke(s.ctx, call)
-		var ce *hotswap.CallError
+		var ce *dispatch.CallError
 		inv.mu.Lock()
 		neverRan := err != nil && !inv.started
 		inv.mu.Unlock()
@@ -683,7 +676,7 @@ func writeLengthPrefixed(h hash.Hash, parts ...string) {
 }
 
 // started records the generation that took the call.
-func (s *Server) started(inv *invocation, r hotswap.Route) {
+func (s *Server) started(inv *invocation, r dispatch.Route) {
 	inv.mu.Lock()
 	inv.started, inv.generation, inv.generationName, inv.runtime, inv.revision = true, r.Lineage, r.Name, r.Package, r.Revision
 	cancel := inv.cancelRequested
@@ -705,7 +698,7 @@ func (s *Server) started(inv *invocation, r hotswap.Route) {
 // The check is made as each observation arrives (the run still holds the
 // module's run slot), never afterwards: a run that ended before a switch
 // is not stale.
-func (s *Server) observe(inv *invocation, o hotswap.Observation) {
+func (s *Server) observe(inv *invocation, o dispatch.Observation) {
 	inv.mu.Lock()
 	generation, name, streaming := inv.generation, inv.generationName, inv.streaming
 	inv.mu.Unlock()
@@ -729,16 +722,16 @@ func (s *Server) observe(inv *invocation, o hotswap.Observation) {
 // because current no longer routes to it. The dispatcher switches only
 // between runs, so this holds for every run it finished; the check keeps
 // the guarantee independent of that.
-func stale(servedBy int64, current *hotswap.Route) bool {
+func stale(servedBy int64, current *dispatch.Route) bool {
 	return current == nil || current.Lineage != servedBy
 }
 
 // finish records the outcome of a call.
-func (s *Server) finish(inv *invocation, res hotswap.Result, err error) {
+func (s *Server) finish(inv *invocation, res dispatch.Result, err error) {
 	inv.mu.Lock()
 	if err == nil && inv.droppedStale {
-		err = &hotswap.CallError{Code: reasons.StaleGeneration, Message: fmt.Sprintf("generation %d answered after module %s had switched away from it; its output was dropped", res.Lineage, inv.module)}
-		res = hotswap.Result{}
+		err = &dispatch.CallError{Code: reasons.StaleGeneration, Message: fmt.Sprintf("generation %d answered after module %s had switched away from it; its output was dropped", res.Lineage, inv.module)}
+		res = dispatch.Result{}
 	}
 	inv.result = res
 	if err != nil {
@@ -761,7 +754,7 @@ func (s *Server) finish(inv *invocation, res hotswap.Result, err error) {
 // outcomeOf maps a dispatcher error to the invocation's reason, message
 // and gRPC status. Caller holds inv.mu.
 func (s *Server) outcomeOf(inv *invocation, err error) (reason, message string, status error) {
-	ce := hotswap.Classify(err, inv.generation)
+	ce := dispatch.Classify(err, inv.generation)
 	reason, message = ce.Code, ce.Message
 	generation := inv.generation
 	switch {

@@ -4,7 +4,7 @@ import (
 	"encoding/hex"
 	"errors"
 
-	"iteron.dev/operator/internal/hotswap"
+	"iteron.dev/operator/internal/dispatch"
 	"iteron.dev/operator/internal/reasons"
 	"iteron.dev/operator/internal/survivor"
 )
@@ -71,15 +71,15 @@ func (s *Server) record(o survivor.Outcome) bool {
 		return true // answered already
 	default:
 	}
-	res := hotswap.Result{Lineage: c.Generation, Name: c.GenerationName,
-		Terminal: hotswap.Observation{Sequence: o.Sequence, Terminal: true, Body: o.Body}}
+	res := dispatch.Result{Lineage: c.Generation, Name: c.GenerationName,
+		Terminal: dispatch.Observation{Sequence: o.Sequence, Terminal: true, Body: o.Body}}
 	var err error
 	if f := o.Failure(); f != nil {
-		var ce *hotswap.CallError
+		var ce *dispatch.CallError
 		if !errors.As(f, &ce) {
-			ce = &hotswap.CallError{Code: reasons.ProviderFailed, Message: f.Error(), Err: f}
+			ce = &dispatch.CallError{Code: reasons.ProviderFailed, Message: f.Error(), Err: f}
 		}
-		err, res = ce, hotswap.Result{}
+		err, res = ce, dispatch.Result{}
 	}
 	inv.mu.Lock()
 	inv.result = res

@@ -10,6 +10,7 @@ import (
 	"github.com/go-logr/logr"
 
 	"iteron.dev/operator/internal/activation"
+	"iteron.dev/operator/internal/dispatch"
 	"iteron.dev/operator/internal/ledger"
 	"iteron.dev/operator/internal/reasons"
 )
@@ -200,7 +201,7 @@ func New(cfg Config) (*Coordinator, error) {
 		cfg.Now = time.Now
 	}
 	if cfg.QueueLimit == 0 {
-		cfg.QueueLimit = DefaultQueueLimit
+		cfg.QueueLimit = dispatch.DefaultQueueLimit
 	}
 	return &Coordinator{
 		cfg: cfg, snapshots: NewSnapshotStore(cfg.StateDir),
@@ -403,7 +404,7 @@ func (c *Coordinator) Status(uid string) (ActivationStatus, bool) {
 
 // Dispatcher returns the dispatcher of a module of an activation (by
 // namespace and name), for the gateway.
-func (c *Coordinator) Dispatcher(namespace, name, module string) (*Dispatcher, bool) {
+func (c *Coordinator) Dispatcher(namespace, name, module string) (*dispatch.Dispatcher, bool) {
 	c.mu.Lock()
 	var found *activationRuntime
 	for _, a := range c.activations {
@@ -422,7 +423,7 @@ func (c *Coordinator) Dispatcher(namespace, name, module string) (*Dispatcher, b
 // and name), or a *CallError saying why there is none: recovering (the
 // manager is still replaying this node's activations: retry), ledger_corrupt,
 // or not_found.
-func (c *Coordinator) Lookup(namespace, name, module string) (*Dispatcher, error) {
+func (c *Coordinator) Lookup(namespace, name, module string) (*dispatch.Dispatcher, error) {
 	recovering := c.Recovering()
 	c.mu.Lock()
 	var found *activationRuntime
@@ -434,9 +435,9 @@ func (c *Coordinator) Lookup(namespace, name, module string) (*Dispatcher, error
 	c.mu.Unlock()
 	if found == nil {
 		if recovering {
-			return nil, &CallError{Code: reasons.Recovering, Message: fmt.Sprintf("the manager restarted and is still recovering this node's activations; activation %s/%s is not known yet: retry", namespace, name)}
+			return nil, &dispatch.CallError{Code: reasons.Recovering, Message: fmt.Sprintf("the manager restarted and is still recovering this node's activations; activation %s/%s is not known yet: retry", namespace, name)}
 		}
-		return nil, &CallError{Code: reasons.NotFound, Message: fmt.Sprintf("no activation %s/%s on this node", namespace, name)}
+		return nil, &dispatch.CallError{Code: reasons.NotFound, Message: fmt.Sprintf("no activation %s/%s on this node", namespace, name)}
 	}
 	if d, ok := found.dispatcher(module); ok {
 		return d, nil
@@ -446,11 +447,11 @@ func (c *Coordinator) Lookup(namespace, name, module string) (*Dispatcher, error
 	found.mu.Unlock()
 	switch {
 	case ledgerErr != nil:
-		return nil, &CallError{Code: reasons.LedgerCorrupt, Message: fmt.Sprintf("activation %s/%s: the ledger is unusable and nothing runs until an operator resolves it: %v", namespace, name, ledgerErr)}
+		return nil, &dispatch.CallError{Code: reasons.LedgerCorrupt, Message: fmt.Sprintf("activation %s/%s: the ledger is unusable and nothing runs until an operator resolves it: %v", namespace, name, ledgerErr)}
 	case recovering || !applied:
-		return nil, &CallError{Code: reasons.Recovering, Message: fmt.Sprintf("activation %s/%s is still being recovered; module %s is not known yet: retry", namespace, name, module)}
+		return nil, &dispatch.CallError{Code: reasons.Recovering, Message: fmt.Sprintf("activation %s/%s is still being recovered; module %s is not known yet: retry", namespace, name, module)}
 	}
-	return nil, &CallError{Code: reasons.NotFound, Message: fmt.Sprintf("no module %s in activation %s/%s on this node", module, namespace, name)}
+	return nil, &dispatch.CallError{Code: reasons.NotFound, Message: fmt.Sprintf("no module %s in activation %s/%s on this node", module, namespace, name)}
 }
 
 // Activations lists the keys of the activations the coordinator knows.
@@ -462,6 +463,26 @@ func (c *Coordinator) Activations() []ActivationKey {
 		keys = append(keys, a.key)
 	}
 	return keys
+}
+
+// ServedModules lists every module of every activation the coordinator
+// knows, for the gateway's handshake.
+func (c *Coordinator) ServedModules() []dispatch.ServedModule {
+	var out []dispatch.ServedModule
+	for _, key := range c.Activations() {
+		st, ok := c.Status(key.UID)
+		if !ok {
+			continue
+		}
+		for _, ms := range st.Modules {
+			out = append(out, dispatch.ServedModule{
+				Namespace: key.Namespace, Activation: key.Name, Module: ms.Module,
+				Lineage: ms.Lineage, GenerationName: ms.Active, Epoch: ms.Epoch,
+				ImplementationID: ms.ImplementationID, Phase: string(ms.Phase), Reason: ms.Reason,
+			})
+		}
+	}
+	return out
 }
 
 // Shutdown stops every worker after its current transaction, then stops

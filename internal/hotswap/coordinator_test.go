@@ -19,6 +19,7 @@ import (
 	"iteron.dev/operator/examples/providers/artifacts"
 	"iteron.dev/operator/examples/providers/providertest"
 	"iteron.dev/operator/internal/activation"
+	"iteron.dev/operator/internal/dispatch"
 	"iteron.dev/operator/internal/ledger"
 	"iteron.dev/operator/internal/procexec"
 	"iteron.dev/operator/pkg/protocol"
@@ -167,14 +168,14 @@ func (h *harness) settle() ActivationStatus {
 }
 
 // invoke calls a module through its dispatcher.
-func (h *harness) invoke(module, input string) (Result, error) {
+func (h *harness) invoke(module, input string) (dispatch.Result, error) {
 	h.t.Helper()
 	d, ok := h.c.Dispatcher(h.key.Namespace, h.key.Name, module)
 	if !ok {
 		h.t.Fatalf("no dispatcher for %s", module)
 	}
 	id := fmt.Sprintf("call-%d", time.Now().UnixNano())
-	return d.Invoke(context.Background(), Call{ID: id, Input: protocol.MustPayload(input), Deadline: time.Now().Add(10 * time.Second)})
+	return d.Invoke(context.Background(), dispatch.Call{ID: id, Input: protocol.MustPayload(input), Deadline: time.Now().Add(10 * time.Second)})
 }
 
 // count invokes the counter and returns its terminal observation.

@@ -5,6 +5,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"iteron.dev/operator/internal/dispatch"
 	"iteron.dev/operator/internal/procexec"
 	"iteron.dev/operator/pkg/protocol"
 )
@@ -106,11 +107,11 @@ func fits(b procexec.Budget, runtime, margin time.Duration, runs int64, deadline
 	return runs == 0 && b.Lifetime > margin
 }
 
-func (pp *processProvider) Run(ctx context.Context, req RunRequest, observe func(Observation)) (Observation, error) {
+func (pp *processProvider) Run(ctx context.Context, req dispatch.RunRequest, observe func(dispatch.Observation)) (dispatch.Observation, error) {
 	deadline := pp.start(pp.p.Budget(), pp.p.Plan().RuntimeDeadline(), req.Deadline)
 	run, err := pp.p.StartPayload(ctx, req.ID, req.Input, deadline)
 	if err != nil {
-		return Observation{}, err
+		return dispatch.Observation{}, err
 	}
 	if observe != nil {
 		// Only a caller that watches the run pays for its observation
@@ -121,13 +122,13 @@ func (pp *processProvider) Run(ctx context.Context, req RunRequest, observe func
 	}
 	terminal, err := run.Result()
 	if err != nil {
-		return Observation{}, err
+		return dispatch.Observation{}, err
 	}
 	return observationOf(terminal), nil
 }
 
-func observationOf(o protocol.Observation) Observation {
-	return Observation{Sequence: o.Sequence, Terminal: o.Terminal, Body: o.Observation}
+func observationOf(o protocol.Observation) dispatch.Observation {
+	return dispatch.Observation{Sequence: o.Sequence, Terminal: o.Terminal, Body: o.Observation}
 }
 
 func (pp *processProvider) Cancel(ctx context.Context, runID, reason string) error {

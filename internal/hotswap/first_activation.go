@@ -3,6 +3,7 @@ package hotswap
 import (
 	"fmt"
 
+	"iteron.dev/operator/internal/dispatch"
 	"iteron.dev/operator/internal/effects"
 	"iteron.dev/operator/internal/ledger"
 )
@@ -34,7 +35,7 @@ func (a *activationRuntime) firstActivation(d *Desired, t ModuleTarget) {
 		phases: []phase{
 			r.verifyPhase(nil),
 			r.shadowLoadPhase(g),
-			r.switchPhase(func() Route { return a.route(g) }, func() {
+			r.switchPhase(func() dispatch.Route { return a.route(g) }, func() {
 				a.mu.Lock()
 				a.activate(m, g, d)
 				a.mu.Unlock()

@@ -16,6 +16,7 @@ import (
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
 	"iteron.dev/operator/examples/providers/artifacts"
 	"iteron.dev/operator/examples/providers/providertest"
+	"iteron.dev/operator/internal/dispatch"
 	"iteron.dev/operator/internal/ledger"
 	"iteron.dev/operator/internal/reasons"
 	"iteron.dev/operator/internal/statedir"
@@ -241,7 +242,7 @@ func runLedgerFaultCell(t *testing.T, cell ledgerFaultCell) {
 		// with the reason instead of waiting out their deadline.
 		start := time.Now()
 		_, err := h.invoke("prompt_system", `{"key":"a","add":1}`)
-		var ce *CallError
+		var ce *dispatch.CallError
 		if !errors.As(err, &ce) || ce.Code != reasons.LedgerUnwritable || time.Since(start) > 2*time.Second {
 			t.Fatalf("a call while nothing can serve: %v after %s; want ledger_unwritable at once", err, time.Since(start))
 		}

@@ -8,9 +8,9 @@ import (
 	"syscall"
 	"time"
 
-	quixospb "iteron.dev/operator/api/quixos/quixos"
 	runtimepb "iteron.dev/operator/api/quixos/quixos/runtime"
 	"iteron.dev/operator/internal/activation"
+	"iteron.dev/operator/internal/dispatch"
 	"iteron.dev/operator/internal/pkgruntime"
 	"iteron.dev/operator/internal/reasons"
 	"iteron.dev/operator/pkg/protocol"
@@ -25,62 +25,6 @@ import (
 // long-lived streams the gateway opens on the route's PackageBackend and
 // moves to the next generation's runtime when the route changes.
 
-// PackageCall is what a call to a package runtime carries besides its
-// input: the caller's choices and the namespace its grant names.
-type PackageCall struct {
-	// InvocationID, when set, is the runtime's invocation ID for the call
-	// (unique per runtime process); empty: the run ID.
-	InvocationID string
-	// Export is one of the runtime's export IDs; empty: its only export.
-	Export string
-	// ObjectID is the object the call is about, or "".
-	ObjectID string
-	// Dependencies are the caller's injected dependencies.
-	Dependencies []*quixospb.InjectedDependency
-	// SessionID is the caller's session, or "".
-	SessionID string
-	// Namespace is the caller's namespace (SO_PEERCRED → namespace): the
-	// grant the runtime can check names it.
-	Namespace string
-}
-
-// RuntimeOnlyField names the first field of the call that only a package
-// runtime can take ("" when none): a line-protocol provider must refuse it
-// rather than drop it.
-func (c *PackageCall) RuntimeOnlyField() string {
-	switch {
-	case c == nil:
-		return ""
-	case c.Export != "":
-		return "export"
-	case c.ObjectID != "":
-		return "object_id"
-	case len(c.Dependencies) > 0:
-		return "dependencies"
-	case c.SessionID != "":
-		return "session_id"
-	}
-	return ""
-}
-
-// PackageBackend is what a package runtime's route offers besides runs:
-// Watch streams, the runtime's own view of an invocation, and the process
-// the route is bound to (a Watch moves when it changes).
-type PackageBackend interface {
-	// Watch opens a Watch on the runtime.
-	Watch(ctx context.Context, call PackageCall, input protocol.Payload) (*pkgruntime.Watch, error)
-	// Status is the runtime's state of an invocation (one of the five).
-	Status(ctx context.Context, invocationID string) (string, error)
-	// Cancel asks the runtime to cancel an invocation and returns its state.
-	CancelInvocation(ctx context.Context, invocationID string) (string, error)
-	// Exports are the runtime's export IDs.
-	Exports() []string
-	// Exited is closed once the runtime's process has exited.
-	Exited() <-chan struct{}
-	// Pid is the runtime's pid.
-	Pid() int
-}
-
 // WithPackageRuntimes returns a Launcher that starts package-runtime plans
 // with runtimes and every other plan with line. runtimes nil refuses
 // package runtimes (activation_failed).
@@ -92,7 +36,7 @@ func WithPackageRuntimes(line Launcher, runtimes *pkgruntime.Launcher) Launcher 
 			return line(ctx, req)
 		}
 		if runtimes == nil {
-			return nil, &CallError{Code: reasons.ActivationFailed, Message: fmt.Sprintf("module %s is a package runtime and this manager launches none", plan.Module())}
+			return nil, &dispatch.CallError{Code: reasons.ActivationFailed, Message: fmt.Sprintf("module %s is a package runtime and this manager launches none", plan.Module())}
 		}
 		pin := pkgruntime.Pin{
 			Manifest: m, Admitted: plan.AdmittedCapabilities(), WorkspaceEpoch: req.Epoch,
@@ -116,8 +60,8 @@ type packageProvider struct {
 }
 
 var (
-	_ Provider       = (*packageProvider)(nil)
-	_ PackageBackend = (*packageProvider)(nil)
+	_ Provider                = (*packageProvider)(nil)
+	_ dispatch.PackageBackend = (*packageProvider)(nil)
 )
 
 func (p *packageProvider) Pid() int                { return p.r.Pid() }
@@ -167,18 +111,18 @@ func teardownError(t pkgruntime.Teardown, clean bool) error {
 }
 
 // call turns a dispatcher call into the runtime's.
-func (p *packageProvider) call(pc PackageCall, runID string, input protocol.Payload) (pkgruntime.Call, error) {
+func (p *packageProvider) call(pc dispatch.PackageCall, runID string, input protocol.Payload) (pkgruntime.Call, error) {
 	export := pc.Export
 	if export == "" {
 		if len(p.exports) != 1 {
-			return pkgruntime.Call{}, &CallError{Code: reasons.SchemaMismatch, Message: fmt.Sprintf("export: module %s's runtime has the exports %v; the call must name one", p.plan.Module(), p.exports)}
+			return pkgruntime.Call{}, &dispatch.CallError{Code: reasons.SchemaMismatch, Message: fmt.Sprintf("export: module %s's runtime has the exports %v; the call must name one", p.plan.Module(), p.exports)}
 		}
 		export = p.exports[0]
 	}
 	m, _ := p.plan.PackageRuntime()
 	in, err := pkgruntime.MapFromJSON(input.Raw(), int(m.Limits.MaxMessageBytes))
 	if err != nil {
-		return pkgruntime.Call{}, &CallError{Code: reasons.SchemaMismatch, Message: "input_json: " + err.Error(), Err: err}
+		return pkgruntime.Call{}, &dispatch.CallError{Code: reasons.SchemaMismatch, Message: "input_json: " + err.Error(), Err: err}
 	}
 	id := pc.InvocationID
 	if id == "" {
@@ -191,24 +135,24 @@ func (p *packageProvider) call(pc PackageCall, runID string, input protocol.Payl
 // Run invokes the runtime. The terminal observation's body is the result's
 // value as JSON, and Package holds the whole response (ok, error,
 // dependencies). A failure keeps the runtime's reason code.
-func (p *packageProvider) Run(ctx context.Context, req RunRequest, observe func(Observation)) (Observation, error) {
-	var pc PackageCall
+func (p *packageProvider) Run(ctx context.Context, req dispatch.RunRequest, observe func(dispatch.Observation)) (dispatch.Observation, error) {
+	var pc dispatch.PackageCall
 	if req.Package != nil {
 		pc = *req.Package
 	}
 	call, err := p.call(pc, req.ID, req.Input)
 	if err != nil {
-		return Observation{}, err
+		return dispatch.Observation{}, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, req.Deadline)
 	defer cancel()
 	resp, _, err := p.r.Conn().Invoke(ctx, call)
 	if err != nil {
-		return Observation{}, runtimeCallError(err)
+		return dispatch.Observation{}, runtimeCallError(err)
 	}
 	obs, err := observationOfResponse(resp)
 	if err != nil {
-		return Observation{}, err
+		return dispatch.Observation{}, err
 	}
 	if observe != nil {
 		observe(obs)
@@ -218,23 +162,23 @@ func (p *packageProvider) Run(ctx context.Context, req RunRequest, observe func(
 
 // observationOfResponse renders an InvokeResponse as the run's terminal
 // observation: the value as JSON in Body (null when absent).
-func observationOfResponse(resp *runtimepb.InvokeResponse) (Observation, error) {
+func observationOfResponse(resp *runtimepb.InvokeResponse) (dispatch.Observation, error) {
 	body := []byte("null")
 	if resp.GetResult() != nil {
 		b, err := pkgruntime.ValueToJSON(resp.GetResult())
 		if err != nil {
-			return Observation{}, &CallError{Code: reasons.ProviderFailed, Message: "invoke.value: " + err.Error(), Err: err}
+			return dispatch.Observation{}, &dispatch.CallError{Code: reasons.ProviderFailed, Message: "invoke.value: " + err.Error(), Err: err}
 		}
 		body = b
 	}
-	return Observation{Sequence: 1, Terminal: true, Body: body, Package: resp}, nil
+	return dispatch.Observation{Sequence: 1, Terminal: true, Body: body, Package: resp}, nil
 }
 
 // runtimeCallError keeps a runtime failure's reason code for the caller.
 func runtimeCallError(err error) error {
 	var pe *pkgruntime.Error
 	if errors.As(err, &pe) {
-		return &CallError{Code: pe.Code, Message: pe.Message(), Err: err}
+		return &dispatch.CallError{Code: pe.Code, Message: pe.Message(), Err: err}
 	}
 	return err
 }
@@ -260,7 +204,7 @@ func (p *packageProvider) Status(ctx context.Context, invocationID string) (stri
 }
 
 // Watch opens a Watch on the runtime; call.InvocationID is its watch ID.
-func (p *packageProvider) Watch(ctx context.Context, pc PackageCall, input protocol.Payload) (*pkgruntime.Watch, error) {
+func (p *packageProvider) Watch(ctx context.Context, pc dispatch.PackageCall, input protocol.Payload) (*pkgruntime.Watch, error) {
 	call, err := p.call(pc, pc.InvocationID, input)
 	if err != nil {
 		return nil, err

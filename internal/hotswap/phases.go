@@ -6,6 +6,7 @@ import (
 	"slices"
 
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
+	"iteron.dev/operator/internal/dispatch"
 	"iteron.dev/operator/internal/effects"
 	"iteron.dev/operator/internal/ledger"
 	"iteron.dev/operator/internal/reasons"
@@ -125,8 +126,8 @@ func (r *txnRun) readinessPhase(g *generationRuntime, st *State, durableAs strin
 // switchPhase swaps the module's route to route in one pointer swap. A
 // transaction without a quiesce pauses first. undo puts back what routed
 // before; durable is what the durable switch makes true.
-func (r *txnRun) switchPhase(route func() Route, durable func()) phase {
-	var previous *Route
+func (r *txnRun) switchPhase(route func() dispatch.Route, durable func()) phase {
+	var previous *dispatch.Route
 	return phase{name: ledger.PhaseAtomicSwitch, fallback: reasons.ActivationFailed,
 		work: func() error {
 			if !r.m.dispatcher.Paused() {
@@ -146,7 +147,7 @@ func (r *txnRun) switchPhase(route func() Route, durable func()) phase {
 			return nil
 		},
 		undo: func() {
-			back := Route{}
+			back := dispatch.Route{}
 			if previous != nil {
 				back = *previous
 			}
@@ -254,20 +255,20 @@ func (r *txnRun) markFailed(pf *phaseFailure, what string) {
 //
 // Runs on the activation's worker, with or without a.mu held: the worker is
 // the only writer of g.scope and g.proc, so it reads them without the lock.
-func (a *activationRuntime) route(g *generationRuntime) Route {
+func (a *activationRuntime) route(g *generationRuntime) dispatch.Route {
 	return a.routeTo(g, g.proc, g.scope)
 }
 
 // routeTo is g's route served by proc, whose resources scope holds (a
 // renewal routes to its fresh process, in its own scope, before it becomes
 // g's).
-func (a *activationRuntime) routeTo(g *generationRuntime, proc Provider, scope *effects.EffectScope) Route {
-	var backend Backend = &countingBackend{Backend: proc, a: a, g: g}
+func (a *activationRuntime) routeTo(g *generationRuntime, proc Provider, scope *effects.EffectScope) dispatch.Route {
+	var backend dispatch.Backend = &countingBackend{Backend: proc, a: a, g: g}
 	if class, ok := receiptClass(g.target.Plan.AdmittedCapabilities()); ok {
 		backend = &receiptBackend{Backend: proc, a: a, g: g, class: class}
 	}
-	route := Route{Lineage: g.lineage, Name: g.name, Epoch: g.target.Epoch, Revision: g.target.Revision, Backend: backend, Scope: scope}
-	if pb, ok := proc.(PackageBackend); ok {
+	route := dispatch.Route{Lineage: g.lineage, Name: g.name, Epoch: g.target.Epoch, Revision: g.target.Revision, Backend: backend, Scope: scope}
+	if pb, ok := proc.(dispatch.PackageBackend); ok {
 		route.Package = pb
 		if m, ok := g.target.Plan.PackageRuntime(); ok {
 			route.Slots = int(m.Limits.MaxConcurrentInvocations)
@@ -292,13 +293,13 @@ func receiptClass(admitted []string) (effects.Class, bool) {
 // receiptBackend records a receipt for every run of a provider whose runs
 // have effects that cannot simply be undone.
 type receiptBackend struct {
-	Backend
+	dispatch.Backend
 	a     *activationRuntime
 	g     *generationRuntime
 	class effects.Class
 }
 
-func (b *receiptBackend) Run(ctx context.Context, req RunRequest, observe func(Observation)) (Observation, error) {
+func (b *receiptBackend) Run(ctx context.Context, req dispatch.RunRequest, observe func(dispatch.Observation)) (dispatch.Observation, error) {
 	started := b.a.c.cfg.Now()
 	obs, err := b.Backend.Run(ctx, req, observe)
 	detail := "completed"

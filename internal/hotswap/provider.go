@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"iteron.dev/operator/internal/activation"
+	"iteron.dev/operator/internal/dispatch"
 	"iteron.dev/operator/internal/ledger"
 	"iteron.dev/operator/internal/reasons"
 	"iteron.dev/operator/internal/survivor"
@@ -19,7 +20,7 @@ type State = protocol.State
 // Provider is one provider process as the coordinator drives it. The
 // executor's Process satisfies it through an adapter (see NewExecutorLauncher).
 type Provider interface {
-	Backend
+	dispatch.Backend
 	// Pid is the process id.
 	Pid() int
 	// StartedAt is when the process started.
@@ -63,7 +64,7 @@ func stateOf(p Provider) (StateHolder, error) {
 	if sh, ok := p.(StateHolder); ok {
 		return sh, nil
 	}
-	return nil, &CallError{Code: reasons.UnsupportedVersion, Message: "a package runtime holds no state the host can move"}
+	return nil, &dispatch.CallError{Code: reasons.UnsupportedVersion, Message: "a package runtime holds no state the host can move"}
 }
 
 // Budget is what remains of a process's per-process bounds
@@ -120,7 +121,7 @@ func codeOf(err error, fallback ledger.ReasonCode) ledger.ReasonCode {
 	if errors.As(err, &rc) && rc.ReasonCode() != "" {
 		return ledger.ReasonCode(rc.ReasonCode())
 	}
-	var ce *CallError
+	var ce *dispatch.CallError
 	if errors.As(err, &ce) {
 		return ledger.ReasonCode(ce.Code)
 	}

@@ -7,6 +7,7 @@ import (
 	"os"
 	"time"
 
+	"iteron.dev/operator/internal/dispatch"
 	"iteron.dev/operator/internal/effects"
 	"iteron.dev/operator/internal/statedir"
 )
@@ -81,12 +82,12 @@ func removeReceipts(stateDir, activationUID string) error {
 // countingBackend counts the runs of a provider whose effects are
 // reversible: a count per generation, no write per call.
 type countingBackend struct {
-	Backend
+	dispatch.Backend
 	a *activationRuntime
 	g *generationRuntime
 }
 
-func (b *countingBackend) Run(ctx context.Context, req RunRequest, observe func(Observation)) (Observation, error) {
+func (b *countingBackend) Run(ctx context.Context, req dispatch.RunRequest, observe func(dispatch.Observation)) (dispatch.Observation, error) {
 	obs, err := b.Backend.Run(ctx, req, observe)
 	b.a.receipts.CountReversible(b.g.name, b.g.module)
 	return obs, err

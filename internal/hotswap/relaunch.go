@@ -6,6 +6,7 @@ import (
 	"time"
 
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
+	"iteron.dev/operator/internal/dispatch"
 	"iteron.dev/operator/internal/effects"
 	"iteron.dev/operator/internal/ledger"
 	"iteron.dev/operator/internal/reasons"
@@ -257,7 +258,7 @@ func (a *activationRuntime) runRelaunch(d *Desired, m *moduleRuntime, g *generat
 			r.shadowLoadPhase(g),
 			withSkip(r.restorePhase(g, &snap), func() bool { return !haveSnapshot }),
 			withSkip(r.readinessPhase(g, &snap, ""), func() bool { return !haveSnapshot }),
-			r.switchPhase(func() Route { return a.route(g) }, func() {
+			r.switchPhase(func() dispatch.Route { return a.route(g) }, func() {
 				a.mu.Lock()
 				a.activate(m, g, d)
 				a.mu.Unlock()

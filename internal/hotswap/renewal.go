@@ -6,6 +6,7 @@ import (
 	"time"
 
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
+	"iteron.dev/operator/internal/dispatch"
 	"iteron.dev/operator/internal/effects"
 	"iteron.dev/operator/internal/ledger"
 )
@@ -49,7 +50,7 @@ func (a *activationRuntime) renew(d *Desired, m *moduleRuntime) {
 	oldScope := g.scope
 	a.mu.Unlock()
 	r.fresh = func() *effects.EffectScope { return fresh.scope }
-	r.serving = func() *Route {
+	r.serving = func() *dispatch.Route {
 		route := a.routeTo(g, oldProc, oldScope)
 		return &route
 	}
@@ -67,7 +68,7 @@ func (a *activationRuntime) renew(d *Desired, m *moduleRuntime) {
 		)
 	}
 	phases = append(phases,
-		r.switchPhase(func() Route { return a.routeTo(g, fresh.proc, fresh.scope) }, func() {
+		r.switchPhase(func() dispatch.Route { return a.routeTo(g, fresh.proc, fresh.scope) }, func() {
 			a.mu.Lock()
 			g.proc, g.scope = fresh.proc, fresh.scope
 			g.lastPid, g.procStartedAt = fresh.lastPid, fresh.procStartedAt

@@ -10,6 +10,7 @@ import (
 
 	"iteron.dev/operator/examples/providers/artifacts"
 	"iteron.dev/operator/examples/providers/providertest"
+	"iteron.dev/operator/internal/dispatch"
 	"iteron.dev/operator/internal/ledger"
 	"iteron.dev/operator/internal/reasons"
 	"iteron.dev/operator/pkg/protocol"
@@ -38,7 +39,7 @@ func TestRenewalKeepsServingAcrossTheProcessLifetimeBound(t *testing.T) {
 	var lastErr error
 	pids := map[int]bool{}
 	for want := 1; time.Since(start) < 60*time.Second; want++ {
-		r, err := d.Invoke(context.Background(), Call{ID: fmt.Sprint("c", want), Input: protocol.MustPayload(`{"key":"k","add":1}`), Deadline: time.Now().Add(20 * time.Second)})
+		r, err := d.Invoke(context.Background(), dispatch.Call{ID: fmt.Sprint("c", want), Input: protocol.MustPayload(`{"key":"k","add":1}`), Deadline: time.Now().Add(20 * time.Second)})
 		calls++
 		if err != nil {
 			failures++
@@ -105,7 +106,7 @@ func TestRenewalKeepsServingWhenAProcessUsesUpItsStdin(t *testing.T) {
 	const calls = 30000
 	pids := map[int]bool{}
 	for want := 1; want <= calls; want++ {
-		r, err := d.Invoke(context.Background(), Call{ID: fmt.Sprint("call-", want), Input: protocol.MustPayload(`{"key":"k","add":1}`), Deadline: time.Now().Add(10 * time.Second)})
+		r, err := d.Invoke(context.Background(), dispatch.Call{ID: fmt.Sprint("call-", want), Input: protocol.MustPayload(`{"key":"k","add":1}`), Deadline: time.Now().Add(10 * time.Second)})
 		if err != nil {
 			t.Fatalf("call %d of %d: %v", want, calls, err)
 		}
@@ -158,7 +159,7 @@ func TestAProcessWhoseLifetimeIsShorterThanTheSwapMarginIsNotRenewedOverAndOver(
 		t.Fatalf("%d renewals in the ledger (status %d) within 3 s of a 10 s lifetime; want none", n, st.Generations[g.GenerationName].Renewals)
 	}
 	d, _ := h.c.Dispatcher(h.key.Namespace, h.key.Name, "prompt_system")
-	r, err := d.Invoke(context.Background(), Call{ID: "c1", Input: protocol.MustPayload(`{"key":"k","add":1}`), Deadline: time.Now().Add(4 * time.Second)})
+	r, err := d.Invoke(context.Background(), dispatch.Call{ID: "c1", Input: protocol.MustPayload(`{"key":"k","add":1}`), Deadline: time.Now().Add(4 * time.Second)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -182,7 +183,7 @@ func TestACallWithADeadlineLongerThanAnyProcessCanGiveRunsAfterOneRenewalAtMost(
 	d, _ := h.c.Dispatcher(h.key.Namespace, h.key.Name, "prompt_system")
 	const calls = 5
 	for i := 1; i <= calls; i++ {
-		r, err := d.Invoke(context.Background(), Call{ID: fmt.Sprint("c", i), Input: protocol.MustPayload(`{"key":"k","add":1}`), Deadline: time.Now().Add(20 * time.Second)})
+		r, err := d.Invoke(context.Background(), dispatch.Call{ID: fmt.Sprint("c", i), Input: protocol.MustPayload(`{"key":"k","add":1}`), Deadline: time.Now().Add(20 * time.Second)})
 		if err != nil {
 			t.Fatalf("call %d: %v", i, err)
 		}

@@ -4,6 +4,7 @@ import (
 	"time"
 
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
+	"iteron.dev/operator/internal/dispatch"
 	"iteron.dev/operator/internal/effects"
 	"iteron.dev/operator/internal/ledger"
 )
@@ -31,7 +32,7 @@ func (a *activationRuntime) retire(swap SwapPolicy, candidate string, m *moduleR
 		a.beginFailed(m.name, err)
 		return
 	}
-	r.serving = func() *Route {
+	r.serving = func() *dispatch.Route {
 		a.mu.Lock()
 		defer a.mu.Unlock()
 		if g.proc == nil {

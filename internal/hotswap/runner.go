@@ -7,6 +7,7 @@ import (
 	"time"
 
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
+	"iteron.dev/operator/internal/dispatch"
 	"iteron.dev/operator/internal/effects"
 	"iteron.dev/operator/internal/ledger"
 	"iteron.dev/operator/internal/reasons"
@@ -118,7 +119,7 @@ type txnRun struct {
 	fresh func() *effects.EffectScope
 	// serving is the route that serves until the switch (nil: nothing
 	// served before); restored when the transaction fails before it.
-	serving func() *Route
+	serving func() *dispatch.Route
 	// blocked is the reason code the transaction was blocked with.
 	blocked  string
 	deadline time.Time
@@ -164,7 +165,7 @@ func (a *activationRuntime) begin(kind ledger.Kind, m *moduleRuntime, gen *gener
 	}
 	a.mu.Unlock()
 	return &txnRun{a: a, m: m, txn: txn, gen: gen, deadline: dl, lastAt: a.c.cfg.Now(), desired: d, ctx: ctx, cancel: cancel,
-		fresh: func() *effects.EffectScope { return nil }, serving: func() *Route { return nil }}, nil
+		fresh: func() *effects.EffectScope { return nil }, serving: func() *dispatch.Route { return nil }}, nil
 }
 
 // run runs the transaction's phases and applies the failure policy. It

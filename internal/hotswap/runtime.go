@@ -11,6 +11,7 @@ import (
 	"time"
 
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
+	"iteron.dev/operator/internal/dispatch"
 	"iteron.dev/operator/internal/effects"
 	"iteron.dev/operator/internal/ledger"
 	"iteron.dev/operator/internal/reasons"
@@ -77,7 +78,7 @@ type generationRuntime struct {
 // moduleRuntime is one module's live state.
 type moduleRuntime struct {
 	name       string
-	dispatcher *Dispatcher
+	dispatcher *dispatch.Dispatcher
 	active     *generationRuntime
 	// retiring is the generation a retirement is draining once it is no
 	// longer active: status shows the module Draining until its process is
@@ -255,7 +256,7 @@ func (a *activationRuntime) notify(generations ...string) {
 	a.c.cfg.Notify(Notification{Namespace: a.key.Namespace, Name: a.key.Name, Generations: generations})
 }
 
-func (a *activationRuntime) dispatcher(module string) (*Dispatcher, bool) {
+func (a *activationRuntime) dispatcher(module string) (*dispatch.Dispatcher, bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	m, ok := a.modules[module]
@@ -492,7 +493,7 @@ func (a *activationRuntime) setWaiting(m *moduleRuntime, code, message string) {
 func (a *activationRuntime) module(name string) *moduleRuntime {
 	m, ok := a.modules[name]
 	if !ok {
-		m = &moduleRuntime{name: name, gens: map[string]*generationRuntime{}, dispatcher: NewDispatcher(name, a.c.cfg.QueueLimit)}
+		m = &moduleRuntime{name: name, gens: map[string]*generationRuntime{}, dispatcher: dispatch.NewDispatcher(name, a.c.cfg.QueueLimit)}
 		a.modules[name] = m
 		if a.ledgerErr != nil {
 			code, msg := a.ledgerProblem()
@@ -597,7 +598,7 @@ func (a *activationRuntime) shutdown(ctx context.Context) error {
 		p Provider
 	}
 	var procs []live
-	var dispatchers []*Dispatcher
+	var dispatchers []*dispatch.Dispatcher
 	for _, m := range a.modules {
 		dispatchers = append(dispatchers, m.dispatcher)
 		if m.active != nil && m.active.proc != nil {

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"iteron.dev/operator/internal/dispatch"
 	"iteron.dev/operator/internal/effects"
 )
 
@@ -63,7 +64,7 @@ func trackProcess(ctx context.Context, scope *effects.EffectScope, proc Provider
 // trackRoute registers a route just installed in m's dispatcher in the scope
 // of the generation it serves, replacing an earlier route of that scope
 // (which no longer routes: one switch replaced it).
-func (a *activationRuntime) trackRoute(route Route, m *moduleRuntime) {
+func (a *activationRuntime) trackRoute(route dispatch.Route, m *moduleRuntime) {
 	if route.Scope == nil {
 		return
 	}

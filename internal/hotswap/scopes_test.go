@@ -16,6 +16,7 @@ import (
 	"iteron.dev/operator/examples/providers/artifacts"
 	"iteron.dev/operator/examples/providers/providertest"
 	"iteron.dev/operator/internal/activation"
+	"iteron.dev/operator/internal/dispatch"
 	"iteron.dev/operator/internal/effects"
 	"iteron.dev/operator/internal/ledger"
 	"iteron.dev/operator/internal/reasons"
@@ -104,8 +105,8 @@ func TestARunningGenerationsScopeListsEveryResourceAndItsStream(t *testing.T) {
 	d, _ := h.c.Dispatcher(h.key.Namespace, h.key.Name, "prompt_system")
 	streamDone := make(chan struct{})
 	var bound *effects.EffectScope
-	res, err := d.Invoke(context.Background(), Call{ID: "watch-1", Input: protocol.MustPayload(`{"key":"a","add":1}`), Deadline: time.Now().Add(10 * time.Second),
-		OnStart: func(r Route) {
+	res, err := d.Invoke(context.Background(), dispatch.Call{ID: "watch-1", Input: protocol.MustPayload(`{"key":"a","add":1}`), Deadline: time.Now().Add(10 * time.Second),
+		OnStart: func(r dispatch.Route) {
 			bound = r.Scope
 			if err := r.Scope.TrackWork(context.Background(), "stream watch-1", func() {}, streamDone); err != nil {
 				t.Errorf("bind the stream: %v", err)
@@ -398,8 +399,8 @@ func TestRealRunsLeaveTheirReceiptsAQuiesceCancelAndADrainTimeout(t *testing.T) 
 	started := make(chan struct{})
 	ended := make(chan error, 1)
 	go func() {
-		_, err := d.Invoke(context.Background(), Call{ID: "long-run", Input: protocol.MustPayload(`{"key":"a","add":1,"sleep_ms":20000}`),
-			Deadline: time.Now().Add(30 * time.Second), OnStart: func(Route) { close(started) }})
+		_, err := d.Invoke(context.Background(), dispatch.Call{ID: "long-run", Input: protocol.MustPayload(`{"key":"a","add":1,"sleep_ms":20000}`),
+			Deadline: time.Now().Add(30 * time.Second), OnStart: func(dispatch.Route) { close(started) }})
 		ended <- err
 	}()
 	<-started

@@ -12,6 +12,7 @@ import (
 
 	"github.com/go-logr/logr"
 
+	"iteron.dev/operator/internal/dispatch"
 	"iteron.dev/operator/internal/procexec"
 	"iteron.dev/operator/internal/statedir"
 	"iteron.dev/operator/internal/survivor"
@@ -240,19 +241,19 @@ func (p *remoteProvider) Fits(deadline time.Duration, requestBytes int) bool {
 	return p.runAllowance.fits(p.rp.Budget(), p.rp.Plan().RuntimeDeadline(), deadline, requestBytes)
 }
 
-func (p *remoteProvider) Run(ctx context.Context, req RunRequest, observe func(Observation)) (Observation, error) {
+func (p *remoteProvider) Run(ctx context.Context, req dispatch.RunRequest, observe func(dispatch.Observation)) (dispatch.Observation, error) {
 	deadline := p.start(p.rp.Budget(), p.rp.Plan().RuntimeDeadline(), req.Deadline)
 	var ob func(uint64, bool, []byte)
 	if observe != nil {
 		ob = func(seq uint64, terminal bool, body []byte) {
-			observe(Observation{Sequence: seq, Terminal: terminal, Body: body})
+			observe(dispatch.Observation{Sequence: seq, Terminal: terminal, Body: body})
 		}
 	}
 	seq, body, err := p.rp.Run(ctx, req.ID, req.Input.Raw(), deadline, req.Invocation, ob)
 	if err != nil {
-		return Observation{}, err
+		return dispatch.Observation{}, err
 	}
-	return Observation{Sequence: seq, Terminal: true, Body: body}, nil
+	return dispatch.Observation{Sequence: seq, Terminal: true, Body: body}, nil
 }
 
 func (p *remoteProvider) Cancel(ctx context.Context, runID, reason string) error {

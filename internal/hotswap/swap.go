@@ -8,6 +8,7 @@ import (
 	"time"
 
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
+	"iteron.dev/operator/internal/dispatch"
 	"iteron.dev/operator/internal/effects"
 	"iteron.dev/operator/internal/ledger"
 	"iteron.dev/operator/internal/reasons"
@@ -40,7 +41,7 @@ func (a *activationRuntime) swap(d *Desired, t ModuleTarget, old *generationRunt
 	hot := kind == ledger.KindHotSwap
 	newPlan, oldPlan := g.target.Plan, old.target.Plan
 	r.fresh = func() *effects.EffectScope { return g.scope }
-	r.serving = func() *Route {
+	r.serving = func() *dispatch.Route {
 		a.mu.Lock()
 		defer a.mu.Unlock()
 		if old.proc == nil || m.active != old {
@@ -87,7 +88,7 @@ func (a *activationRuntime) swap(d *Desired, t ModuleTarget, old *generationRunt
 		)
 	}
 	phases = append(phases,
-		r.switchPhase(func() Route { return a.route(g) }, func() {
+		r.switchPhase(func() dispatch.Route { return a.route(g) }, func() {
 			// The crash watch starts at the commit: until then a fault of
 			// the new process is the transaction's to roll back.
 			newProc = g.proc
@@ -253,7 +254,7 @@ func (r *txnRun) rollbackAfterSwitch(old *generationRuntime) error {
 		r.a.setPhase(old, iteronv1.PhaseFailed)
 		old.reason, old.message = reasons.RollbackFailed, msg
 		r.a.mu.Unlock()
-		_, _ = m.dispatcher.Switch(Route{})
+		_, _ = m.dispatcher.Switch(dispatch.Route{})
 		m.dispatcher.SetUnavailable(reasons.RollbackFailed, msg)
 		r.a.log("post-switch rollback failed", "module", m.name, "generation", r.gen.name, "error", err.Error())
 		return err

@@ -21,7 +21,7 @@ import (
 
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
 	"iteron.dev/operator/internal/artifacts"
-	"iteron.dev/operator/internal/hotswap"
+	"iteron.dev/operator/internal/dispatch"
 	"iteron.dev/operator/internal/reasons"
 	"iteron.dev/operator/pkg/protocol"
 	"iteron.dev/operator/test/operatortest"
@@ -65,7 +65,7 @@ func call(t *testing.T, act *iteronv1.ImplementationActivation) string {
 	if !ok {
 		t.Fatalf("no dispatcher for %s/prompt_system", act.Name)
 	}
-	r, err := d.Invoke(context.Background(), hotswap.Call{ID: fmt.Sprintf("oci-%d", seq.Add(1)), Input: protocol.MustPayload(`{"key":"k","add":1}`), Deadline: time.Now().Add(20 * time.Second)})
+	r, err := d.Invoke(context.Background(), dispatch.Call{ID: fmt.Sprintf("oci-%d", seq.Add(1)), Input: protocol.MustPayload(`{"key":"k","add":1}`), Deadline: time.Now().Add(20 * time.Second)})
 	if err != nil {
 		t.Fatalf("invoke %s/prompt_system: %v", act.Name, err)
 	}

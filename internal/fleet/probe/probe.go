@@ -33,8 +33,8 @@ import (
 	"k8s.io/utils/ptr"
 
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
+	"iteron.dev/operator/internal/dispatch"
 	"iteron.dev/operator/internal/fleet/analysis"
-	"iteron.dev/operator/internal/hotswap"
 	"iteron.dev/operator/pkg/protocol"
 )
 
@@ -134,7 +134,7 @@ var probeCalls atomic.Uint64
 // Dispatch is the Invoke of activation namespace/name on this node: each
 // call goes through the module's dispatcher, as a gateway call does (its
 // queue, its current generation), under a run ID of its own.
-func Dispatch(lookup func(namespace, name, module string) (*hotswap.Dispatcher, error), namespace, name string) Invoke {
+func Dispatch(lookup func(namespace, name, module string) (*dispatch.Dispatcher, error), namespace, name string) Invoke {
 	return func(ctx context.Context, module string, input []byte, deadline time.Time) (Answer, error) {
 		d, err := lookup(namespace, name, module)
 		if err != nil {
@@ -145,7 +145,7 @@ func Dispatch(lookup func(namespace, name, module string) (*hotswap.Dispatcher, 
 			return Answer{}, fmt.Errorf("input: %w", err)
 		}
 		id := fmt.Sprintf("probe-%s-%d-%d", module, time.Now().UnixNano(), probeCalls.Add(1))
-		res, err := d.Invoke(ctx, hotswap.Call{ID: id, Input: payload, Deadline: deadline})
+		res, err := d.Invoke(ctx, dispatch.Call{ID: id, Input: payload, Deadline: deadline})
 		if err != nil {
 			return Answer{Generation: res.Name}, err
 		}

@@ -1,4 +1,4 @@
-package hotswap
+package dispatch
 
 import (
 	"context"

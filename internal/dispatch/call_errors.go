@@ -1,4 +1,4 @@
-package hotswap
+package dispatch
 
 import (
 	"errors"
@@ -43,7 +43,7 @@ func Classify(err error, lineage int64) *CallError {
 		ce = &CallError{Code: reasons.ProviderFailed, Message: err.Error(), Err: err}
 	}
 	if ce.Code == reasons.ProviderFailed && ce.Err != nil {
-		var rc reasonCoder
+		var rc interface{ ReasonCode() string }
 		if errors.As(ce.Err, &rc) && rc.ReasonCode() != "" && rc.ReasonCode() != ce.Code {
 			return &CallError{Code: rc.ReasonCode(), Message: ce.Message, Err: ce.Err}
 		}

@@ -1,4 +1,4 @@
-package hotswap
+package dispatch
 
 import (
 	"context"
@@ -52,21 +52,5 @@ func TestClassify(t *testing.T) {
 	}
 	if Classify(nil, 1) != nil {
 		t.Fatal("Classify(nil) is not nil")
-	}
-}
-
-// The engine moves state only between providers that hold it: a package
-// runtime is refused by the type system's answer, not by a stub that fails
-// at run time.
-func TestOnlyProviderProcessesHoldStateTheHostMoves(t *testing.T) {
-	for name, p := range map[string]Provider{"own process": &processProvider{}, "survivor-held": &remoteProvider{}} {
-		if _, err := stateOf(p); err != nil {
-			t.Errorf("%s: stateOf = %v, want its state operations", name, err)
-		}
-	}
-	_, err := stateOf(&packageProvider{})
-	var ce *CallError
-	if !errors.As(err, &ce) || ce.Code != reasons.UnsupportedVersion {
-		t.Fatalf("package runtime: stateOf = %v, want an unsupported_version CallError", err)
 	}
 }
