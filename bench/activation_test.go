@@ -18,6 +18,7 @@ import (
 	"iteron.dev/operator/internal/graph"
 	"iteron.dev/operator/internal/hotswap"
 	"iteron.dev/operator/internal/procexec"
+	"iteron.dev/operator/internal/providers"
 )
 
 // familyDesired is the 28-module family graph (catalog.BuiltinSeamGraph),
@@ -62,7 +63,7 @@ func applyUntilActive(b *testing.B, exec *procexec.Executor, d hotswap.Desired, 
 		b.Fatal(err)
 	}
 	defer os.RemoveAll(dir)
-	c, err := hotswap.New(hotswap.Config{StateDir: dir, Launch: hotswap.NewExecutorLauncher(exec), Log: logr.Discard(), MaxParallelActivations: parallel})
+	c, err := hotswap.New(hotswap.Config{StateDir: dir, Launch: providers.NewExecutorLauncher(exec), Log: logr.Discard(), MaxParallelActivations: parallel})
 	if err != nil {
 		b.Fatal(err)
 	}

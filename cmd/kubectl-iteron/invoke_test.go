@@ -14,6 +14,7 @@ import (
 	"iteron.dev/operator/internal/hotswap"
 	"iteron.dev/operator/internal/pkgruntime"
 	"iteron.dev/operator/internal/procexec"
+	"iteron.dev/operator/internal/providers"
 	"iteron.dev/operator/test/pkgruntimetest"
 )
 
@@ -33,7 +34,7 @@ func liveGateway(t *testing.T, runtimes *pkgruntime.Launcher, extra ...hotswap.M
 	if err != nil {
 		t.Fatal(err)
 	}
-	coord, err := hotswap.New(hotswap.Config{StateDir: t.TempDir(), Launch: hotswap.WithPackageRuntimes(hotswap.NewExecutorLauncher(ex), runtimes)})
+	coord, err := hotswap.New(hotswap.Config{StateDir: t.TempDir(), Launch: providers.WithPackageRuntimes(providers.NewExecutorLauncher(ex), runtimes)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -21,6 +21,7 @@ import (
 	"iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/hotswap"
 	"iteron.dev/operator/internal/procexec"
+	"iteron.dev/operator/internal/providers"
 )
 
 // TestMain runs the tests, or one of the helper processes this test binary
@@ -112,7 +113,7 @@ func newHarness(tb testing.TB, opts ...harnessOption) *harness {
 	tb.Helper()
 	h := &harness{tb: tb, stateDir: tb.TempDir(), lineages: map[string]int64{}}
 	hcfg := hotswap.Config{
-		StateDir: h.stateDir, Launch: hotswap.NewExecutorLauncher(sharedExecutor(tb)), Log: testr.NewWithInterface(&quietT{tb}, testr.Options{}),
+		StateDir: h.stateDir, Launch: providers.NewExecutorLauncher(sharedExecutor(tb)), Log: testr.NewWithInterface(&quietT{tb}, testr.Options{}),
 		AfterPhase: func(key hotswap.ActivationKey, module, phase string) {
 			h.mu.Lock()
 			hook := h.afterPhase

@@ -20,6 +20,7 @@ import (
 	"iteron.dev/operator/internal/catalog"
 	"iteron.dev/operator/internal/hotswap"
 	"iteron.dev/operator/internal/pkgruntime"
+	"iteron.dev/operator/internal/providers"
 	"iteron.dev/operator/test/pkgruntimetest"
 )
 
@@ -70,7 +71,7 @@ func packageRuntimes(tb testing.TB) (map[string]string, *pkgruntime.Launcher) {
 // withPackageRuntimes makes the harness launch package-runtime plans.
 func withPackageRuntimes(tb testing.TB) harnessOption {
 	_, l := packageRuntimes(tb)
-	return func(h *hotswap.Config, _ *Config) { h.Launch = hotswap.WithPackageRuntimes(h.Launch, l) }
+	return func(h *hotswap.Config, _ *Config) { h.Launch = providers.WithPackageRuntimes(h.Launch, l) }
 }
 
 // runtimeRevisions are the package_revision_id each runtime answers with.

@@ -21,6 +21,7 @@ import (
 	"iteron.dev/operator/examples/providers/providertest"
 	"iteron.dev/operator/internal/hotswap"
 	"iteron.dev/operator/internal/procexec"
+	"iteron.dev/operator/internal/providers"
 	"iteron.dev/operator/internal/statedir"
 	"iteron.dev/operator/internal/survivor"
 )
@@ -131,7 +132,7 @@ func (n *recoveryNode) startManager(restarted bool, hook func(hotswap.Activation
 	}
 	m.client = client
 	log := n.logs.logger("manager")
-	coord, err := hotswap.New(hotswap.Config{StateDir: n.dir, Owner: hotswap.NewSurvivorOwner(client, att, n.dir, log), Log: log,
+	coord, err := hotswap.New(hotswap.Config{StateDir: n.dir, Owner: providers.NewSurvivorOwner(client, att, n.dir, log), Log: log,
 		RecoverAtStart: restarted, BeforeRecovery: hook})
 	if err != nil {
 		t.Fatal(err)

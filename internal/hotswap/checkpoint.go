@@ -8,20 +8,12 @@ import (
 	"time"
 
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
+	"iteron.dev/operator/internal/providers"
 )
 
 // Renewal and checkpoint policy (docs/operations.md, checkpoints and
 // renewals).
 const (
-	// renewalStdinReserve and renewalStateOpsReserve: a process is renewed
-	// before its stdin or state-operation budget falls below these (a frame
-	// is at most 1 MiB; a renewal and a checkpoint each need a state
-	// operation of the old process).
-	renewalStdinReserve    = 2 << 20
-	renewalStateOpsReserve = 4
-	// startRequestOverhead bounds a start request's bytes besides its run
-	// ID and input (contract references, candidate digest, deadline).
-	startRequestOverhead = 4 << 10
 	// checkpointIdleWait bounds how long a checkpoint waits for the run slot
 	// to empty before it skips this round.
 	checkpointIdleWait = 2 * time.Second
@@ -152,13 +144,13 @@ func renewalMargin(d *Desired, runtimeDeadline time.Duration) time.Duration {
 // otherwise when it will be. Caller holds a.mu.
 func (a *activationRuntime) renewalDue(m *moduleRuntime, g *generationRuntime, d *Desired) (bool, time.Time) {
 	b := g.proc.Budget()
-	if b.ending() {
+	if b.Ending() {
 		// A call that found it dying asked for this renewal before its
 		// crash watch saw the exit; the watch relaunches it instead.
 		return false, a.c.cfg.Now().Add(100 * time.Millisecond)
 	}
 	margin := renewalMargin(d, g.target.Plan.RuntimeDeadline())
-	if m.dur.renewNow || b.Lifetime <= margin || b.StdinBytes < renewalStdinReserve || b.StateOperations < renewalStateOpsReserve {
+	if m.dur.renewNow || b.Lifetime <= margin || b.StdinBytes < providers.RenewalStdinReserve || b.StateOperations < providers.RenewalStateOpsReserve {
 		return true, time.Time{}
 	}
 	return false, a.c.cfg.Now().Add(b.Lifetime - margin)
@@ -210,7 +202,7 @@ func (a *activationRuntime) checkpoint(d *Desired, m *moduleRuntime) {
 
 // takeCheckpoint pauses the module between runs, snapshots its state, makes
 // it durable and resumes.
-func (a *activationRuntime) takeCheckpoint(m *moduleRuntime, g *generationRuntime, proc Provider, idleWait time.Duration) error {
+func (a *activationRuntime) takeCheckpoint(m *moduleRuntime, g *generationRuntime, proc providers.Provider, idleWait time.Duration) error {
 	ctx, cancel := context.WithTimeout(context.Background(), g.target.Plan.RuntimeDeadline())
 	defer cancel()
 	wasPaused := m.dispatcher.Paused()
@@ -220,7 +212,7 @@ func (a *activationRuntime) takeCheckpoint(m *moduleRuntime, g *generationRuntim
 	if !wasPaused {
 		defer m.dispatcher.Resume()
 	}
-	sh, err := stateOf(proc)
+	sh, err := providers.StateOf(proc)
 	if err != nil {
 		return err
 	}

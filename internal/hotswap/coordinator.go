@@ -12,6 +12,7 @@ import (
 	"iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/dispatch"
 	"iteron.dev/operator/internal/ledger"
+	"iteron.dev/operator/internal/providers"
 	"iteron.dev/operator/internal/reasons"
 )
 
@@ -20,7 +21,7 @@ type Config struct {
 	// StateDir holds ledgers (ledgers/<uid>) and snapshots (snapshots/<uid>).
 	StateDir string
 	// Launch starts provider processes.
-	Launch Launcher
+	Launch providers.Launcher
 	// Notify is called (from coordinator goroutines, never under a lock)
 	// after an activation's or a generation's state changed, so the
 	// controllers requeue them. It must not block.
@@ -47,7 +48,7 @@ type Config struct {
 	// module's last committed generation is re-attached rather than
 	// relaunched when its process still runs there, and Shutdown detaches
 	// instead of stopping the providers.
-	Owner *SurvivorOwner
+	Owner *providers.SurvivorOwner
 	// RecoverAtStart starts the coordinator recovering, as a manager does
 	// after a (re)start: until ExpectActivations has named this node's
 	// activations and each has been prepared, a call for an activation or

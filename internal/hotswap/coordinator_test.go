@@ -22,6 +22,7 @@ import (
 	"iteron.dev/operator/internal/dispatch"
 	"iteron.dev/operator/internal/ledger"
 	"iteron.dev/operator/internal/procexec"
+	"iteron.dev/operator/internal/providers"
 	"iteron.dev/operator/pkg/protocol"
 )
 
@@ -87,7 +88,7 @@ func newHarnessAt(t *testing.T, stateDir string, key ActivationKey, configure ..
 	h := &harness{t: t, stateDir: stateDir, key: key, lineages: map[string]int64{}, attempts: map[string]int32{}}
 	failOnIllegalPhaseEdges(t)
 	cfg := Config{
-		StateDir: h.stateDir, Launch: NewExecutorLauncher(sharedExecutor(t)), Log: testr.New(t),
+		StateDir: h.stateDir, Launch: providers.NewExecutorLauncher(sharedExecutor(t)), Log: testr.New(t),
 		AfterPhase: func(_ ActivationKey, module, phase string) {
 			h.mu.Lock()
 			h.phases = append(h.phases, module+":"+phase)

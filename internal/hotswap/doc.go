@@ -2,7 +2,9 @@
 // provider process of this node's activations, runs their transactions one at
 // a time per activation — first activation, hot swap, cold replace,
 // retirement — appends every phase durably to the activation's ledger before
-// the next phase starts, and routes calls through one Dispatcher per module.
+// the next phase starts, and routes calls through one dispatch.Dispatcher per
+// module. The provider adapters and their launches are internal/providers;
+// the dispatcher is internal/dispatch.
 //
 // Only the activation controller changes it (Apply, Remove); the generation
 // controller and the gateway read it (Status, Dispatcher). Reconcilers never

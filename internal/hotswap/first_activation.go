@@ -17,7 +17,7 @@ func (a *activationRuntime) firstActivation(d *Desired, t ModuleTarget) {
 	if o := a.c.cfg.Owner; o != nil {
 		// Whatever the survivor still runs of this module belongs to no
 		// committed generation (a first activation cut short).
-		o.releaseModule(a.key.UID, m.name, "the module is activated afresh: no committed generation owns it")
+		o.ReleaseModule(a.key.UID, m.name, "the module is activated afresh: no committed generation owns it")
 	}
 	g := a.newGeneration(m, t)
 	r, err := a.begin(ledger.KindFirstActivation, m, g, nil, 0, d)

@@ -9,6 +9,7 @@ import (
 	"iteron.dev/operator/internal/dispatch"
 	"iteron.dev/operator/internal/effects"
 	"iteron.dev/operator/internal/ledger"
+	"iteron.dev/operator/internal/providers"
 	"iteron.dev/operator/internal/reasons"
 	"iteron.dev/operator/internal/survivor"
 )
@@ -52,14 +53,14 @@ func (r *txnRun) quiescePhase(owner *generationRuntime, receiptID func(callID st
 
 // snapshotPhase snapshots the state of from's process (proc) and makes it
 // durable as kind before the record; *st receives it.
-func (r *txnRun) snapshotPhase(from *generationRuntime, proc func() Provider, kind string, st *State) phase {
+func (r *txnRun) snapshotPhase(from *generationRuntime, proc func() providers.Provider, kind string, st *providers.State) phase {
 	return phase{name: ledger.PhaseSnapshot, fallback: reasons.ProviderFailed,
 		work: func() error {
 			p := proc()
 			if p == nil {
 				return &phaseFailure{ledger.PhaseSnapshot, reasons.ProviderFailed, from.name + " has no process to snapshot"}
 			}
-			sh, err := stateOf(p)
+			sh, err := providers.StateOf(p)
 			if err != nil {
 				return err
 			}
@@ -84,10 +85,10 @@ func (r *txnRun) snapshotPhase(from *generationRuntime, proc func() Provider, ki
 }
 
 // restorePhase restores *st into g's process.
-func (r *txnRun) restorePhase(g *generationRuntime, st *State) phase {
+func (r *txnRun) restorePhase(g *generationRuntime, st *providers.State) phase {
 	return phase{name: ledger.PhaseRestore, fallback: reasons.ProviderFailed,
 		work: func() error {
-			sh, err := stateOf(g.proc)
+			sh, err := providers.StateOf(g.proc)
 			if err != nil {
 				return err
 			}
@@ -105,9 +106,9 @@ func (r *txnRun) restorePhase(g *generationRuntime, st *State) phase {
 // readinessPhase proves g's process ready for *st; durableAs, when set,
 // makes the restored state durable before the record (a swap's restored
 // state: after a durable switch, recovery goes forward with it).
-func (r *txnRun) readinessPhase(g *generationRuntime, st *State, durableAs string) phase {
+func (r *txnRun) readinessPhase(g *generationRuntime, st *providers.State, durableAs string) phase {
 	return phase{name: ledger.PhaseReadiness, fallback: reasons.ProviderFailed, work: func() error {
-		sh, err := stateOf(g.proc)
+		sh, err := providers.StateOf(g.proc)
 		if err != nil {
 			return err
 		}
@@ -181,7 +182,7 @@ func (r *txnRun) committedPhase(done func()) phase {
 // A process launched ahead for g (prelaunch.go) is taken instead of
 // starting one: its launch or load error is this phase's.
 func (r *txnRun) launch(g *generationRuntime) error {
-	var proc Provider
+	var proc providers.Provider
 	var aheadErr error
 	loaded := false
 	if ahead := r.a.takeAhead(g); ahead != nil {
@@ -191,7 +192,7 @@ func (r *txnRun) launch(g *generationRuntime) error {
 		proc, aheadErr, loaded = ahead.proc, ahead.err, true
 	} else {
 		tag := survivor.Tag{ActivationUID: r.a.key.UID, Module: r.m.name, Generation: g.name, Transaction: r.txn.Identity().TransactionID}
-		p, err := r.a.c.cfg.Launch(r.ctx, LaunchRequest{Plan: g.target.Plan, Tag: tag, Epoch: g.target.Epoch})
+		p, err := r.a.c.cfg.Launch(r.ctx, providers.LaunchRequest{Plan: g.target.Plan, Tag: tag, Epoch: g.target.Epoch})
 		if err != nil {
 			return fail(ledger.PhaseShadowLoad, err, reasons.ActivationFailed)
 		}
@@ -262,7 +263,7 @@ func (a *activationRuntime) route(g *generationRuntime) dispatch.Route {
 // routeTo is g's route served by proc, whose resources scope holds (a
 // renewal routes to its fresh process, in its own scope, before it becomes
 // g's).
-func (a *activationRuntime) routeTo(g *generationRuntime, proc Provider, scope *effects.EffectScope) dispatch.Route {
+func (a *activationRuntime) routeTo(g *generationRuntime, proc providers.Provider, scope *effects.EffectScope) dispatch.Route {
 	var backend dispatch.Backend = &countingBackend{Backend: proc, a: a, g: g}
 	if class, ok := receiptClass(g.target.Plan.AdmittedCapabilities()); ok {
 		backend = &receiptBackend{Backend: proc, a: a, g: g, class: class}

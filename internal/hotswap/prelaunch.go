@@ -8,6 +8,7 @@ import (
 
 	"iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/ledger"
+	"iteron.dev/operator/internal/providers"
 	"iteron.dev/operator/internal/survivor"
 )
 
@@ -33,7 +34,7 @@ type aheadLaunch struct {
 	module string
 	plan   activation.LaunchPlan
 	// proc is the process (nil when the launch itself failed).
-	proc Provider
+	proc providers.Provider
 	// err is why the launch or the load failed; with proc set, the load
 	// failed and the transaction reports it with the process's stderr.
 	err error
@@ -107,7 +108,7 @@ func (a *activationRuntime) launchWave(d *Desired, targets map[string]ModuleTarg
 			break
 		}
 	}
-	var unused []Provider
+	var unused []providers.Provider
 	a.mu.Lock()
 	for i, r := range results {
 		if i <= halt {
@@ -133,7 +134,7 @@ func (a *activationRuntime) launchAhead(ctx context.Context, t ModuleTarget) *ah
 	if o := a.c.cfg.Owner; o != nil {
 		// As firstActivation does: whatever the survivor still runs of
 		// this module belongs to no committed generation.
-		o.releaseModule(a.key.UID, t.Module, "the module is activated afresh: no committed generation owns it")
+		o.ReleaseModule(a.key.UID, t.Module, "the module is activated afresh: no committed generation owns it")
 	}
 	id, err := ledger.NewTransactionID(a.key.UID, t.Module, uint64(t.Lineage), uint64(t.Attempt), 0)
 	if err != nil {
@@ -141,7 +142,7 @@ func (a *activationRuntime) launchAhead(ctx context.Context, t ModuleTarget) *ah
 		return r
 	}
 	tag := survivor.Tag{ActivationUID: a.key.UID, Module: t.Module, Generation: t.GenerationName, Transaction: id.String()}
-	proc, err := a.c.cfg.Launch(ctx, LaunchRequest{Plan: t.Plan, Tag: tag, Epoch: t.Epoch})
+	proc, err := a.c.cfg.Launch(ctx, providers.LaunchRequest{Plan: t.Plan, Tag: tag, Epoch: t.Epoch})
 	if err != nil {
 		r.err = err
 		return r
@@ -185,7 +186,7 @@ func (a *activationRuntime) dropAhead(keep func(generation string) bool) {
 		a.mu.Unlock()
 		return
 	}
-	var unused []Provider
+	var unused []providers.Provider
 	for name, r := range a.ahead {
 		if keep != nil && keep(name) {
 			continue
@@ -220,8 +221,8 @@ func (a *activationRuntime) dropAheadNotDesired(d *Desired) {
 }
 
 // closeAll closes processes, at most limit at a time.
-func closeAll(procs []Provider, limit int) {
-	_ = eachParallel(procs, limit, func(p Provider) error { return p.Close() })
+func closeAll(procs []providers.Provider, limit int) {
+	_ = eachParallel(procs, limit, func(p providers.Provider) error { return p.Close() })
 }
 
 // eachParallel runs fn for every item, at most limit at a time, and joins

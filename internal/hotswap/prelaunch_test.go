@@ -12,6 +12,7 @@ import (
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
 	"iteron.dev/operator/examples/providers/artifacts"
 	"iteron.dev/operator/examples/providers/providertest"
+	"iteron.dev/operator/internal/providers"
 )
 
 // launchRecorder wraps the real launcher: it records every process started
@@ -19,7 +20,7 @@ import (
 // or a second has passed, so that loads that can overlap do, and the most
 // seen at once tells whether they ran together.
 type launchRecorder struct {
-	inner    Launcher
+	inner    providers.Launcher
 	together int
 
 	mu        sync.Mutex
@@ -29,11 +30,11 @@ type launchRecorder struct {
 	pids      map[string][]int
 }
 
-func newLaunchRecorder(inner Launcher, together int) *launchRecorder {
+func newLaunchRecorder(inner providers.Launcher, together int) *launchRecorder {
 	return &launchRecorder{inner: inner, together: together, changed: make(chan struct{}), pids: map[string][]int{}}
 }
 
-func (l *launchRecorder) launch(ctx context.Context, req LaunchRequest) (Provider, error) {
+func (l *launchRecorder) launch(ctx context.Context, req providers.LaunchRequest) (providers.Provider, error) {
 	plan := req.Plan
 	p, err := l.inner(ctx, req)
 	if err != nil {
@@ -56,7 +57,7 @@ func (l *launchRecorder) snapshot() (maxInLoad int, pids map[string][]int) {
 }
 
 type gatedProvider struct {
-	Provider
+	providers.Provider
 	l *launchRecorder
 }
 
@@ -94,7 +95,7 @@ wait:
 // the given bound.
 func parallelHarness(t *testing.T, limit, together int) (*harness, *launchRecorder) {
 	t.Helper()
-	rec := newLaunchRecorder(NewExecutorLauncher(sharedExecutor(t)), together)
+	rec := newLaunchRecorder(providers.NewExecutorLauncher(sharedExecutor(t)), together)
 	uidCounter.Lock()
 	uidCounter.n++
 	uid := fmt.Sprintf("%08x-0000-4000-8000-000000000000", 0xa0000000+uidCounter.n)

@@ -7,6 +7,7 @@ import (
 
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
 	"iteron.dev/operator/internal/procexec"
+	"iteron.dev/operator/internal/providers"
 	"iteron.dev/operator/internal/survivor"
 )
 
@@ -26,20 +27,20 @@ func (a *activationRuntime) noteAttached(module string, g *generationRuntime, tx
 	if owner == nil {
 		return
 	}
-	var rec *attachedRecord
+	var rec *providers.AttachedRecord
 	if g != nil {
 		a.mu.Lock()
 		proc := g.proc
 		a.mu.Unlock()
-		rp, ok := proc.(*remoteProvider)
+		held, ok := proc.(providers.SurvivorHeld)
 		if !ok {
 			return
 		}
-		info := rp.rp.Info()
-		rec = &attachedRecord{Transaction: txn, Generation: g.name, Pid: info.Pid, StartTime: info.StartTime, BootID: info.BootID,
+		info := held.Remote().Info()
+		rec = &providers.AttachedRecord{Transaction: txn, Generation: g.name, Pid: info.Pid, StartTime: info.StartTime, BootID: info.BootID,
 			ImplementationID: info.ImplementationID, ManifestSHA256: info.ManifestSHA256, ArtifactSHA256: info.ArtifactSHA256, AuthoritySHA256: info.AuthoritySHA256}
 	}
-	if err := owner.noteAttached(a.key.UID, module, rec); err != nil {
+	if err := owner.NoteAttached(a.key.UID, module, rec); err != nil {
 		a.log("cannot record the module's process for re-attachment (a restarted manager will relaunch it instead)", "module", module, "error", err.Error())
 	}
 }
@@ -48,16 +49,16 @@ func (a *activationRuntime) noteAttached(module string, g *generationRuntime, tx
 // committed generation c for generation g (whose verified target is t). It
 // returns the adopted provider, or nil and why not (every candidate
 // process has then been released).
-func (a *activationRuntime) reattach(m *moduleRuntime, g *generationRuntime, t ModuleTarget, c CommittedGeneration, d *Desired) (Provider, string) {
+func (a *activationRuntime) reattach(m *moduleRuntime, g *generationRuntime, t ModuleTarget, c CommittedGeneration, d *Desired) (providers.Provider, string) {
 	owner := a.c.cfg.Owner
-	cands := owner.candidates(a.key.UID, m.name)
+	cands := owner.Candidates(a.key.UID, m.name)
 	if len(cands) == 0 {
 		return nil, "the survivor holds no process of the module"
 	}
-	recs, err := readAttached(a.c.cfg.StateDir, a.key.UID)
+	recs, err := providers.ReadAttached(a.c.cfg.StateDir, a.key.UID)
 	if err != nil {
 		for _, rp := range cands {
-			owner.release(rp, "the manager's attachment record is unreadable: "+err.Error())
+			owner.Release(rp, "the manager's attachment record is unreadable: "+err.Error())
 		}
 		return nil, "the attachment record is unreadable: " + err.Error()
 	}
@@ -68,12 +69,12 @@ func (a *activationRuntime) reattach(m *moduleRuntime, g *generationRuntime, t M
 	for _, rp := range cands {
 		reason := a.notAdoptable(rp.Info(), want, t, c, rec, haveRec)
 		switch {
-		case reason == "" && chosen == nil && owner.claim(rp):
+		case reason == "" && chosen == nil && owner.Claim(rp):
 			chosen = rp
 		case reason == "":
-			owner.release(rp, "another process of the module was re-attached")
+			owner.Release(rp, "another process of the module was re-attached")
 		default:
-			owner.release(rp, reason)
+			owner.Release(rp, reason)
 			why = reason
 		}
 	}
@@ -106,7 +107,7 @@ func (a *activationRuntime) reattach(m *moduleRuntime, g *generationRuntime, t M
 		}
 	}
 	chosen.SetPlan(t.Plan)
-	return &remoteProvider{rp: chosen}, ""
+	return owner.Adopt(chosen), ""
 }
 
 // notAdoptable says why a survivor's process is not the one to re-attach
@@ -114,7 +115,7 @@ func (a *activationRuntime) reattach(m *moduleRuntime, g *generationRuntime, t M
 // launched it, its plan must be the verified target's and the ledger's,
 // and its pid, start time and boot must be those this manager recorded
 // durably when it became the module's active process.
-func (a *activationRuntime) notAdoptable(info survivor.ProcessInfo, want survivor.Tag, t ModuleTarget, c CommittedGeneration, rec attachedRecord, haveRec bool) string {
+func (a *activationRuntime) notAdoptable(info survivor.ProcessInfo, want survivor.Tag, t ModuleTarget, c CommittedGeneration, rec providers.AttachedRecord, haveRec bool) string {
 	switch {
 	case info.Tag != want:
 		return fmt.Sprintf("launched by transaction %s of %s; the ledger's last committed transaction of the module is %s of %s", info.Tag.Transaction, info.Tag.Generation, want.Transaction, want.Generation)
@@ -137,7 +138,7 @@ func (a *activationRuntime) notAdoptable(info survivor.ProcessInfo, want survivo
 // adopt makes g, whose process was re-attached, the module's active
 // generation: routed, watched, serving. Nothing is recorded in the ledger:
 // nothing changed.
-func (a *activationRuntime) adopt(d *Desired, m *moduleRuntime, g *generationRuntime, c CommittedGeneration, proc Provider) {
+func (a *activationRuntime) adopt(d *Desired, m *moduleRuntime, g *generationRuntime, c CommittedGeneration, proc providers.Provider) {
 	a.mu.Lock()
 	g.proc = proc
 	g.lastPid, g.procStartedAt = proc.Pid(), proc.StartedAt()

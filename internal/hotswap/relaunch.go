@@ -9,6 +9,7 @@ import (
 	"iteron.dev/operator/internal/dispatch"
 	"iteron.dev/operator/internal/effects"
 	"iteron.dev/operator/internal/ledger"
+	"iteron.dev/operator/internal/providers"
 	"iteron.dev/operator/internal/reasons"
 )
 
@@ -29,7 +30,7 @@ const (
 //
 // The watch is a resource of the generation's scope (crash-watch): disposing
 // the scope stops it. Caller holds a.mu.
-func (a *activationRuntime) watchProcess(m *moduleRuntime, g *generationRuntime, proc Provider) {
+func (a *activationRuntime) watchProcess(m *moduleRuntime, g *generationRuntime, proc providers.Provider) {
 	w := &watcher{stop: make(chan struct{}), done: make(chan struct{}), handling: make(chan struct{})}
 	go func() {
 		defer close(w.done)
@@ -57,7 +58,7 @@ func (a *activationRuntime) watchProcess(m *moduleRuntime, g *generationRuntime,
 			m.dur.relaunchAt = a.c.cfg.Now()
 			m.dispatcher.PauseNow()
 			m.dispatcher.SetUnavailable(g.reason, g.message)
-		case crashed && ownerLost(proc):
+		case crashed && providers.OwnerLost(proc):
 			// The survivor that owned the process went away (restarted,
 			// killed): not the provider's fault, not counted as a crash.
 			// It is relaunched from its newest durable snapshot as soon as
@@ -87,13 +88,6 @@ func (a *activationRuntime) watchProcess(m *moduleRuntime, g *generationRuntime,
 	if err := g.scope.Track(context.Background(), resCrashWatch, effects.Cancelable, w.dispose); err != nil {
 		a.log("crash watch of a disposed generation stopped at once", "generation", g.name, "error", err.Error())
 	}
-}
-
-// ownerLost reports whether proc ended with its owner (a survivor that
-// went away) rather than by a fault of its own.
-func ownerLost(proc Provider) bool {
-	ol, ok := proc.(ownerLoser)
-	return ok && ol.OwnerLost()
 }
 
 // noteCrash records a crash of the active generation (its process exited,
@@ -226,7 +220,7 @@ func (a *activationRuntime) runRelaunch(d *Desired, m *moduleRuntime, g *generat
 	a.callsWait(m) // being relaunched: calls wait for it
 	a.mu.Unlock()
 	r.fresh = func() *effects.EffectScope { return g.scope }
-	var snap State
+	var snap providers.State
 	var stored StoredSnapshot
 	haveSnapshot := false
 	r.run(&transaction{

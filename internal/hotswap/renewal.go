@@ -9,6 +9,7 @@ import (
 	"iteron.dev/operator/internal/dispatch"
 	"iteron.dev/operator/internal/effects"
 	"iteron.dev/operator/internal/ledger"
+	"iteron.dev/operator/internal/providers"
 )
 
 // renewalRetryDelay spaces renewal attempts that failed before the switch.
@@ -30,7 +31,7 @@ func (a *activationRuntime) renew(d *Desired, m *moduleRuntime) {
 	if d == nil || oldProc == nil {
 		return
 	}
-	if oldProc.Budget().ending() {
+	if oldProc.Budget().Ending() {
 		// A process that is exiting cannot be renewed: its crash watch
 		// relaunches it (see renewalDue).
 		return
@@ -54,7 +55,7 @@ func (a *activationRuntime) renew(d *Desired, m *moduleRuntime) {
 		route := a.routeTo(g, oldProc, oldScope)
 		return &route
 	}
-	var st State
+	var st providers.State
 	phases := []phase{
 		r.verifyPhase(nil),
 		r.shadowLoadPhase(fresh),
@@ -62,7 +63,7 @@ func (a *activationRuntime) renew(d *Desired, m *moduleRuntime) {
 	}
 	if v2 {
 		phases = append(phases,
-			r.snapshotPhase(g, func() Provider { return oldProc }, SnapshotCheckpoint, &st),
+			r.snapshotPhase(g, func() providers.Provider { return oldProc }, SnapshotCheckpoint, &st),
 			r.restorePhase(fresh, &st),
 			r.readinessPhase(fresh, &st, ""),
 		)

@@ -7,6 +7,7 @@ import (
 	"iteron.dev/operator/internal/dispatch"
 	"iteron.dev/operator/internal/effects"
 	"iteron.dev/operator/internal/ledger"
+	"iteron.dev/operator/internal/providers"
 )
 
 // retire retires a module's generation g (its source was removed, or the
@@ -41,7 +42,7 @@ func (a *activationRuntime) retire(swap SwapPolicy, candidate string, m *moduleR
 		route := a.route(g)
 		return &route
 	}
-	var st State
+	var st providers.State
 	r.run(&transaction{
 		kind:       ledger.KindRetirement,
 		noDeadline: true,
@@ -58,7 +59,7 @@ func (a *activationRuntime) retire(swap SwapPolicy, candidate string, m *moduleR
 				}
 				return nil
 			}},
-			withSkip(optional(r.snapshotPhase(g, func() Provider { return g.proc }, SnapshotRetirement, &st)), func() bool {
+			withSkip(optional(r.snapshotPhase(g, func() providers.Provider { return g.proc }, SnapshotRetirement, &st)), func() bool {
 				return g.proc == nil || g.target.Plan.ProtocolVersion() != 2
 			}),
 			phase{name: ledger.PhaseDrain, final: true,

@@ -14,6 +14,7 @@ import (
 	"iteron.dev/operator/internal/dispatch"
 	"iteron.dev/operator/internal/effects"
 	"iteron.dev/operator/internal/ledger"
+	"iteron.dev/operator/internal/providers"
 	"iteron.dev/operator/internal/reasons"
 	"iteron.dev/operator/internal/sandbox"
 )
@@ -31,7 +32,7 @@ type generationRuntime struct {
 	attempt int32
 	target  ModuleTarget
 
-	proc  Provider
+	proc  providers.Provider
 	scope *effects.EffectScope
 
 	phase       iteronv1.ModulePhase
@@ -48,7 +49,7 @@ type generationRuntime struct {
 	// generation recovered after a restart: its relaunches must match it.
 	committedAuthority string
 	// watched is the process whose exit is being watched.
-	watched Provider
+	watched providers.Provider
 	// recovered is set for a committed generation known only from the
 	// ledger (no plan in hand): it can only be retired on paper.
 	recovered     *CommittedGeneration
@@ -333,7 +334,7 @@ func (a *activationRuntime) step() (bool, time.Time) {
 		a.log("ledger unusable; not acting on this activation", "error", err.Error())
 		return false, time.Time{}
 	}
-	if o := a.c.cfg.Owner; o != nil && !o.client.Connected() {
+	if o := a.c.cfg.Owner; o != nil && !o.Client().Connected() {
 		// Every transaction needs the survivor (its processes, or a
 		// launch): wait for it to be back rather than fail.
 		return false, a.c.cfg.Now().Add(250 * time.Millisecond)
@@ -532,7 +533,7 @@ func (a *activationRuntime) retireNext(desired *Desired) bool {
 			// the spec: its retirement is recorded so the ledger agrees.
 			m.dur.committed = nil
 			if o := a.c.cfg.Owner; o != nil {
-				o.releaseModule(a.key.UID, m.name, "its module left the spec while no manager ran")
+				o.ReleaseModule(a.key.UID, m.name, "its module left the spec while no manager ran")
 			}
 			g := &generationRuntime{name: c.Name, module: m.name, lineage: c.Lineage, attempt: c.Attempt, recovered: c,
 				rCount: a.rCounts[c.Name], phase: iteronv1.PhaseInactive, scope: effects.NewScope(c.Name)}
@@ -595,7 +596,7 @@ func (a *activationRuntime) shutdown(ctx context.Context) error {
 	type live struct {
 		m *moduleRuntime
 		g *generationRuntime
-		p Provider
+		p providers.Provider
 	}
 	var procs []live
 	var dispatchers []*dispatch.Dispatcher
@@ -819,7 +820,7 @@ func (a *activationRuntime) holdForOwnerRestart() {
 	type live struct {
 		m *moduleRuntime
 		g *generationRuntime
-		p Provider
+		p providers.Provider
 	}
 	var all []live
 	for _, m := range a.modules {

@@ -2,45 +2,16 @@ package hotswap
 
 import (
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
-	"iteron.dev/operator/internal/sandbox"
+	"iteron.dev/operator/internal/providers"
 )
 
 // The sandbox's part of the coordinator: what a launch's sandbox applied is
 // recorded with the launch (the shadow_load record's note) and shown in its
 // Generation's status. Every kind of provider says it the same way.
 
-// sandboxed is a provider started in a sandbox.
-type sandboxed interface {
-	// Sandbox is what its sandbox applied; false without one.
-	Sandbox() (sandbox.Evidence, bool)
-	// SandboxViolations are what it did under --sandbox=audit that the
-	// enforced sandbox refuses, by syscall.
-	SandboxViolations() map[string]int64
-}
-
-func (pp *processProvider) Sandbox() (sandbox.Evidence, bool)   { return pp.p.Sandbox() }
-func (pp *processProvider) SandboxViolations() map[string]int64 { return pp.p.SandboxViolations() }
-func (p *packageProvider) Sandbox() (sandbox.Evidence, bool)    { return p.r.Sandbox() }
-func (p *packageProvider) SandboxViolations() map[string]int64  { return p.r.SandboxViolations() }
-
-// Sandbox is what the survivor's sandbox applied, as it reported it at the
-// launch.
-func (r *remoteProvider) Sandbox() (sandbox.Evidence, bool) {
-	s := r.rp.Info().Sandbox
-	if s == "" {
-		return sandbox.Evidence{}, false
-	}
-	ev, err := sandbox.ParseEvidence(s)
-	return ev, err == nil
-}
-
-// SandboxViolations are counted and logged by the survivor, which runs the
-// launcher, and reported to this manager on its status operation.
-func (r *remoteProvider) SandboxViolations() map[string]int64 { return r.rp.SandboxViolations() }
-
 // noteSandbox keeps what proc's sandbox applied on g (under a.mu).
-func (a *activationRuntime) noteSandbox(g *generationRuntime, proc Provider) {
-	sp, ok := proc.(sandboxed)
+func (a *activationRuntime) noteSandbox(g *generationRuntime, proc providers.Provider) {
+	sp, ok := proc.(providers.Sandboxed)
 	if !ok {
 		return
 	}
@@ -72,7 +43,7 @@ func (r *txnRun) shadowLoadRecord(g *generationRuntime) func() error {
 func (g *generationRuntime) sandboxStatus() *iteronv1.SandboxStatus {
 	ev := g.sandbox
 	var violations map[string]int64
-	if sp, ok := g.proc.(sandboxed); ok && g.proc != nil {
+	if sp, ok := g.proc.(providers.Sandboxed); ok && g.proc != nil {
 		if live, ok := sp.Sandbox(); ok {
 			ev = &live
 		}

@@ -9,6 +9,7 @@ import (
 
 	"iteron.dev/operator/internal/dispatch"
 	"iteron.dev/operator/internal/effects"
+	"iteron.dev/operator/internal/providers"
 )
 
 // The live resources of a generation live in its EffectScope, registered
@@ -57,7 +58,7 @@ func drainDeadline(g *generationRuntime) time.Duration {
 
 // trackProcess registers a generation's process in its scope. When the scope
 // is already disposed the process is closed at once and the error says so.
-func trackProcess(ctx context.Context, scope *effects.EffectScope, proc Provider) error {
+func trackProcess(ctx context.Context, scope *effects.EffectScope, proc providers.Provider) error {
 	return scope.Track(ctx, resProcess, effects.Reversible, func(context.Context) error { return proc.Close() })
 }
 

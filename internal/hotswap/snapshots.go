@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"iteron.dev/operator/internal/ledger"
+	"iteron.dev/operator/internal/providers"
 	"iteron.dev/operator/internal/statedir"
 	"iteron.dev/operator/pkg/protocol"
 	"iteron.dev/operator/pkg/strictjson"
@@ -280,7 +281,7 @@ func RemoveActivationState(stateDir, activationUID string, now time.Time) error 
 	if err := removePending(stateDir, activationUID); err != nil {
 		return err
 	}
-	if err := removeAttached(stateDir, activationUID); err != nil {
+	if err := providers.RemoveAttached(stateDir, activationUID); err != nil {
 		return err
 	}
 	if err := removeReceipts(stateDir, activationUID); err != nil {

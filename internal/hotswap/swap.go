@@ -11,6 +11,7 @@ import (
 	"iteron.dev/operator/internal/dispatch"
 	"iteron.dev/operator/internal/effects"
 	"iteron.dev/operator/internal/ledger"
+	"iteron.dev/operator/internal/providers"
 	"iteron.dev/operator/internal/reasons"
 	"iteron.dev/operator/internal/survivor"
 )
@@ -50,8 +51,8 @@ func (a *activationRuntime) swap(d *Desired, t ModuleTarget, old *generationRunt
 		route := a.route(old)
 		return &route
 	}
-	var st, migrated State
-	var newProc Provider
+	var st, migrated providers.State
+	var newProc providers.Provider
 	phases := []phase{
 		// verify: old is the active one; authority and protocol allow the
 		// strategy.
@@ -74,9 +75,9 @@ func (a *activationRuntime) swap(d *Desired, t ModuleTarget, old *generationRunt
 	}
 	if hot {
 		phases = append(phases,
-			r.snapshotPhase(old, func() Provider { return old.proc }, SnapshotRollback, &st),
+			r.snapshotPhase(old, func() providers.Provider { return old.proc }, SnapshotRollback, &st),
 			phase{name: ledger.PhaseMigrate, fallback: reasons.ProviderFailed, work: func() error {
-				sh, err := stateOf(g.proc)
+				sh, err := providers.StateOf(g.proc)
 				if err != nil {
 					return err
 				}
@@ -164,7 +165,7 @@ func (a *activationRuntime) swap(d *Desired, t ModuleTarget, old *generationRunt
 }
 
 // newProcessFault reports a fault of the new process after the switch.
-func newProcessFault(proc Provider, phase ledger.Phase) *phaseFailure {
+func newProcessFault(proc providers.Provider, phase ledger.Phase) *phaseFailure {
 	if proc == nil {
 		return nil
 	}
@@ -275,7 +276,7 @@ func (r *txnRun) relaunchOld(ctx context.Context, old *generationRuntime) error 
 		// The old generation's tag: its scratch directory is the one it
 		// had, and a survivor that holds the process knows whose it is.
 		tag := survivor.Tag{ActivationUID: r.a.key.UID, Module: r.m.name, Generation: old.name, Transaction: r.txn.Identity().TransactionID}
-		proc, err := r.a.c.cfg.Launch(ctx, LaunchRequest{Plan: old.target.Plan, Tag: tag, Epoch: old.target.Epoch})
+		proc, err := r.a.c.cfg.Launch(ctx, providers.LaunchRequest{Plan: old.target.Plan, Tag: tag, Epoch: old.target.Epoch})
 		if err != nil {
 			return err
 		}
@@ -288,7 +289,7 @@ func (r *txnRun) relaunchOld(ctx context.Context, old *generationRuntime) error 
 				return errors.Join(fmt.Errorf("read the rollback snapshot: %w", err), proc.Close())
 			}
 			st := snap.protocolState()
-			sh, err := stateOf(proc)
+			sh, err := providers.StateOf(proc)
 			if err == nil {
 				err = sh.Restore(ctx, st)
 			}
@@ -320,12 +321,12 @@ func (r *txnRun) relaunchOld(ctx context.Context, old *generationRuntime) error 
 }
 
 // storeSnapshot makes a generation's state durable under the state dir.
-func (a *activationRuntime) storeSnapshot(g *generationRuntime, st State, kind string) (string, error) {
+func (a *activationRuntime) storeSnapshot(g *generationRuntime, st providers.State, kind string) (string, error) {
 	return a.c.snapshots.Put(a.key.UID, a.storedSnapshot(g, st, kind))
 }
 
 // storedSnapshot is a generation's state as the snapshot store keeps it.
-func (a *activationRuntime) storedSnapshot(g *generationRuntime, st State, kind string) StoredSnapshot {
+func (a *activationRuntime) storedSnapshot(g *generationRuntime, st providers.State, kind string) StoredSnapshot {
 	return StoredSnapshot{
 		Module: g.module, ImplementationID: st.ImplementationID, Lineage: int64(st.Generation), StateSchema: st.StateSchema,
 		StateSHA256: st.StateSHA256, Kind: kind, TakenUnixMs: a.c.cfg.Now().UnixMilli(), State: json.RawMessage(st.State),

@@ -40,6 +40,7 @@ var internalOrder = [][]string{
 	{"internal/ledger"},
 	{"internal/effects"},
 	{"internal/dispatch"},
+	{"internal/providers"},
 	{"internal/hotswap"},
 	{"internal/fleet"},
 	{"internal/gateway"},
@@ -103,8 +104,8 @@ var table = func() []rule {
 			r := rule{pkgs: p, rank: i + 1, imports: append(slices.Clone(leaves), before...),
 				why: p + " may import only api/..., pkg/strictjson, pkg/protocol and the internal packages before it in the order " + orderText()}
 			if p == "internal/gateway" {
-				r.never, r.testsMay = []string{"internal/hotswap", "internal/procexec"}, true
-				r.neverWhy = "internal/gateway never imports internal/hotswap (the transaction engine) or internal/procexec: " +
+				r.never, r.testsMay = []string{"internal/hotswap", "internal/providers", "internal/procexec"}, true
+				r.neverWhy = "internal/gateway never imports internal/hotswap (the transaction engine), internal/providers or internal/procexec: " +
 					"all it needs of the node runtime is internal/dispatch (queue, routes, the call's error classification)"
 			}
 			rows = append(rows, r)
@@ -493,6 +494,11 @@ func TestCheck(t *testing.T) {
 		{"internal/dispatch", "internal/hotswap", false, false},
 		{"internal/dispatch", "internal/hotswap", true, false},
 		{"internal/hotswap", "internal/dispatch", false, true},
+		{"internal/hotswap", "internal/providers", false, true},
+		{"internal/providers", "internal/hotswap", false, false},
+		{"internal/providers", "internal/dispatch", false, true},
+		{"internal/gateway", "internal/providers", false, false},
+		{"internal/gateway", "internal/providers", true, true},
 		{"internal/gateway", "api/gateway/v1", false, true},
 		{"internal/gateway", "pkg/protocol", false, true},
 		{"internal/gateway", "pkg/provider", false, false},

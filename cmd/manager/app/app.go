@@ -39,6 +39,7 @@ import (
 	"iteron.dev/operator/internal/hotswap"
 	"iteron.dev/operator/internal/pkgruntime"
 	"iteron.dev/operator/internal/procexec"
+	"iteron.dev/operator/internal/providers"
 	"iteron.dev/operator/internal/sandbox"
 	"iteron.dev/operator/internal/sandbox/cgroups"
 	"iteron.dev/operator/internal/statedir"
@@ -237,7 +238,7 @@ func New(cfg *rest.Config, o Options) (*Manager, error) {
 		if sweep, err = exec.Sweep(); err != nil {
 			return nil, fmt.Errorf("sweep leftover providers: %w", err)
 		}
-		hcfg.Launch = hotswap.NewExecutorLauncher(exec)
+		hcfg.Launch = providers.NewExecutorLauncher(exec)
 	}
 	// Package runtimes are launched and owned by this manager in both
 	// modes (a survivor does not hold them yet): their groups die with it
@@ -259,7 +260,7 @@ func New(cfg *rest.Config, o Options) (*Manager, error) {
 	if line == nil {
 		line = sv.owner.Launch
 	}
-	hcfg.Launch = hotswap.WithPackageRuntimes(line, runtimes)
+	hcfg.Launch = providers.WithPackageRuntimes(line, runtimes)
 	ao := ArtifactOptions{Store: artifacts.DefaultStore}
 	if o.Artifacts != nil {
 		ao = *o.Artifacts
@@ -363,7 +364,7 @@ func New(cfg *rest.Config, o Options) (*Manager, error) {
 type attached struct {
 	client    *survivor.Client
 	att       *survivor.Attachment
-	owner     *hotswap.SurvivorOwner
+	owner     *providers.SurvivorOwner
 	listeners chan net.Listener
 	coord     atomic.Pointer[hotswap.Coordinator]
 	outcomes  *gateway.OutcomeRelay
@@ -411,7 +412,7 @@ func attachSurvivor(o Options, log logr.Logger) (*attached, error) {
 		return nil, err
 	}
 	sv.client, sv.att = client, att
-	sv.owner = hotswap.NewSurvivorOwner(client, att, o.StateDir, log)
+	sv.owner = providers.NewSurvivorOwner(client, att, o.StateDir, log)
 	return sv, nil
 }
 

@@ -1,4 +1,4 @@
-package hotswap
+package providers
 
 import (
 	"context"
@@ -67,16 +67,16 @@ func (o *SurvivorOwner) Launch(ctx context.Context, req LaunchRequest) (Provider
 	return &remoteProvider{rp: rp}, nil
 }
 
-// releaseModule releases every unclaimed process of one module of an
+// ReleaseModule releases every unclaimed process of one module of an
 // activation (nothing of it is to be re-attached).
-func (o *SurvivorOwner) releaseModule(uid, module, why string) {
-	for _, rp := range o.candidates(uid, module) {
-		o.release(rp, why)
+func (o *SurvivorOwner) ReleaseModule(uid, module, why string) {
+	for _, rp := range o.Candidates(uid, module) {
+		o.Release(rp, why)
 	}
 }
 
-// candidates are the unclaimed processes of one module of an activation.
-func (o *SurvivorOwner) candidates(uid, module string) []*survivor.RemoteProcess {
+// Candidates are the unclaimed processes of one module of an activation.
+func (o *SurvivorOwner) Candidates(uid, module string) []*survivor.RemoteProcess {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	var out []*survivor.RemoteProcess
@@ -88,8 +88,8 @@ func (o *SurvivorOwner) candidates(uid, module string) []*survivor.RemoteProcess
 	return out
 }
 
-// claim takes rp out of the unclaimed ones; false if it was not there.
-func (o *SurvivorOwner) claim(rp *survivor.RemoteProcess) bool {
+// Claim takes rp out of the unclaimed ones; false if it was not there.
+func (o *SurvivorOwner) Claim(rp *survivor.RemoteProcess) bool {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if !o.unclaimed[rp] {
@@ -99,10 +99,10 @@ func (o *SurvivorOwner) claim(rp *survivor.RemoteProcess) bool {
 	return true
 }
 
-// release ends an unclaimed process nobody will adopt (the survivor kills
+// Release ends an unclaimed process nobody will adopt (the survivor kills
 // and reaps its group).
-func (o *SurvivorOwner) release(rp *survivor.RemoteProcess, why string) {
-	if !o.claim(rp) {
+func (o *SurvivorOwner) Release(rp *survivor.RemoteProcess, why string) {
+	if !o.Claim(rp) {
 		return
 	}
 	info := rp.Info()
@@ -122,7 +122,7 @@ func (o *SurvivorOwner) ReleaseUnknown(known func(uid string) bool) {
 	}
 	o.mu.Unlock()
 	for _, rp := range gone {
-		o.release(rp, "its activation no longer exists on this node")
+		o.Release(rp, "its activation no longer exists on this node")
 	}
 }
 
@@ -133,11 +133,11 @@ func (o *SurvivorOwner) Unclaimed() int {
 	return len(o.unclaimed)
 }
 
-// attachedRecord is the manager's own durable record of the process that
+// AttachedRecord is the manager's own durable record of the process that
 // became a module's active one (written when its switch was durable): what
 // a restarted manager checks a survivor's process against before it
 // adopts it — never a reused pid.
-type attachedRecord struct {
+type AttachedRecord struct {
 	Transaction      string `json:"transaction"`
 	Generation       string `json:"generation"`
 	Pid              int    `json:"pid"`
@@ -156,11 +156,11 @@ func attachedPath(stateDir, uid string) string {
 	return statedir.Dir(stateDir).Attached(uid)
 }
 
-// readAttached reads an activation's attachment records by module.
-func readAttached(stateDir, uid string) (map[string]attachedRecord, error) {
+// ReadAttached reads an activation's attachment records by module.
+func ReadAttached(stateDir, uid string) (map[string]AttachedRecord, error) {
 	f, err := os.Open(attachedPath(stateDir, uid))
 	if errors.Is(err, fs.ErrNotExist) {
-		return map[string]attachedRecord{}, nil
+		return map[string]AttachedRecord{}, nil
 	}
 	if err != nil {
 		return nil, err
@@ -170,21 +170,21 @@ func readAttached(stateDir, uid string) (map[string]attachedRecord, error) {
 	if err != nil {
 		return nil, err
 	}
-	recs := map[string]attachedRecord{}
+	recs := map[string]AttachedRecord{}
 	if err := json.Unmarshal(b, &recs); err != nil {
 		return nil, fmt.Errorf("%s: %w", attachedPath(stateDir, uid), err)
 	}
 	return recs, nil
 }
 
-// noteAttached records durably that module's active process is now rec
+// NoteAttached records durably that module's active process is now rec
 // (nil: the module has none).
-func (o *SurvivorOwner) noteAttached(uid, module string, rec *attachedRecord) error {
+func (o *SurvivorOwner) NoteAttached(uid, module string, rec *AttachedRecord) error {
 	o.fileMu.Lock()
 	defer o.fileMu.Unlock()
-	recs, err := readAttached(o.stateDir, uid)
+	recs, err := ReadAttached(o.stateDir, uid)
 	if err != nil {
-		recs = map[string]attachedRecord{}
+		recs = map[string]AttachedRecord{}
 	}
 	if rec == nil {
 		if _, ok := recs[module]; !ok {
@@ -208,8 +208,8 @@ func (o *SurvivorOwner) noteAttached(uid, module string, rec *attachedRecord) er
 	return statedir.WriteFile(path, b, 0o600)
 }
 
-// removeAttached removes an activation's attachment file.
-func removeAttached(stateDir, uid string) error {
+// RemoveAttached removes an activation's attachment file.
+func RemoveAttached(stateDir, uid string) error {
 	return statedir.Remove(attachedPath(stateDir, uid))
 }
 
@@ -231,6 +231,15 @@ func (p *remoteProvider) OwnerLost() bool { return p.rp.OwnerLost() }
 
 // Remote is the survivor's process.
 func (p *remoteProvider) Remote() *survivor.RemoteProcess { return p.rp }
+
+// SurvivorHeld is a provider process the survivor holds.
+type SurvivorHeld interface {
+	// Remote is the survivor's process.
+	Remote() *survivor.RemoteProcess
+}
+
+// Adopt makes a survivor's process, claimed for re-attachment, a Provider.
+func (o *SurvivorOwner) Adopt(rp *survivor.RemoteProcess) Provider { return &remoteProvider{rp: rp} }
 
 func (p *remoteProvider) Budget() Budget {
 	b := p.rp.Budget()
@@ -283,3 +292,10 @@ func (p *remoteProvider) Readiness(ctx context.Context, lineage int64, digest st
 // ownerLoser is a Provider that can tell that its process ended with its
 // owner (the survivor) rather than by a fault of its own.
 type ownerLoser interface{ OwnerLost() bool }
+
+// OwnerLost reports whether proc ended with its owner (a survivor that
+// went away) rather than by a fault of its own.
+func OwnerLost(proc Provider) bool {
+	ol, ok := proc.(ownerLoser)
+	return ok && ol.OwnerLost()
+}

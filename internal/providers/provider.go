@@ -1,13 +1,11 @@
-package hotswap
+package providers
 
 import (
 	"context"
-	"errors"
 	"time"
 
 	"iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/dispatch"
-	"iteron.dev/operator/internal/ledger"
 	"iteron.dev/operator/internal/reasons"
 	"iteron.dev/operator/internal/survivor"
 	"iteron.dev/operator/pkg/protocol"
@@ -58,15 +56,6 @@ type StateHolder interface {
 	Readiness(ctx context.Context, lineage int64, digest string) error
 }
 
-// stateOf is p's state operations, or the failure of a transaction that
-// asked a provider holding no state for them.
-func stateOf(p Provider) (StateHolder, error) {
-	if sh, ok := p.(StateHolder); ok {
-		return sh, nil
-	}
-	return nil, &dispatch.CallError{Code: reasons.UnsupportedVersion, Message: "a package runtime holds no state the host can move"}
-}
-
 // Budget is what remains of a process's per-process bounds
 // (docs/operations.md, renewals).
 type Budget struct {
@@ -78,10 +67,10 @@ type Budget struct {
 	StateOperations int
 }
 
-// ending reports a process that is exiting (or has exited): its executor
+// Ending reports a process that is exiting (or has exited): its executor
 // reports no budget at all. Such a process is never renewed: its crash
 // watch relaunches it.
-func (b Budget) ending() bool { return b == Budget{} }
+func (b Budget) Ending() bool { return b == Budget{} }
 
 // Launcher starts a provider process from a verified launch plan (not yet
 // loaded).
@@ -101,32 +90,33 @@ type LaunchRequest struct {
 	Epoch string
 }
 
-// owner is the launch's owner as a package runtime names it
+// Owner is the launch's owner as a package runtime names it
 // ("<activation uid>/<module>").
-func (r LaunchRequest) owner() string { return r.Tag.ActivationUID + "/" + r.Tag.Module }
+func (r LaunchRequest) Owner() string { return r.Tag.ActivationUID + "/" + r.Tag.Module }
 
-// scratch is the scratch directory's name of the launch (one per
+// Scratch is the scratch directory's name of the launch (one per
 // activation and generation).
-func (r LaunchRequest) scratch() string { return survivor.ScratchKey(r.Tag) }
+func (r LaunchRequest) Scratch() string { return survivor.ScratchKey(r.Tag) }
 
-// reasonCoder is implemented by errors that carry a reason code of
-// docs/reference/reasons.md: the executor's faults, verification errors,
-// dispatcher call errors.
-type reasonCoder interface{ ReasonCode() string }
+// The bounds of a process's budget a provider keeps in reserve
+// (docs/operations.md, checkpoints and renewals).
+const (
+	// RenewalStdinReserve and RenewalStateOpsReserve: a process is renewed
+	// before its stdin or state-operation budget falls below these (a frame
+	// is at most 1 MiB; a renewal and a checkpoint each need a state
+	// operation of the old process).
+	RenewalStdinReserve    = 2 << 20
+	RenewalStateOpsReserve = 4
+	// StartRequestOverhead bounds a start request's bytes besides its run
+	// ID and input (contract references, candidate digest, deadline).
+	StartRequestOverhead = 4 << 10
+)
 
-// codeOf returns the reason code of err: its own when it carries one,
-// deadline_exceeded for a context deadline, otherwise fallback.
-func codeOf(err error, fallback ledger.ReasonCode) ledger.ReasonCode {
-	var rc reasonCoder
-	if errors.As(err, &rc) && rc.ReasonCode() != "" {
-		return ledger.ReasonCode(rc.ReasonCode())
+// StateOf is p's state operations, or the failure of a transaction that
+// asked a provider holding no state for them.
+func StateOf(p Provider) (StateHolder, error) {
+	if sh, ok := p.(StateHolder); ok {
+		return sh, nil
 	}
-	var ce *dispatch.CallError
-	if errors.As(err, &ce) {
-		return ledger.ReasonCode(ce.Code)
-	}
-	if errors.Is(err, context.DeadlineExceeded) {
-		return reasons.DeadlineExceeded
-	}
-	return fallback
+	return nil, &dispatch.CallError{Code: reasons.UnsupportedVersion, Message: "a package runtime holds no state the host can move"}
 }

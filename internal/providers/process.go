@@ -1,4 +1,4 @@
-package hotswap
+package providers
 
 import (
 	"context"
@@ -14,7 +14,7 @@ import (
 // provider is a procexec.Process started from its verified launch plan.
 func NewExecutorLauncher(exec *procexec.Executor) Launcher {
 	return func(ctx context.Context, req LaunchRequest) (Provider, error) {
-		p, err := exec.LaunchIn(req.Plan, req.scratch())
+		p, err := exec.LaunchIn(req.Plan, req.Scratch())
 		if err != nil {
 			return nil, err
 		}
@@ -90,8 +90,8 @@ func (pp *processProvider) Fits(deadline time.Duration, requestBytes int) bool {
 func fits(b procexec.Budget, runtime, margin time.Duration, runs int64, deadline time.Duration, requestBytes int) bool {
 	// The start request must leave the stdin a renewal needs (its snapshot
 	// and cancel requests); otherwise the process would refuse the run.
-	stdinLeft := b.StdinBytes - int64(requestBytes) - startRequestOverhead
-	if stdinLeft < renewalStdinReserve {
+	stdinLeft := b.StdinBytes - int64(requestBytes) - StartRequestOverhead
+	if stdinLeft < RenewalStdinReserve {
 		return false
 	}
 	// A run is given at most what a freshly renewed process could give it:

@@ -1,4 +1,4 @@
-package hotswap
+package providers
 
 import (
 	"context"
@@ -40,8 +40,8 @@ func WithPackageRuntimes(line Launcher, runtimes *pkgruntime.Launcher) Launcher 
 		}
 		pin := pkgruntime.Pin{
 			Manifest: m, Admitted: plan.AdmittedCapabilities(), WorkspaceEpoch: req.Epoch,
-			BindingDigest: plan.AuthoritySHA256(), Owner: req.owner(),
-			Sandbox: plan.Sandbox(), Scratch: req.scratch(),
+			BindingDigest: plan.AuthoritySHA256(), Owner: req.Owner(),
+			Sandbox: plan.Sandbox(), Scratch: req.Scratch(),
 		}
 		r, err := runtimes.Launch(ctx, pin, plan.ArtifactRoot())
 		if err != nil {

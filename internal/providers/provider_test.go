@@ -1,4 +1,4 @@
-package hotswap
+package providers
 
 import (
 	"errors"
@@ -13,11 +13,11 @@ import (
 // at run time.
 func TestOnlyProviderProcessesHoldStateTheHostMoves(t *testing.T) {
 	for name, p := range map[string]Provider{"own process": &processProvider{}, "survivor-held": &remoteProvider{}} {
-		if _, err := stateOf(p); err != nil {
+		if _, err := StateOf(p); err != nil {
 			t.Errorf("%s: stateOf = %v, want its state operations", name, err)
 		}
 	}
-	_, err := stateOf(&packageProvider{})
+	_, err := StateOf(&packageProvider{})
 	var ce *dispatch.CallError
 	if !errors.As(err, &ce) || ce.Code != reasons.UnsupportedVersion {
 		t.Fatalf("package runtime: stateOf = %v, want an unsupported_version CallError", err)
