@@ -151,12 +151,28 @@ func (e *CallError) Unwrap() error { return e.Err }
 // ErrDispatcherClosed is wrapped by calls failed because the module was retired.
 var ErrDispatcherClosed = errors.New("module retired")
 
+// pendingCall is a call from its submission to its end. Exactly one party
+// ends it — its run, the dispatch loop (stale, expired), its deadline's
+// timer, a withdrawal, SetUnavailable or Close — the one that took it out
+// of the queue (or, once dispatched, its run), so end runs once.
 type pendingCall struct {
 	call     Call
 	enqueued time.Time
-	done     chan struct{}
-	result   Result
-	err      error
+	// expire ends the call when its deadline passes while it is queued
+	// (set under d.mu as it is queued).
+	expire *time.Timer
+	done   func(Result, error)
+	result Result
+	err    error
+}
+
+// end stops the deadline's timer and hands the outcome to whoever submitted
+// the call.
+func (p *pendingCall) end() {
+	if p.expire != nil {
+		p.expire.Stop()
+	}
+	p.done(p.result, p.err)
 }
 
 // InFlight describes a run occupying a slot.
@@ -258,49 +274,92 @@ func (d *Dispatcher) QueueLength() int {
 // call pins a lineage that is no longer routed, and with deadline_exceeded
 // when its deadline passes while it waits.
 func (d *Dispatcher) Invoke(ctx context.Context, call Call) (Result, error) {
-	if call.Deadline.IsZero() {
-		return Result{}, &CallError{Code: reasons.DeadlineExceeded, Message: "a call needs a deadline"}
+	ended := make(chan struct{})
+	var res Result
+	var resErr error
+	q, err := d.Submit(call, func(r Result, err error) {
+		res, resErr = r, err
+		close(ended)
+	})
+	if err != nil {
+		return Result{}, err
 	}
-	p := &pendingCall{call: call, enqueued: time.Now(), done: make(chan struct{})}
+	select {
+	case <-ended:
+	case <-ctx.Done():
+		// Still queued: withdrawn. Already running: the run's own deadline
+		// ends it; its result is waited for so the slot is never
+		// double-booked.
+		q.Withdraw(&CallError{Code: reasons.DeadlineExceeded, Message: "the caller gave up while the call was queued", Err: ctx.Err()})
+		<-ended
+	}
+	return res, resErr
+}
+
+// Queued is a submitted call, for its submitter.
+type Queued struct {
+	d *Dispatcher
+	p *pendingCall
+}
+
+// Withdraw takes the call out of the queue and ends it with err (its done
+// is called before Withdraw returns). It reports false when the call is no
+// longer queued: it runs, or has ended.
+func (q *Queued) Withdraw(err *CallError) bool {
+	if !q.d.withdraw(q.p) {
+		return false
+	}
+	q.p.err = err
+	q.p.end()
+	return true
+}
+
+// Submit queues a call without waiting for it: done is called exactly
+// once, with its result or its CallError, by whatever ends it — its run,
+// its deadline passing while it waits, the dispatcher refusing it at
+// dispatch, a withdrawal, SetUnavailable, Close. done runs on the goroutine
+// that ended the call and must not block. A call refused at once (the
+// cases Invoke lists) returns the error, and done is never called.
+//
+// Nothing waits for a submitted call: a caller that needs the result in
+// its own goroutine uses Invoke; the gateway hands the outcome on from
+// done, so a call costs no goroutine of its own while it is queued.
+func (d *Dispatcher) Submit(call Call, done func(Result, error)) (*Queued, error) {
+	if call.Deadline.IsZero() {
+		return nil, &CallError{Code: reasons.DeadlineExceeded, Message: "a call needs a deadline"}
+	}
+	p := &pendingCall{call: call, enqueued: time.Now(), done: done}
 	d.mu.Lock()
 	switch {
 	case d.closed:
 		d.mu.Unlock()
-		return Result{}, &CallError{Code: reasons.NotFound, Message: fmt.Sprintf("module %s was retired: it is no longer on this node", d.module), Err: ErrDispatcherClosed}
+		return nil, &CallError{Code: reasons.NotFound, Message: fmt.Sprintf("module %s was retired: it is no longer on this node", d.module), Err: ErrDispatcherClosed}
 	case d.unavailable != nil:
 		err := *d.unavailable
 		d.mu.Unlock()
-		return Result{}, &err
+		return nil, &err
 	case call.PinnedLineage != 0 && d.route != nil && d.route.Lineage != call.PinnedLineage:
 		cur := d.route.Lineage
 		d.mu.Unlock()
-		return Result{}, &CallError{Code: reasons.StaleGeneration, Message: fmt.Sprintf("module %s serves generation %d, the call pins %d", d.module, cur, call.PinnedLineage)}
+		return nil, &CallError{Code: reasons.StaleGeneration, Message: fmt.Sprintf("module %s serves generation %d, the call pins %d", d.module, cur, call.PinnedLineage)}
 	case len(d.queue) >= d.queueLimit:
 		d.mu.Unlock()
-		return Result{}, &CallError{Code: reasons.QueueFull, Message: fmt.Sprintf("module %s has %d calls waiting", d.module, d.queueLimit)}
+		return nil, &CallError{Code: reasons.QueueFull, Message: fmt.Sprintf("module %s has %d calls waiting", d.module, d.queueLimit)}
 	}
 	d.queue = append(d.queue, p)
+	p.expire = time.AfterFunc(time.Until(call.Deadline), func() { d.expire(p) })
 	d.mu.Unlock()
 	d.poke()
+	return &Queued{d: d, p: p}, nil
+}
 
-	timer := time.NewTimer(time.Until(call.Deadline))
-	defer timer.Stop()
-	select {
-	case <-p.done:
-		return p.result, p.err
-	case <-timer.C:
-	case <-ctx.Done():
-	}
-	// Still queued: withdraw. Already running: the run's own deadline ends
-	// it; wait for its result so the slot is never double-booked.
+// expire ends a call whose deadline passed while it was queued; one that
+// is running meanwhile is ended by its run.
+func (d *Dispatcher) expire(p *pendingCall) {
 	if d.withdraw(p) {
-		if ctx.Err() != nil {
-			return Result{}, &CallError{Code: reasons.DeadlineExceeded, Message: "the caller gave up while the call was queued", Err: ctx.Err()}
-		}
-		return Result{}, d.expiredInQueue(p)
+		p.err = d.expiredInQueue(p)
+		p.end()
 	}
-	<-p.done
-	return p.result, p.err
 }
 
 // expiredInQueue is the answer to a call whose deadline passed while it
@@ -364,7 +423,7 @@ func (d *Dispatcher) dispatchOne() bool {
 		d.queue = d.queue[1:]
 		d.mu.Unlock()
 		p.err = &CallError{Code: reasons.StaleGeneration, Message: fmt.Sprintf("module %s switched to generation %d while the call, pinned to %d, waited", d.module, route.Lineage, p.call.PinnedLineage)}
-		close(p.done)
+		p.end()
 		return true
 	}
 	remaining := time.Until(p.call.Deadline)
@@ -372,7 +431,7 @@ func (d *Dispatcher) dispatchOne() bool {
 		d.queue = d.queue[1:]
 		d.mu.Unlock()
 		p.err = d.expiredInQueue(p)
-		close(p.done)
+		p.end()
 		return true
 	}
 	if !route.Backend.Fits(remaining, len(p.call.ID)+p.call.Input.Len()) {
@@ -423,6 +482,8 @@ func (d *Dispatcher) run(p *pendingCall, route Route, deadline time.Duration) {
 		// relaunch, as calls that arrive now do, instead of failing.
 		d.mu.Lock()
 		d.queue = append([]*pendingCall{p}, d.queue...)
+		// Its deadline has not passed, so its timer has not fired: it still
+		// ends the call at the deadline if it cannot run by then.
 		d.endRunLocked(p.call.ID)
 		d.mu.Unlock()
 		time.AfterFunc(20*time.Millisecond, d.poke)
@@ -441,7 +502,7 @@ func (d *Dispatcher) run(p *pendingCall, route Route, deadline time.Duration) {
 	if err != nil {
 		p.err = Classify(err, route.Lineage)
 	}
-	close(p.done)
+	p.end()
 
 	d.mu.Lock()
 	d.endRunLocked(p.call.ID)
@@ -611,7 +672,7 @@ func (d *Dispatcher) SetUnavailable(code, message string) {
 	for _, p := range queue {
 		err := CallError{Code: code, Message: message}
 		p.err = &err
-		close(p.done)
+		p.end()
 	}
 }
 
@@ -687,7 +748,7 @@ func (d *Dispatcher) Close() {
 	d.mu.Unlock()
 	for _, p := range queue {
 		p.err = &CallError{Code: reasons.NotFound, Message: fmt.Sprintf("module %s was retired while the call waited: it is no longer on this node", d.module), Err: ErrDispatcherClosed}
-		close(p.done)
+		p.end()
 	}
 	<-idle
 	close(d.stop)

@@ -7,7 +7,7 @@ import (
 	"iteron.dev/operator/internal/reasons"
 )
 
-// Withdraw removes a queued call: its Invoke returns a CallError with
+// Withdraw removes a queued call: its Invoke returns (its Submit's done gets) a CallError with
 // reasons.Cancelled at once and the call never runs. It reports false when no
 // call with that ID is queued (it is running, finished, or unknown); use
 // CancelRunning for a running one.
@@ -26,7 +26,7 @@ func (d *Dispatcher) Withdraw(callID, reason string) bool {
 		return false
 	}
 	found.err = &CallError{Code: reasons.Cancelled, Message: fmt.Sprintf("withdrawn from module %s's queue before it ran: %s", d.module, reason)}
-	close(found.done)
+	found.end()
 	return true
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"runtime/metrics"
 	"slices"
 	"strings"
 	"sync"
@@ -25,6 +26,23 @@ import (
 var roundTrip struct {
 	sync.Mutex
 	nsPerOp map[string]float64
+}
+
+// goroutinesCreated is how many goroutines this process has started so far.
+func goroutinesCreated() uint64 {
+	s := []metrics.Sample{{Name: "/sched/goroutines-created:goroutines"}}
+	metrics.Read(s)
+	if s[0].Value.Kind() != metrics.KindUint64 {
+		return 0
+	}
+	return s[0].Value.Uint64()
+}
+
+// reportGoroutines reports the goroutines started per call since before:
+// each is a hand-off a call pays for (client and server streams, the
+// dispatcher's run, any waiter), counted in this process only.
+func reportGoroutines(b *testing.B, before uint64) {
+	b.ReportMetric(float64(goroutinesCreated()-before)/float64(b.N), "goroutines/op")
 }
 
 func recordRoundTrip(b *testing.B, mode string) {
@@ -62,9 +80,11 @@ func BenchmarkCallRoundTrip(b *testing.B) {
 		ctx := context.Background()
 		b.ReportAllocs()
 		b.ResetTimer()
+		before := goroutinesCreated()
 		for i := 0; i < b.N; i++ {
 			if p.Budget().StdinBytes < 64<<10 {
 				b.StopTimer()
+		reportGoroutines(b, before)
 				p.Close()
 				p = launch()
 				b.StartTimer()
@@ -78,6 +98,7 @@ func BenchmarkCallRoundTrip(b *testing.B) {
 			}
 		}
 		b.StopTimer()
+		reportGoroutines(b, before)
 		recordRoundTrip(b, "direct")
 	})
 	b.Run("gateway-invoke", func(b *testing.B) {
@@ -87,12 +108,14 @@ func BenchmarkCallRoundTrip(b *testing.B) {
 		ctx := context.Background()
 		b.ReportAllocs()
 		b.ResetTimer()
+		before := goroutinesCreated()
 		for i := 0; i < b.N; i++ {
 			if _, err := h.client.Invoke(ctx, req); err != nil {
 				b.Fatal(err)
 			}
 		}
 		b.StopTimer()
+		reportGoroutines(b, before)
 		recordRoundTrip(b, "gateway")
 	})
 	b.Run("go-plugin-grpc", func(b *testing.B) {

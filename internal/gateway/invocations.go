@@ -39,6 +39,10 @@ type invocation struct {
 
 	done chan struct{} // closed when the outcome is recorded
 
+	// queued is the call in its module's dispatcher (nil for one known
+	// only from the survivor, or refused at once): Stop withdraws it.
+	queued *dispatch.Queued
+
 	mu             sync.Mutex
 	started        bool
 	generation     int64
@@ -224,6 +228,21 @@ func (t *invocationTable) forgetOldestLocked() bool {
 		delete(t.byKey, inv.key)
 	}
 	return true
+}
+
+// pending returns the invocations whose outcome is not recorded yet.
+func (t *invocationTable) pending() []*invocation {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var out []*invocation
+	for _, inv := range t.byKey {
+		select {
+		case <-inv.done:
+		default:
+			out = append(out, inv)
+		}
+	}
+	return out
 }
 
 // stats reports the table's size, for tests and metrics.

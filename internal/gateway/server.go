@@ -269,6 +269,17 @@ func (s *Server) Stop(ctx context.Context) {
 		<-graceful
 	}
 	s.cancel()
+	// No handler runs now, so no call is submitted any more: the calls still
+	// queued are withdrawn (they never ran: interrupted), the running ones
+	// are waited for.
+	for _, inv := range s.table.pending() {
+		inv.mu.Lock()
+		q := inv.queued
+		inv.mu.Unlock()
+		if q != nil {
+			q.Withdraw(&dispatch.CallError{Code: reasons.Interrupted, Message: "the gateway stopped before the call ran"})
+		}
+	}
 	waited := make(chan struct{})
 	go func() { s.calls.Wait(); close(waited) }()
 	select {
@@ -572,32 +583,43 @@ func (s *Server) beginAuthorized(ctx context.Context, req callRequest, streaming
 		// of a generation it no longer routes to).
 		call.Observe = func(o dispatch.Observation) { s.observe(inv, o) }
 	}
+	inv.mu.Lock()
+	cancelled := inv.cancelRequested
+	inv.mu.Unlock()
 	s.calls.Add(1)
-	go func() {
-		defer s.calls.Done()
-		inv.mu.Lock()
-		cancelled := inv.cancelRequested
-		inv.mu.Unlock()
-		if cancelled {
-			s.finish(inv, dispatch.Result{}, &dispatch.CallError{Code: reasons.Cancelled, Message: "cancelled before it was queued"})
-			return
-		}
-		res, err := d.Invoke(s.ctx, call)
-		var ce *dispatch.CallError
-		inv.mu.Lock()
-		neverRan := err != nil && !inv.started
-		inv.mu.Unlock()
-		if neverRan && !(errors.As(err, &ce) && (ce.Code == reasons.Cancelled || ce.Code == reasons.StaleGeneration)) {
-			// Refused before it was dispatched (a full queue, a module that
-			// cannot serve, a recovery that outlasted its deadline): it
-			// never ran, so a retry under the same invocation_id may run it.
-			// What no retry changes stays its outcome: the client cancelled
-			// it, or it pins a generation that no longer serves.
-			s.table.abandon(inv)
-		}
-		s.finish(inv, res, err)
-	}()
+	if cancelled {
+		s.ended(inv, dispatch.Result{}, &dispatch.CallError{Code: reasons.Cancelled, Message: "cancelled before it was queued"})
+		return inv, false, nil
+	}
+	// No goroutine waits for the call: the dispatcher hands its outcome to
+	// ended from whatever ends it (its run, its deadline, a withdrawal).
+	q, err := d.Submit(call, func(res dispatch.Result, err error) { s.ended(inv, res, err) })
+	if err != nil {
+		s.ended(inv, dispatch.Result{}, err)
+		return inv, false, nil
+	}
+	inv.mu.Lock()
+	inv.queued = q
+	inv.mu.Unlock()
 	return inv, false, nil
+}
+
+// ended records the outcome of a call the gateway submitted.
+func (s *Server) ended(inv *invocation, res dispatch.Result, err error) {
+	defer s.calls.Done()
+	var ce *dispatch.CallError
+	inv.mu.Lock()
+	neverRan := err != nil && !inv.started
+	inv.mu.Unlock()
+	if neverRan && !(errors.As(err, &ce) && (ce.Code == reasons.Cancelled || ce.Code == reasons.StaleGeneration)) {
+		// Refused before it was dispatched (a full queue, a module that
+		// cannot serve, a recovery that outlasted its deadline): it
+		// never ran, so a retry under the same invocation_id may run it.
+		// What no retry changes stays its outcome: the client cancelled
+		// it, or it pins a generation that no longer serves.
+		s.table.abandon(inv)
+	}
+	s.finish(inv, res, err)
 }
 
 // recoveringPoll is how often a call that arrived while the manager
