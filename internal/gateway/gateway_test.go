@@ -659,3 +659,57 @@ func (nopBackend) Run(context.Context, dispatch.RunRequest, func(dispatch.Observ
 }
 func (nopBackend) Cancel(context.Context, string, string) error { return nil }
 func (nopBackend) Fits(time.Duration, int) bool                 { return true }
+
+func TestStoppingTheGatewayWithdrawsTheCallsStillQueuedAndTheyNeverRun(t *testing.T) {
+	h := newHarness(t)
+	a, _ := h.counterActivation("default", "stop")
+	ctx := context.Background()
+	slow := make(chan error, 1)
+	go func() {
+		_, err := h.invoke(nil, &gatewayv1.InvokeRequest{Namespace: "default", Activation: "stop", Module: module, InvocationId: "slow", InputJson: `{"key":"s","add":1,"sleep_ms":1500}`})
+		slow <- err
+	}()
+	waitFor(t, "slow to run", func() bool {
+		st, _ := h.client.GetInvocationStatus(ctx, &gatewayv1.InvocationControlRequest{Namespace: "default", InvocationId: "slow"})
+		return st.GetState() == gatewayv1.InvocationState_INVOCATION_STATE_RUNNING
+	})
+	queued := make(chan error, 1)
+	go func() {
+		_, err := h.invoke(nil, &gatewayv1.InvokeRequest{Namespace: "default", Activation: "stop", Module: module, InvocationId: "queued", InputJson: `{"key":"s","add":100}`})
+		queued <- err
+	}()
+	waitFor(t, "queued to queue", func() bool {
+		st, _ := h.client.GetInvocationStatus(ctx, &gatewayv1.InvocationControlRequest{Namespace: "default", InvocationId: "queued"})
+		return st.GetState() == gatewayv1.InvocationState_INVOCATION_STATE_QUEUED
+	})
+	d, err := h.coord.Lookup("default", "stop", module)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.QueueLength() != 1 {
+		t.Fatalf("%d calls queued in the module; want the one", d.QueueLength())
+	}
+	h.client.Close()
+	stopCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	h.server.Stop(stopCtx)
+	if err := <-h.served; err != nil {
+		t.Errorf("Serve: %v", err)
+	}
+	h.server = nil
+	if d.QueueLength() != 0 {
+		t.Fatalf("%d calls still queued in the module after the gateway stopped; want none", d.QueueLength())
+	}
+	for _, ch := range []chan error{slow, queued} {
+		if err := <-ch; err == nil {
+			t.Fatal("a call answered OK over a connection the test closed")
+		}
+	}
+	// The module's dispatcher outlives the gateway: a call through the next
+	// one queues behind anything left, so its count says whether the
+	// withdrawn call (+100) ran.
+	h.startServer()
+	if got, _ := h.count(a, module, "s", 0); got.Count != 1 {
+		t.Fatalf("count %d; want 1 (the slow call ran, the withdrawn one never did)", got.Count)
+	}
+}
