@@ -84,7 +84,6 @@ func BenchmarkCallRoundTrip(b *testing.B) {
 		for i := 0; i < b.N; i++ {
 			if p.Budget().StdinBytes < 64<<10 {
 				b.StopTimer()
-		reportGoroutines(b, before)
 				p.Close()
 				p = launch()
 				b.StartTimer()
