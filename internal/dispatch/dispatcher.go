@@ -227,9 +227,20 @@ type Dispatcher struct {
 	// gets instead of deadline_exceeded: the module's committed generation
 	// is being recovered (re-attached, relaunched), so retrying is right.
 	recovering *CallError
-	kick       chan struct{}
-	stop       chan struct{}
-	stopped    chan struct{}
+	// routeChanged is closed, and replaced, whenever what serves the module
+	// changes (a switch, a withdrawn route, unavailable, closed): a stream
+	// that follows the module's runtime waits on it instead of polling.
+	routeChanged chan struct{}
+	kick         chan struct{}
+	stop         chan struct{}
+	stopped      chan struct{}
+}
+
+// routeChangedLocked wakes whoever waits for the module's route to change.
+// Caller holds d.mu.
+func (d *Dispatcher) routeChangedLocked() {
+	close(d.routeChanged)
+	d.routeChanged = make(chan struct{})
 }
 
 // NewDispatcher returns a paused dispatcher with no route; Switch installs
@@ -240,7 +251,7 @@ func NewDispatcher(module string, queueLimit int) *Dispatcher {
 	}
 	d := &Dispatcher{
 		module: module, queueLimit: queueLimit, paused: true, running: map[string]*InFlight{},
-		idle: make(chan struct{}), kick: make(chan struct{}, 1),
+		idle: make(chan struct{}), kick: make(chan struct{}, 1), routeChanged: make(chan struct{}),
 		stop: make(chan struct{}), stopped: make(chan struct{}),
 	}
 	close(d.idle)
@@ -634,6 +645,7 @@ func (d *Dispatcher) Switch(route Route) (previous *Route, err error) {
 		return nil, fmt.Errorf("switch module %s: run %s is still in flight", d.module, id)
 	}
 	previous = d.route
+	defer d.routeChangedLocked()
 	if route.Backend == nil {
 		// Undoing a first switch: no route at all again.
 		d.route = nil
@@ -656,6 +668,7 @@ func (d *Dispatcher) WithdrawRoute(backend Backend) bool {
 		return false
 	}
 	d.route = nil
+	d.routeChangedLocked()
 	return true
 }
 
@@ -666,6 +679,7 @@ func (d *Dispatcher) SetUnavailable(code, message string) {
 	d.mu.Lock()
 	d.unavailable = &CallError{Code: code, Message: message}
 	d.recovering = nil
+	d.routeChangedLocked()
 	queue := d.queue
 	d.queue = nil
 	d.mu.Unlock()
@@ -742,6 +756,7 @@ func (d *Dispatcher) Close() {
 	}
 	d.closed = true
 	d.recovering = nil
+	d.routeChangedLocked()
 	queue := d.queue
 	d.queue = nil
 	idle := d.idle

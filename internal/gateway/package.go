@@ -27,8 +27,9 @@ import (
 // dependencies and session, and its namespace for the grant. A Watch is the
 // runtime's own stream: the gateway opens it on the routed runtime,
 // registers it in that generation's scope (disposing the generation closes
-// it), and when the module's runtime changes, opens it again on the new one
-// — the caller's stream continues with the new runtime's initial event.
+// it), and when the module's runtime changes, opens it again on the one the
+// dispatcher names (dispatch.AwaitPackageRoute, RoutedAway) — the caller's
+// stream continues with the new runtime's initial event.
 
 // Bounds of the package-runtime fields of a request.
 const (
@@ -319,35 +320,18 @@ func entryRouteName(w *packageWatch) string {
 	return r.Name
 }
 
-// awaitPackageRoute returns the module's route once a package runtime other
-// than last serves it, waiting at most WatchMoveTimeout (and ctx); or why
-// none will.
+// awaitPackageRoute is the dispatcher's AwaitPackageRoute, ended also when
+// the gateway stops (interrupted).
 func (s *Server) awaitPackageRoute(ctx context.Context, d *dispatch.Dispatcher, last dispatch.PackageBackend) (*dispatch.Route, *dispatch.CallError) {
-	deadline := time.Now().Add(s.cfg.WatchMoveTimeout)
-	for {
-		r := d.Route()
-		switch {
-		case r != nil && r.Package != nil && r.Package != last:
-			return r, nil
-		case r != nil && r.Package == nil && r.Backend != nil:
-			return nil, &dispatch.CallError{Code: reasons.StaleGeneration, Message: fmt.Sprintf("module %s is now served by a line-protocol provider (generation %s), which has no Watch of a package runtime", d.Module(), r.Name)}
-		case d.Closed():
-			return nil, &dispatch.CallError{Code: reasons.StaleGeneration, Message: fmt.Sprintf("module %s was retired", d.Module())}
-		}
-		if ce := d.Unavailable(); ce != nil {
-			return nil, ce
-		}
-		if time.Now().After(deadline) {
-			return nil, &dispatch.CallError{Code: reasons.StaleGeneration, Message: fmt.Sprintf("no runtime of module %s took over within %s", d.Module(), s.cfg.WatchMoveTimeout)}
-		}
-		select {
-		case <-ctx.Done():
-			return nil, &dispatch.CallError{Code: reasons.DeadlineExceeded, Message: "the caller stopped watching: " + ctx.Err().Error()}
-		case <-s.ctx.Done():
-			return nil, &dispatch.CallError{Code: reasons.Interrupted, Message: "the gateway is stopping"}
-		case <-time.After(5 * time.Millisecond):
-		}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := context.AfterFunc(s.ctx, cancel)
+	defer stop()
+	r, why := d.AwaitPackageRoute(ctx, last, s.cfg.WatchMoveTimeout)
+	if why != nil && why.Code == reasons.DeadlineExceeded && s.ctx.Err() != nil {
+		return nil, &dispatch.CallError{Code: reasons.Interrupted, Message: "the gateway is stopping"}
 	}
+	return r, why
 }
 
 // relayPackageWatch sends w's events to the caller until the Watch ends. It
@@ -388,7 +372,7 @@ func (s *Server) relayPackageWatch(ctx context.Context, id string, w *pkgruntime
 		if cancelled() {
 			return fail(reasons.Cancelled, fmt.Sprintf("watch %s was cancelled (CancelInvocation)", id)), false
 		}
-		if routedAway(d, route, 1*time.Second) {
+		if d.RoutedAway(route, time.Second) {
 			return nil, true
 		}
 		if errors.Is(err, io.EOF) {
@@ -396,27 +380,6 @@ func (s *Server) relayPackageWatch(ctx context.Context, id string, w *pkgruntime
 			return nil, false
 		}
 		return callFailure(err, route.Lineage), false
-	}
-}
-
-// routedAway reports whether route's runtime no longer serves the module:
-// the route moved on, or its process exited (waiting up to grace for the
-// exit to be seen: a crash breaks the stream before the exit is reaped).
-func routedAway(d *dispatch.Dispatcher, route dispatch.Route, grace time.Duration) bool {
-	moved := func() bool {
-		cur := d.Route()
-		return cur == nil || cur.Package != route.Package
-	}
-	if moved() {
-		return true
-	}
-	t := time.NewTimer(grace)
-	defer t.Stop()
-	select {
-	case <-route.Package.Exited():
-		return true
-	case <-t.C:
-		return moved()
 	}
 }
 
