@@ -92,7 +92,9 @@ func TestAWatchDoesNotMoveWhereItCannotFollow(t *testing.T) {
 		code    string
 		says    string
 	}{
-		{"a line-protocol provider serves the module now", func(t *testing.T, d *Dispatcher) { switchTo(t, d, Route{Lineage: 2, Name: "g2", Backend: newScripted("g2")}) }, time.Minute, reasons.StaleGeneration, "line-protocol"},
+		{"a line-protocol provider serves the module now", func(t *testing.T, d *Dispatcher) {
+			switchTo(t, d, Route{Lineage: 2, Name: "g2", Backend: newScripted("g2")})
+		}, time.Minute, reasons.StaleGeneration, "line-protocol"},
 		{"nothing can serve the module", func(t *testing.T, d *Dispatcher) { d.SetUnavailable(reasons.ActivationFailed, "no runtime starts") }, time.Minute, reasons.ActivationFailed, "no runtime starts"},
 		{"the module was retired", func(t *testing.T, d *Dispatcher) { d.Close() }, time.Minute, reasons.StaleGeneration, "retired"},
 		{"no runtime takes over in time", func(*testing.T, *Dispatcher) {}, 30 * time.Millisecond, reasons.StaleGeneration, "took over within"},
