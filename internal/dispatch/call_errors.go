@@ -5,7 +5,6 @@ import (
 	"fmt"
 
 	"iteron.dev/operator/internal/pkgruntime"
-	"iteron.dev/operator/internal/procexec"
 	"iteron.dev/operator/internal/reasons"
 )
 
@@ -15,9 +14,9 @@ import (
 // test an executor's or a runtime's errors. lineage is the generation the
 // call ran on, for the message.
 //
-//   - A run the host ended (procexec.ErrRunCancelled, procexec.ErrClosed,
-//     also as a survivor reports them) is interrupted: a swap's quiesce
-//     timeout, a retirement or a shutdown. A caller that asked for the
+//   - A run the host ended (an error that says HostEnded: the executor's
+//     run cancelled and process closed, also as a survivor reports them) is
+//     interrupted: a swap's quiesce timeout, a retirement or a shutdown. A caller that asked for the
 //     cancellation reads it as cancelled: only it knows it asked.
 //   - A package runtime's failure keeps the runtime's code.
 //   - A provider failure whose cause carries a reason code of its own (an
@@ -31,7 +30,8 @@ func Classify(err error, lineage int64) *CallError {
 	if errors.As(err, &ce) && ce.Code == reasons.Cancelled {
 		return ce
 	}
-	if errors.Is(err, procexec.ErrRunCancelled) || errors.Is(err, procexec.ErrClosed) {
+	var he interface{ HostEnded() bool }
+	if errors.As(err, &he) && he.HostEnded() {
 		return &CallError{Code: reasons.Interrupted, Err: err,
 			Message: fmt.Sprintf("the host ended the run on generation %d (a swap's quiesce timeout, a retirement or a shutdown): %v", lineage, err)}
 	}

@@ -174,8 +174,18 @@ func evidence(frame []byte) []byte {
 }
 
 // ErrRunCancelled is a run's outcome when the host cancelled it.
-var ErrRunCancelled = errors.New("procexec: run cancelled")
+var ErrRunCancelled error = &hostEnded{"procexec: run cancelled"}
 
 // ErrClosed is returned by requests to a Process that was closed or stopped
 // without a fault.
-var ErrClosed = errors.New("procexec: process closed")
+var ErrClosed error = &hostEnded{"procexec: process closed"}
+
+// hostEnded is a run the host ended, not its provider: it says so
+// (HostEnded), so that whoever classifies a call's error (internal/dispatch)
+// need not know the executor's sentinels.
+type hostEnded struct{ msg string }
+
+func (e *hostEnded) Error() string { return e.msg }
+
+// HostEnded reports that the host, not the provider, ended the run.
+func (e *hostEnded) HostEnded() bool { return true }

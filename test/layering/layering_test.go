@@ -103,6 +103,10 @@ var table = func() []rule {
 		for _, p := range line {
 			r := rule{pkgs: p, rank: i + 1, imports: append(slices.Clone(leaves), before...),
 				why: p + " may import only api/..., pkg/strictjson, pkg/protocol and the internal packages before it in the order " + orderText()}
+			if p == "internal/dispatch" {
+				r.never, r.testsMay = []string{"internal/procexec"}, true
+				r.neverWhy = "internal/dispatch never imports internal/procexec: an error says itself that the host ended a run (HostEnded) or what its reason is (ReasonCode), so classifying it needs no executor"
+			}
 			if p == "internal/gateway" {
 				r.never, r.testsMay = []string{"internal/hotswap", "internal/providers", "internal/procexec"}, true
 				r.neverWhy = "internal/gateway never imports internal/hotswap (the transaction engine), internal/providers or internal/procexec: " +
@@ -497,6 +501,8 @@ func TestCheck(t *testing.T) {
 		{"internal/gateway", "internal/dispatch", false, true},
 		{"internal/dispatch", "internal/hotswap", false, false},
 		{"internal/dispatch", "internal/hotswap", true, false},
+		{"internal/dispatch", "internal/procexec", false, false},
+		{"internal/dispatch", "internal/procexec", true, true},
 		{"internal/hotswap", "internal/dispatch", false, true},
 		{"internal/hotswap", "internal/providers", false, true},
 		{"internal/providers", "internal/hotswap", false, false},
