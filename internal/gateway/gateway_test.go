@@ -193,24 +193,7 @@ func TestCancellingAQueuedCallWithdrawsItAndItNeverRuns(t *testing.T) {
 	h := newHarness(t)
 	a, _ := h.counterActivation("default", "stack")
 	ctx := context.Background()
-	slow := make(chan error, 1)
-	go func() {
-		_, err := h.invoke(nil, &gatewayv1.InvokeRequest{Namespace: "default", Activation: "stack", Module: module, InvocationId: "slow", InputJson: `{"key":"c","add":1,"sleep_ms":800}`})
-		slow <- err
-	}()
-	waitFor(t, "slow to run", func() bool {
-		st, _ := h.client.GetInvocationStatus(ctx, &gatewayv1.InvocationControlRequest{Namespace: "default", InvocationId: "slow"})
-		return st.GetState() == gatewayv1.InvocationState_INVOCATION_STATE_RUNNING
-	})
-	queued := make(chan error, 1)
-	go func() {
-		_, err := h.invoke(nil, &gatewayv1.InvokeRequest{Namespace: "default", Activation: "stack", Module: module, InvocationId: "queued", InputJson: `{"key":"c","add":100}`})
-		queued <- err
-	}()
-	waitFor(t, "queued to queue", func() bool {
-		st, _ := h.client.GetInvocationStatus(ctx, &gatewayv1.InvocationControlRequest{Namespace: "default", InvocationId: "queued"})
-		return st.GetState() == gatewayv1.InvocationState_INVOCATION_STATE_QUEUED
-	})
+	slow, queued := h.slowThenQueued(t, "stack", "c", 800)
 	st, err := h.client.CancelInvocation(ctx, &gatewayv1.InvocationControlRequest{Namespace: "default", InvocationId: "queued", Reason: "changed my mind"})
 	if err != nil || st.State != gatewayv1.InvocationState_INVOCATION_STATE_FAILED || st.Reason != reasons.Cancelled || !strings.Contains(st.Message, "changed my mind") {
 		t.Fatalf("cancel of a queued call: %v %v; want FAILED, reason cancelled, naming the reason", st, err)
@@ -664,24 +647,7 @@ func TestStoppingTheGatewayWithdrawsTheCallsStillQueuedAndTheyNeverRun(t *testin
 	h := newHarness(t)
 	a, _ := h.counterActivation("default", "stop")
 	ctx := context.Background()
-	slow := make(chan error, 1)
-	go func() {
-		_, err := h.invoke(nil, &gatewayv1.InvokeRequest{Namespace: "default", Activation: "stop", Module: module, InvocationId: "slow", InputJson: `{"key":"s","add":1,"sleep_ms":1500}`})
-		slow <- err
-	}()
-	waitFor(t, "slow to run", func() bool {
-		st, _ := h.client.GetInvocationStatus(ctx, &gatewayv1.InvocationControlRequest{Namespace: "default", InvocationId: "slow"})
-		return st.GetState() == gatewayv1.InvocationState_INVOCATION_STATE_RUNNING
-	})
-	queued := make(chan error, 1)
-	go func() {
-		_, err := h.invoke(nil, &gatewayv1.InvokeRequest{Namespace: "default", Activation: "stop", Module: module, InvocationId: "queued", InputJson: `{"key":"s","add":100}`})
-		queued <- err
-	}()
-	waitFor(t, "queued to queue", func() bool {
-		st, _ := h.client.GetInvocationStatus(ctx, &gatewayv1.InvocationControlRequest{Namespace: "default", InvocationId: "queued"})
-		return st.GetState() == gatewayv1.InvocationState_INVOCATION_STATE_QUEUED
-	})
+	slow, queued := h.slowThenQueued(t, "stop", "s", 1500)
 	d, err := h.coord.Lookup("default", "stop", module)
 	if err != nil {
 		t.Fatal(err)
@@ -712,4 +678,31 @@ func TestStoppingTheGatewayWithdrawsTheCallsStillQueuedAndTheyNeverRun(t *testin
 	if got, _ := h.count(a, module, "s", 0); got.Count != 1 {
 		t.Fatalf("count %d; want 1 (the slow call ran, the withdrawn one never did)", got.Count)
 	}
+}
+
+// slowThenQueued makes two calls to the counter of activation (namespace
+// default): "slow" (adds 1 to key, then sleeps sleepMs), seen running, and
+// "queued" (adds 100), seen queued behind it. Each channel gets its call's
+// error.
+func (h *harness) slowThenQueued(t *testing.T, activation, key string, sleepMs int) (slow, queued chan error) {
+	t.Helper()
+	ctx := context.Background()
+	slow, queued = make(chan error, 1), make(chan error, 1)
+	go func() {
+		_, err := h.invoke(nil, &gatewayv1.InvokeRequest{Namespace: "default", Activation: activation, Module: module, InvocationId: "slow", InputJson: fmt.Sprintf(`{"key":%q,"add":1,"sleep_ms":%d}`, key, sleepMs)})
+		slow <- err
+	}()
+	waitFor(t, "slow to run", func() bool {
+		st, _ := h.client.GetInvocationStatus(ctx, &gatewayv1.InvocationControlRequest{Namespace: "default", InvocationId: "slow"})
+		return st.GetState() == gatewayv1.InvocationState_INVOCATION_STATE_RUNNING
+	})
+	go func() {
+		_, err := h.invoke(nil, &gatewayv1.InvokeRequest{Namespace: "default", Activation: activation, Module: module, InvocationId: "queued", InputJson: fmt.Sprintf(`{"key":%q,"add":100}`, key)})
+		queued <- err
+	}()
+	waitFor(t, "queued to queue", func() bool {
+		st, _ := h.client.GetInvocationStatus(ctx, &gatewayv1.InvocationControlRequest{Namespace: "default", InvocationId: "queued"})
+		return st.GetState() == gatewayv1.InvocationState_INVOCATION_STATE_QUEUED
+	})
+	return slow, queued
 }
