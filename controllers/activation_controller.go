@@ -66,6 +66,7 @@ type ActivationReconciler struct {
 
 // Reconcile runs the activation's phases and patches its status once.
 func (r *ActivationReconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.Result, retErr error) {
+	activationReconciles.Inc()
 	var act iteronv1.ImplementationActivation
 	if err := r.Client.Get(ctx, req.NamespacedName, &act); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
@@ -166,6 +167,9 @@ func (r *ActivationReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if r.Now == nil {
 		r.Now = time.Now
 	}
+	// Every write and event of the reconciler is counted
+	// (iteron_activation_api_writes_total).
+	r.Client, r.Recorder = countWrites(r.Client), countEvents(r.Recorder)
 	b := ctrl.NewControllerManagedBy(mgr).
 		For(&iteronv1.ImplementationActivation{}).
 		// A deleted Generation requeues its activation: an Active one is

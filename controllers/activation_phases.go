@@ -71,7 +71,7 @@ func (r *ActivationReconciler) reconcileResolve(ctx context.Context, s *activati
 	if s.act.Spec.Paused {
 		return nil
 	}
-	s.res = r.Resolve(ctx, &s.act.Spec)
+	s.res = r.verify(ctx, &s.act.Spec)
 	s.resolved = true
 	admitProbes(s)
 	s.requeueWithin(s.res.RetryAfter)
@@ -344,7 +344,7 @@ func (r *ActivationReconciler) committedTarget(ctx context.Context, s *activatio
 		Sources: []iteronv1.ActivationSource{{Module: rm.Module, ImplementationID: impl.ID, CatalogPath: impl.CatalogPath,
 			ArtifactRoot: impl.ArtifactRoot, ManifestSHA256: impl.ManifestSHA256, ArtifactSHA256: impl.ArtifactSHA256}},
 	}
-	res := r.Resolve(ctx, &spec)
+	res := r.verify(ctx, &spec)
 	if res.DocumentError != nil || len(res.Modules) != 1 || res.Modules[0].Plan == nil {
 		msg := "verification failed"
 		if res.DocumentError != nil {
@@ -356,6 +356,13 @@ func (r *ActivationReconciler) committedTarget(ctx context.Context, s *activatio
 	}
 	t.Plan, t.Epoch = *res.Modules[0].Plan, res.Modules[0].Epoch
 	return t, nil, nil
+}
+
+// verify resolves a spec, counting the verification: the expensive step
+// of a reconcile (every catalog, manifest and executable read and checked).
+func (r *ActivationReconciler) verify(ctx context.Context, spec *iteronv1.ImplementationActivationSpec) Resolution {
+	activationVerifications.Inc()
+	return r.Resolve(ctx, spec)
 }
 
 // activeGeneration is what serves a module now.

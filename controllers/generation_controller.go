@@ -234,6 +234,7 @@ func (r *GenerationReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	// Several workers: mirroring one Generation never waits for another
 	// (a slow status write of one activation's Generation does not hold up
 	// the rest). Each reconcile only reads the coordinator and patches.
+	r.Client = countWrites(r.Client)
 	b := ctrl.NewControllerManagedBy(mgr).
 		For(&iteronv1.Generation{}).
 		Named("generation").

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -475,13 +476,13 @@ func newScheme() (*runtime.Scheme, error) {
 
 var metricsOnce sync.Once
 
-// registerMetrics adds the coordinator's and gateway's collectors to
-// controller-runtime's registry, once per process (tests build several
-// managers in one process).
+// registerMetrics adds the coordinator's, gateway's, sandbox's and
+// reconcilers' collectors to controller-runtime's registry, once per process
+// (tests build several managers in one process).
 func registerMetrics() error {
 	var err error
 	metricsOnce.Do(func() {
-		for _, c := range append(append(hotswap.Collectors(), gateway.Collectors()...), sandbox.Collectors()...) {
+		for _, c := range slices.Concat(hotswap.Collectors(), gateway.Collectors(), sandbox.Collectors(), controllers.Collectors()) {
 			if e := metrics.Registry.Register(c); e != nil {
 				var already prometheus.AlreadyRegisteredError
 				if !errors.As(e, &already) {
