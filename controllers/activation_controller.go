@@ -62,6 +62,10 @@ type ActivationReconciler struct {
 	// Probe makes the Invoke of an activation's probes (nil: this manager
 	// runs none, and an activation with probes is never Ready).
 	Probe ProbeInvoker
+
+	// verified keeps each activation's last resolution while its spec and
+	// the files it read are unchanged (verification_cache.go).
+	verified verificationCache
 }
 
 // Reconcile runs the activation's phases and patches its status once.
@@ -69,9 +73,13 @@ func (r *ActivationReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 	activationReconciles.Inc()
 	var act iteronv1.ImplementationActivation
 	if err := r.Client.Get(ctx, req.NamespacedName, &act); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.verified.forget(req.NamespacedName)
+		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	if act.Spec.NodeName != r.NodeName {
+		r.verified.forget(req.NamespacedName)
 		// The cache is scoped to this node; an object that moved (nodeName
 		// is immutable, but the API server is not the only way in) is not
 		// ours to act on.
@@ -157,6 +165,7 @@ func (r *ActivationReconciler) reconcileDelete(ctx context.Context, s *activatio
 	patch := client.MergeFrom(s.act.DeepCopy())
 	controllerutil.RemoveFinalizer(s.act, iteronv1.FinalizerActivation)
 	s.deleted = true
+	r.verified.forget(client.ObjectKeyFromObject(s.act))
 	r.Recorder.Eventf(s.act, nil, corev1.EventTypeNormal, "Retired", "Retire", "every module retired, every process reaped, %d Generation objects deleted", len(gens))
 	return ctrl.Result{}, client.IgnoreNotFound(r.Client.Patch(ctx, s.act, patch))
 }

@@ -71,7 +71,15 @@ func (r *ActivationReconciler) reconcileResolve(ctx context.Context, s *activati
 	if s.act.Spec.Paused {
 		return nil
 	}
-	s.res = r.verify(ctx, &s.act.Spec)
+	// Verified again only when the spec or a file it read changed: a
+	// reconcile with nothing changed stats the files and reads none.
+	name, key := client.ObjectKeyFromObject(s.act), verificationKeyOf(s.act)
+	res, kept := r.verified.get(name, key)
+	if !kept {
+		res = r.verify(ctx, &s.act.Spec)
+		r.verified.put(name, key, res)
+	}
+	s.res = res
 	s.resolved = true
 	admitProbes(s)
 	s.requeueWithin(s.res.RetryAfter)

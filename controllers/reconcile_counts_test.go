@@ -3,17 +3,24 @@ package controllers_test
 import (
 	"context"
 	"fmt"
+	"io/fs"
 	"maps"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
 	"iteron.dev/operator/examples/providers/artifacts"
+	"iteron.dev/operator/internal/activation"
+	"iteron.dev/operator/internal/reasons"
 )
 
 // reconcileCounts are the reconcilers' counters as the manager's registry
@@ -138,13 +145,49 @@ func resync(t *testing.T, act *iteronv1.ImplementationActivation, n int) reconci
 	return settledCounts(t).minus(before)
 }
 
+// waitUnracy waits until every file under paths was last changed more than
+// activation.RacyWindow ago: until then a file's stamp vouches for nothing
+// and every reconcile verifies it again, which is right for a file that
+// may still be changing but is not what these counts measure.
+func waitUnracy(t *testing.T, paths ...string) {
+	t.Helper()
+	var newest time.Time
+	for _, root := range paths {
+		err := filepath.WalkDir(root, func(p string, _ fs.DirEntry, err error) error {
+			if err != nil {
+				return err
+			}
+			var st unix.Stat_t
+			if err := unix.Lstat(p, &st); err != nil {
+				return err
+			}
+			if c := time.Unix(st.Ctim.Sec, st.Ctim.Nsec); c.After(newest) {
+				newest = c
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(time.Until(newest.Add(activation.RacyWindow + 100*time.Millisecond)))
+}
+
 // TestReconcileCountsOfOneHotSwapAndOfAResync measures what one hot swap
 // of one module and one resync with nothing changed cost the reconcilers:
 // reconciles, verifications of the sources and writes to the API server.
+// The sources are verified once per spec: a resync verifies nothing, a
+// spec change once, and an executable rewritten on disk is verified again
+// at the next reconcile.
 func TestReconcileCountsOfOneHotSwapAndOfAResync(t *testing.T) {
 	v2 := source(t, artifacts.CounterV2, "prompt_system", "counter-v2")
-	act := newActivation(t, "counts", nil, source(t, artifacts.CounterV1, "prompt_system", "counter"))
+	v1 := source(t, artifacts.CounterV1, "prompt_system", "counter")
+	act := newActivation(t, "counts", nil, v1)
 	waitFor(t, act, "Ready", ready)
+	// Once the files are old enough to be vouched for, one reconcile
+	// verifies v1 for good.
+	waitUnracy(t, v1.CatalogPath, v1.ArtifactRoot, v2.CatalogPath, v2.ArtifactRoot)
+	resync(t, act, 1)
 
 	before := settledCounts(t)
 	updateSpec(t, act, func(a *iteronv1.ImplementationActivation) { a.Spec.Sources[0] = v2 })
@@ -153,11 +196,12 @@ func TestReconcileCountsOfOneHotSwapAndOfAResync(t *testing.T) {
 	})
 	swap := settledCounts(t).minus(before)
 	t.Logf("one hot swap of one module: %s", swap)
-	if moduleStatus(got, "prompt_system").ImplementationID != "counter-v2" {
-		t.Fatalf("after the swap: %+v", moduleStatus(got, "prompt_system"))
+	cur := moduleStatus(got, "prompt_system")
+	if cur.ImplementationID != "counter-v2" {
+		t.Fatalf("after the swap: %+v", cur)
 	}
-	if swap.reconciles < 1 || swap.verifications < 1 {
-		t.Fatalf("the swap was made without a counted reconcile and verification: %s", swap)
+	if swap.reconciles < 1 || swap.verifications != 1 {
+		t.Fatalf("the swap took %g verifications in %g reconciles; want the new spec verified once: %s", swap.verifications, swap.reconciles, swap)
 	}
 	for _, kind := range []string{"generation_create", "activation_status", "generation_status", "event"} {
 		if swap.writes[kind] < 1 {
@@ -165,9 +209,49 @@ func TestReconcileCountsOfOneHotSwapAndOfAResync(t *testing.T) {
 		}
 	}
 
-	idle := resync(t, act, 1)
+	idle := resync(t, act, 2)
 	t.Logf("a resync with nothing changed: %s", idle)
-	if idle.verifications < 1 {
-		t.Fatalf("a resync verified nothing: %s", idle)
+	if idle.verifications != 0 {
+		t.Fatalf("a resync with nothing changed verified the sources again: %s", idle)
+	}
+
+	// The executable rewritten with other bytes: the next reconcile
+	// verifies again, and refuses it as an uncached verification would.
+	gen := generations(t, got)[cur.GenerationName]
+	exe := gen.Spec.Implementation.Executable
+	original, err := os.ReadFile(exe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(exe, append(slices.Clone(original), 0), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	verified := func(want metav1.ConditionStatus) func(*iteronv1.ImplementationActivation) bool {
+		return func(a *iteronv1.ImplementationActivation) bool {
+			c := condition(a, iteronv1.ConditionVerified)
+			return c != nil && c.Status == want && c.ObservedGeneration == a.Generation
+		}
+	}
+	touched := resync(t, act, 3)
+	t.Logf("a resync after the executable was rewritten: %s", touched)
+	refused := waitFor(t, act, "Verified False", verified(metav1.ConditionFalse))
+	if touched.verifications < 1 {
+		t.Fatalf("the rewritten executable was not verified again: %s", touched)
+	}
+	if ms := moduleStatus(refused, "prompt_system"); ms.Reason != reasons.VerificationFailed || !strings.Contains(ms.Message, "hashes to") || ms.GenerationName != cur.GenerationName {
+		t.Fatalf("the module after its executable was rewritten: %+v; want verification_failed naming the digest, generation %s still serving", ms, cur.GenerationName)
+	}
+
+	// Its bytes back: verified again, and it passes as before.
+	if err := os.WriteFile(exe, original, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	restored := resync(t, act, 4)
+	t.Logf("a resync after the executable's bytes were put back: %s", restored)
+	waitFor(t, act, "Verified True and Ready", func(a *iteronv1.ImplementationActivation) bool {
+		return verified(metav1.ConditionTrue)(a) && ready(a)
+	})
+	if restored.verifications < 1 {
+		t.Fatalf("the restored executable was not verified again: %s", restored)
 	}
 }

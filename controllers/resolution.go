@@ -24,6 +24,13 @@ type Resolution struct {
 	// RetryAfter, when set, asks for another reconcile then: an OCI source
 	// is being pulled or waits for its next attempt (artifact_unavailable).
 	RetryAfter time.Duration
+	// Reusable says the resolution holds for the same spec for as long as
+	// every one of Files is unchanged: every source verified, none waits
+	// for a pull. A failure is not kept: what made it (a missing file, a
+	// symlink in a directory, a registry) is not only in Files.
+	Reusable bool
+	// Files are the files the verification read, stamped before reading.
+	Files []activation.FileStamp
 }
 
 // ResolvedModule is one module of a resolution.

@@ -30,6 +30,10 @@ func NewResolver(v *activation.Verifier) func(context.Context, *iteronv1.Impleme
 			plans[vs.Module] = vs
 		}
 		out := Resolution{ActivateOrder: ev.ActivateOrder, DrainOrder: ev.DrainOrder, RetryAfter: retryAfter(res)}
+		out.Reusable = len(res.Failed()) == 0 && out.RetryAfter == 0
+		for _, vs := range res.Verified() {
+			out.Files = append(out.Files, vs.Files...)
+		}
 		for _, ms := range ev.Modules {
 			rm := ResolvedModule{Module: ms.Module, Epoch: ms.Epoch, Identity: ms.Identity, DependsOn: ms.DependsOn, Code: ms.Reason, Message: ms.Message, Diagnostics: ms.Diagnostics}
 			if vs, ok := plans[ms.Module]; ok {

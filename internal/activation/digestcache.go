@@ -10,8 +10,11 @@ import (
 
 // digestCache remembers the digest of executables it hashed, by the file's
 // identity and change times, so that verifying the same unchanged artifact
-// again (every reconcile of every activation verifies all its sources: 28
-// executables of a few MiB each) does not read and hash it again.
+// again (a new spec that keeps most of its sources, a spec with a failing
+// source verified again at every reconcile, a relaunch: 28 executables of a
+// few MiB each) does not read and hash it again. The activation reconciler
+// also keeps a whole verification while its spec and files are unchanged
+// (FileStamp).
 //
 // An entry is trusted only if the file cannot have changed since: the key
 // holds the device, inode, size, mtime and ctime (any write, truncation,

@@ -127,6 +127,10 @@ type VerifiedSource struct {
 	Sandbox SandboxRequest
 	// Plan is the launch plan minted from exactly these verified values.
 	Plan LaunchPlan
+	// Files are the catalog (or package-runtime manifest) and the
+	// executable, stamped before they were read: while each is Unchanged,
+	// verifying the source again reads the same bytes.
+	Files []FileStamp
 }
 
 // Source kinds, as VerifiedSource.Kind reports them.
@@ -353,7 +357,7 @@ func (v *Verifier) verifySource(doc *Document, i int, ceiling []string, token st
 	// The file at catalog_path: a regular file, reached through no symlink,
 	// bounded. A catalog, or a package-runtime manifest (told apart by its
 	// schema_id, docs/reference/package-runtimes.md).
-	data, ferr := readSourceFile(s.CatalogPath)
+	data, catalogStamp, ferr := readSourceFile(s.CatalogPath)
 	if ferr != nil {
 		return nil, ferr.at(pathField(keyCatalogPath))
 	}
@@ -409,7 +413,7 @@ func (v *Verifier) verifySource(doc *Document, i int, ceiling []string, token st
 	}
 
 	// The executable: a canonical regular file under the root, hashed.
-	executable, artifactDigest, ferr := hashExecutableWith(s.ArtifactRoot, pin.executable, v.digests)
+	executable, artifactDigest, exeStamp, ferr := hashExecutableWith(s.ArtifactRoot, pin.executable, v.digests)
 	if ferr != nil {
 		return nil, ferr.at(pathField(keyArtifactRoot))
 	}
@@ -427,6 +431,7 @@ func (v *Verifier) verifySource(doc *Document, i int, ceiling []string, token st
 		NotAdmittedCapabilities: catalog.NotAdmitted(pin.requested, admitted),
 		AuthoritySHA256:         catalog.AuthorityDigest(admitted),
 		Sandbox:                 s.Sandbox,
+		Files:                   []FileStamp{catalogStamp, exeStamp},
 	}
 	if pr != nil {
 		vs.Plan = mintPackageRuntime(vs, doc.CandidateSHA256, contracts)
@@ -525,34 +530,35 @@ func openFailure(path string, err error) *fileError {
 // readSourceFile reads the file at a source's canonical catalog_path: a
 // regular file reached through no symlink, within the catalog bound (the
 // larger of the two kinds'; a package-runtime manifest is held to its own
-// bound once it is told apart).
-func readSourceFile(p string) ([]byte, *fileError) {
+// bound once it is told apart). The stamp is the file's before it was read.
+func readSourceFile(p string) ([]byte, FileStamp, *fileError) {
 	if _, pe := walkComponents(p, "/"); pe != nil {
-		return nil, pathFailure(pe)
+		return nil, FileStamp{}, pathFailure(pe)
 	}
 	if pe := checkEvalSymlinks(p); pe != nil {
-		return nil, pathFailure(pe)
+		return nil, FileStamp{}, pathFailure(pe)
 	}
 	f, err := openNoSymlinks(unix.AT_FDCWD, p, 0, false)
 	if err != nil {
-		return nil, openFailure(p, err)
+		return nil, FileStamp{}, openFailure(p, err)
 	}
 	defer f.Close()
+	stamp := stampOf(f, p)
 	info, err := f.Stat()
 	if err != nil {
-		return nil, &fileError{code: reasons.VerificationFailed, sentinel: err, detail: "cannot stat " + p + ": " + err.Error()}
+		return nil, FileStamp{}, &fileError{code: reasons.VerificationFailed, sentinel: err, detail: "cannot stat " + p + ": " + err.Error()}
 	}
 	if !info.Mode().IsRegular() {
-		return nil, &fileError{code: reasons.VerificationFailed, sentinel: ErrNotRegularFile, detail: fmt.Sprintf("%s is not a regular file (%s)", p, info.Mode().Type())}
+		return nil, FileStamp{}, &fileError{code: reasons.VerificationFailed, sentinel: ErrNotRegularFile, detail: fmt.Sprintf("%s is not a regular file (%s)", p, info.Mode().Type())}
 	}
 	if info.Size() > catalog.MaxCatalogBytes {
-		return nil, &fileError{code: reasons.VerificationFailed, sentinel: ErrTooLarge, detail: fmt.Sprintf("catalog %s is %d bytes, over the 512 KiB bound", p, info.Size())}
+		return nil, FileStamp{}, &fileError{code: reasons.VerificationFailed, sentinel: ErrTooLarge, detail: fmt.Sprintf("catalog %s is %d bytes, over the 512 KiB bound", p, info.Size())}
 	}
 	data, err := io.ReadAll(io.LimitReader(f, catalog.MaxCatalogBytes+1))
 	if err != nil {
-		return nil, &fileError{code: reasons.VerificationFailed, sentinel: err, detail: "cannot read " + p + ": " + err.Error()}
+		return nil, FileStamp{}, &fileError{code: reasons.VerificationFailed, sentinel: err, detail: "cannot read " + p + ": " + err.Error()}
 	}
-	return data, nil
+	return data, stamp, nil
 }
 
 // parseCatalogFile parses the bytes read from catalog p.
@@ -586,40 +592,43 @@ func parsePackageRuntimeFile(p string, data []byte) (catalog.PackageRuntimeManif
 // executable through the fixed 64 KiB buffer. It returns the executable's
 // absolute path and digest.
 func hashExecutable(root, rel string) (string, string, *fileError) {
-	return hashExecutableWith(root, rel, nil)
+	executable, digest, _, ferr := hashExecutableWith(root, rel, nil)
+	return executable, digest, ferr
 }
 
 // hashExecutableWith is hashExecutable taking the digest of an unchanged
-// file from cache (nil: always hashed).
-func hashExecutableWith(root, rel string, cache *digestCache) (string, string, *fileError) {
+// file from cache (nil: always hashed), and returning the executable's
+// stamp from before it was hashed.
+func hashExecutableWith(root, rel string, cache *digestCache) (string, string, FileStamp, *fileError) {
 	info, pe := walkComponents(root, "/")
 	if pe != nil {
-		return "", "", pathFailure(pe)
+		return "", "", FileStamp{}, pathFailure(pe)
 	}
 	if !info.IsDir() {
-		return "", "", &fileError{code: reasons.VerificationFailed, sentinel: ErrNotDirectory, detail: root + " is not a directory"}
+		return "", "", FileStamp{}, &fileError{code: reasons.VerificationFailed, sentinel: ErrNotDirectory, detail: root + " is not a directory"}
 	}
 	if pe := checkEvalSymlinks(root); pe != nil {
-		return "", "", pathFailure(pe)
+		return "", "", FileStamp{}, pathFailure(pe)
 	}
 	dir, err := openNoSymlinks(unix.AT_FDCWD, root, unix.O_DIRECTORY, false)
 	if err != nil {
-		return "", "", openFailure(root, err)
+		return "", "", FileStamp{}, openFailure(root, err)
 	}
 	defer dir.Close()
 
 	executable := root + "/" + rel
 	if _, pe := walkComponents(executable, root); pe != nil {
-		return "", "", pathFailure(pe)
+		return "", "", FileStamp{}, pathFailure(pe)
 	}
 	if pe := checkEvalSymlinks(executable); pe != nil {
-		return "", "", pathFailure(pe)
+		return "", "", FileStamp{}, pathFailure(pe)
 	}
 	f, err := openNoSymlinks(int(dir.Fd()), rel, 0, true)
 	if err != nil {
-		return "", "", openFailure(executable, err)
+		return "", "", FileStamp{}, openFailure(executable, err)
 	}
 	defer f.Close()
+	stamp := stampOf(f, executable)
 	var digest string
 	if cache != nil {
 		digest, err = cache.digest(f, executable)
@@ -629,9 +638,9 @@ func hashExecutableWith(root, rel string, cache *digestCache) (string, string, *
 	if err != nil {
 		var hf *hashFailure
 		if errors.As(err, &hf) {
-			return "", "", &fileError{code: reasons.VerificationFailed, sentinel: hf.sentinel, detail: hf.detail}
+			return "", "", FileStamp{}, &fileError{code: reasons.VerificationFailed, sentinel: hf.sentinel, detail: hf.detail}
 		}
-		return "", "", &fileError{code: reasons.VerificationFailed, sentinel: err, detail: err.Error()}
+		return "", "", FileStamp{}, &fileError{code: reasons.VerificationFailed, sentinel: err, detail: err.Error()}
 	}
-	return executable, digest, nil
+	return executable, digest, stamp, nil
 }
