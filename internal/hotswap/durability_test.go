@@ -2,6 +2,8 @@ package hotswap
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -175,9 +177,24 @@ func TestAProviderThatCrashesOnEveryRunFailsAfterTheCrashBudget(t *testing.T) {
 
 func TestTheOldProviderFailingAtSnapshotRollsBackAndRelaunchesFromItsCheckpoint(t *testing.T) {
 	h := newHarness(t)
-	// The old provider's first snapshot (a checkpoint) works; the swap's
-	// snapshot crashes it.
-	old := h.target(providertest.Implement(t, artifacts.Spec{Binary: artifacts.Faulty, ImplementationID: "faulty", Argv: []string{"--fault", "crash", "--at", "snapshot", "--skip", "1"}}))
+	// The old provider crashes at a snapshot only while its marker file is
+	// absent (and leaves it behind, so the relaunched process behaves): the
+	// marker is there while checkpoints run, and taken away once they are
+	// off, so the crash is the swap's snapshot's however many checkpoints
+	// ran meanwhile.
+	markers, err := os.MkdirTemp("", "iteron-hotswap-marker-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(markers) })
+	if err := os.Chmod(markers, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	marker := filepath.Join(markers, "fired")
+	if err := os.WriteFile(marker, nil, 0o666); err != nil {
+		t.Fatal(err)
+	}
+	old := h.target(providertest.Implement(t, artifacts.Spec{Binary: artifacts.Faulty, ImplementationID: "faulty", Argv: []string{"--fault", "crash", "--at", "snapshot", "--once-marker", marker}}))
 	h.applyWith(SwapPolicy{}, 100*time.Millisecond, old)
 	h.settle()
 	h.count("prompt_system", "a", 3)
@@ -185,10 +202,12 @@ func TestTheOldProviderFailingAtSnapshotRollsBackAndRelaunchesFromItsCheckpoint(
 		cp := st.Generations[old.GenerationName].LastCheckpoint
 		return cp != nil && strings.Contains(h.snapshotState(cp.StateSHA256), `"count":3`)
 	})
-	// Stop checkpointing so the next snapshot is the swap's.
+	// Stop checkpointing, then arm the crash: the next snapshot is the swap's.
 	h.applyWith(SwapPolicy{}, 0, old)
-	h.settle()
 	oldPid := h.settle().Modules["prompt_system"].Pid
+	if err := os.Remove(marker); err != nil {
+		t.Fatal(err)
+	}
 
 	next := h.target(providertest.Implement(t, artifacts.Spec{Binary: artifacts.CounterV2}))
 	h.applyWith(SwapPolicy{Deadline: 10 * time.Second, QuiesceTimeout: time.Second}, 0, next)
