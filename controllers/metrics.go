@@ -2,12 +2,15 @@ package controllers
 
 import (
 	"context"
+	"errors"
 	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 )
 
 // The reconcilers' own cost, so that how often a reconcile verifies and
@@ -37,11 +40,11 @@ func Collectors() []prometheus.Collector {
 // from an object's kind and a verb.
 const writeKindEvent = "event"
 
-// countingClient counts each write its reconciler makes through it, at the
-// one place every write passes: a write added later is counted without
-// anyone remembering to.
-type countingClient struct {
-	client.Client
+// countedClient is a reconciler's client whose every write is counted, at
+// the one place every write passes (controller-runtime's interceptor): a
+// write added later is counted without anyone remembering to.
+type countedClient struct {
+	client.WithWatch
 }
 
 // countWrites wraps c once (SetupWithManager may see a client it already
@@ -50,141 +53,77 @@ func countWrites(c client.Client) client.Client {
 	if c == nil {
 		return nil
 	}
-	if _, ok := c.(countingClient); ok {
+	if _, ok := c.(countedClient); ok {
 		return c
 	}
-	return countingClient{c}
+	return countedClient{interceptor.NewClient(watchless{c}, interceptor.Funcs{
+		Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
+			countWrite(c, obj, "create")
+			return c.Create(ctx, obj, opts...)
+		},
+		Update: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.UpdateOption) error {
+			countWrite(c, obj, "update")
+			return c.Update(ctx, obj, opts...)
+		},
+		Patch: func(ctx context.Context, c client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
+			countWrite(c, obj, "patch")
+			return c.Patch(ctx, obj, patch, opts...)
+		},
+		Apply: func(ctx context.Context, c client.WithWatch, obj runtime.ApplyConfiguration, opts ...client.ApplyOption) error {
+			apiWrites.WithLabelValues("apply").Inc()
+			return c.Apply(ctx, obj, opts...)
+		},
+		Delete: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.DeleteOption) error {
+			countWrite(c, obj, "delete")
+			return c.Delete(ctx, obj, opts...)
+		},
+		DeleteAllOf: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.DeleteAllOfOption) error {
+			countWrite(c, obj, "delete")
+			return c.DeleteAllOf(ctx, obj, opts...)
+		},
+		// A subresource write is kind_<subresource> whatever its verb (a
+		// status merge patch or update is activation_status).
+		SubResourceCreate: func(ctx context.Context, c client.Client, sub string, obj, subObj client.Object, opts ...client.SubResourceCreateOption) error {
+			countWrite(c, obj, sub)
+			return c.SubResource(sub).Create(ctx, obj, subObj, opts...)
+		},
+		SubResourceUpdate: func(ctx context.Context, c client.Client, sub string, obj client.Object, opts ...client.SubResourceUpdateOption) error {
+			countWrite(c, obj, sub)
+			return c.SubResource(sub).Update(ctx, obj, opts...)
+		},
+		SubResourcePatch: func(ctx context.Context, c client.Client, sub string, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
+			countWrite(c, obj, sub)
+			return c.SubResource(sub).Patch(ctx, obj, patch, opts...)
+		},
+		SubResourceApply: func(ctx context.Context, c client.Client, sub string, obj runtime.ApplyConfiguration, opts ...client.SubResourceApplyOption) error {
+			apiWrites.WithLabelValues("apply_" + sub).Inc()
+			return c.SubResource(sub).Apply(ctx, obj, opts...)
+		},
+	})}
 }
 
-// writeKind is the kind label of a write: the object's kind, short for this
-// repository's two (activation, generation), then the verb.
-func writeKind(c client.Client, obj runtime.Object, verb string) string {
+// watchless is a manager's client, which cannot watch, as the interceptor
+// takes it; the reconcilers never watch through their client.
+type watchless struct {
+	client.Client
+}
+
+// Watch refuses: the manager's client has no watch.
+func (watchless) Watch(context.Context, client.ObjectList, ...client.ListOption) (watch.Interface, error) {
+	return nil, errors.New("the reconciler's client does not watch")
+}
+
+// countWrite counts one write of obj: the label is the object's kind,
+// short for this repository's activation, then the verb or subresource.
+func countWrite(c client.Client, obj runtime.Object, verb string) {
 	kind := "unknown"
 	if gvk, err := c.GroupVersionKindFor(obj); err == nil {
 		kind = strings.ToLower(gvk.Kind)
 	}
-	switch kind {
-	case "implementationactivation":
+	if kind == "implementationactivation" {
 		kind = "activation"
 	}
-	return kind + "_" + verb
-}
-
-func (c countingClient) count(obj runtime.Object, verb string) {
-	apiWrites.WithLabelValues(writeKind(c.Client, obj, verb)).Inc()
-}
-
-// Create counts the write and creates obj.
-func (c countingClient) Create(ctx context.Context, obj client.Object, opts ...client.CreateOption) error {
-	c.count(obj, "create")
-	return c.Client.Create(ctx, obj, opts...)
-}
-
-// Update counts the write and updates obj.
-func (c countingClient) Update(ctx context.Context, obj client.Object, opts ...client.UpdateOption) error {
-	c.count(obj, "update")
-	return c.Client.Update(ctx, obj, opts...)
-}
-
-// Patch counts the write and patches obj.
-func (c countingClient) Patch(ctx context.Context, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
-	c.count(obj, "patch")
-	return c.Client.Patch(ctx, obj, patch, opts...)
-}
-
-// Apply counts the write and applies obj.
-func (c countingClient) Apply(ctx context.Context, obj runtime.ApplyConfiguration, opts ...client.ApplyOption) error {
-	apiWrites.WithLabelValues("apply").Inc()
-	return c.Client.Apply(ctx, obj, opts...)
-}
-
-// Delete counts the write and deletes obj.
-func (c countingClient) Delete(ctx context.Context, obj client.Object, opts ...client.DeleteOption) error {
-	c.count(obj, "delete")
-	return c.Client.Delete(ctx, obj, opts...)
-}
-
-// DeleteAllOf counts the write and deletes the objects.
-func (c countingClient) DeleteAllOf(ctx context.Context, obj client.Object, opts ...client.DeleteAllOfOption) error {
-	c.count(obj, "delete")
-	return c.Client.DeleteAllOf(ctx, obj, opts...)
-}
-
-// Status is the status writer, counting its writes.
-func (c countingClient) Status() client.SubResourceWriter {
-	return countingSubResource{SubResourceWriter: c.Client.Status(), c: c.Client, sub: "status"}
-}
-
-// SubResource is the subresource's client, counting its writes.
-func (c countingClient) SubResource(sub string) client.SubResourceClient {
-	return countingSubResourceClient{SubResourceClient: c.Client.SubResource(sub), c: c.Client, sub: sub}
-}
-
-// countingSubResource counts writes to a subresource: a status write is
-// kind_status whatever its verb (a merge patch or an update).
-type countingSubResource struct {
-	client.SubResourceWriter
-	c   client.Client
-	sub string
-}
-
-func (w countingSubResource) count(obj runtime.Object) {
-	apiWrites.WithLabelValues(writeKind(w.c, obj, w.sub)).Inc()
-}
-
-// Create counts the write and creates the subresource.
-func (w countingSubResource) Create(ctx context.Context, obj client.Object, sub client.Object, opts ...client.SubResourceCreateOption) error {
-	w.count(obj)
-	return w.SubResourceWriter.Create(ctx, obj, sub, opts...)
-}
-
-// Update counts the write and updates the subresource.
-func (w countingSubResource) Update(ctx context.Context, obj client.Object, opts ...client.SubResourceUpdateOption) error {
-	w.count(obj)
-	return w.SubResourceWriter.Update(ctx, obj, opts...)
-}
-
-// Patch counts the write and patches the subresource.
-func (w countingSubResource) Patch(ctx context.Context, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
-	w.count(obj)
-	return w.SubResourceWriter.Patch(ctx, obj, patch, opts...)
-}
-
-// Apply counts the write and applies the subresource.
-func (w countingSubResource) Apply(ctx context.Context, obj runtime.ApplyConfiguration, opts ...client.SubResourceApplyOption) error {
-	apiWrites.WithLabelValues("apply_" + w.sub).Inc()
-	return w.SubResourceWriter.Apply(ctx, obj, opts...)
-}
-
-// countingSubResourceClient is countingSubResource for SubResource(sub).
-type countingSubResourceClient struct {
-	client.SubResourceClient
-	c   client.Client
-	sub string
-}
-
-func (w countingSubResourceClient) writer() countingSubResource {
-	return countingSubResource{SubResourceWriter: w.SubResourceClient, c: w.c, sub: w.sub}
-}
-
-// Create counts the write and creates the subresource.
-func (w countingSubResourceClient) Create(ctx context.Context, obj client.Object, sub client.Object, opts ...client.SubResourceCreateOption) error {
-	return w.writer().Create(ctx, obj, sub, opts...)
-}
-
-// Update counts the write and updates the subresource.
-func (w countingSubResourceClient) Update(ctx context.Context, obj client.Object, opts ...client.SubResourceUpdateOption) error {
-	return w.writer().Update(ctx, obj, opts...)
-}
-
-// Patch counts the write and patches the subresource.
-func (w countingSubResourceClient) Patch(ctx context.Context, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
-	return w.writer().Patch(ctx, obj, patch, opts...)
-}
-
-// Apply counts the write and applies the subresource.
-func (w countingSubResourceClient) Apply(ctx context.Context, obj runtime.ApplyConfiguration, opts ...client.SubResourceApplyOption) error {
-	return w.writer().Apply(ctx, obj, opts...)
+	apiWrites.WithLabelValues(kind + "_" + verb).Inc()
 }
 
 // countingRecorder counts the events a reconciler emits. The broadcaster
