@@ -387,16 +387,24 @@ func (d *Dispatcher) expiredInQueue(p *pendingCall) *CallError {
 	return &CallError{Code: reasons.DeadlineExceeded, Message: fmt.Sprintf("the deadline passed after %s in module %s's queue", waited, d.module)}
 }
 
+// withdraw takes p out of the queue; false when it is not there.
 func (d *Dispatcher) withdraw(p *pendingCall) bool {
+	return d.unqueue(func(q *pendingCall) bool { return q == p }) != nil
+}
+
+// unqueue takes the first queued call that match reports out of the queue
+// and returns it (nil when none matches): whoever takes a call out of the
+// queue is the one that ends it.
+func (d *Dispatcher) unqueue(match func(*pendingCall) bool) *pendingCall {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	for i, q := range d.queue {
-		if q == p {
-			d.queue = append(d.queue[:i], d.queue[i+1:]...)
-			return true
-		}
+	i := slices.IndexFunc(d.queue, match)
+	if i < 0 {
+		return nil
 	}
-	return false
+	p := d.queue[i]
+	d.queue = slices.Delete(d.queue, i, i+1)
+	return p
 }
 
 func (d *Dispatcher) poke() {

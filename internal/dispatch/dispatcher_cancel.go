@@ -12,16 +12,7 @@ import (
 // call with that ID is queued (it is running, finished, or unknown); use
 // CancelRunning for a running one.
 func (d *Dispatcher) Withdraw(callID, reason string) bool {
-	d.mu.Lock()
-	var found *pendingCall
-	for i, q := range d.queue {
-		if q.call.ID == callID {
-			found = q
-			d.queue = append(d.queue[:i], d.queue[i+1:]...)
-			break
-		}
-	}
-	d.mu.Unlock()
+	found := d.unqueue(func(q *pendingCall) bool { return q.call.ID == callID })
 	if found == nil {
 		return false
 	}
