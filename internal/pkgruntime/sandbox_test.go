@@ -1,9 +1,7 @@
 package pkgruntime
 
 import (
-	"os"
 	"path/filepath"
-	"slices"
 	"testing"
 	"time"
 
@@ -40,16 +38,9 @@ func TestASandboxedRuntimeServesThroughItsInheritedSocketAloneAndLeavesNothing(t
 	if rec, socks := pkgruntimetest.DirNames(t, l.cfg.RecordDir), pkgruntimetest.DirNames(t, l.cfg.SocketDir); len(rec)+len(socks) != 0 {
 		t.Fatalf("left behind: records %v, socket dirs %v", rec, socks)
 	}
-	c := sb.Capacity()
-	for _, d := range c.Tree {
-		if n := pkgruntimetest.DirNames(t, d); len(n) != 0 {
-			// cgroup control files are files; a group is a directory (the
-			// launchers started ahead have theirs).
-			for _, e := range n {
-				if fi, err := os.Stat(filepath.Join(d, e)); err == nil && fi.IsDir() && !slices.Contains(c.Ready, e) {
-					t.Errorf("a runtime's cgroup is left: %s", filepath.Join(d, e))
-				}
-			}
-		}
+	// cgroup control files are files; a group is a directory (the
+	// launchers started ahead have theirs).
+	for _, d := range sandboxtest.LeftCgroups(t, sb) {
+		t.Errorf("a runtime's cgroup is left: %s", d)
 	}
 }

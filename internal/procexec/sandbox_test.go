@@ -98,11 +98,8 @@ func TestASandboxedProviderKeepsEveryLaunchGuaranteeAndLeavesNothing(t *testing.
 	if rest := p.Remaining(); len(rest) != 0 {
 		t.Errorf("left in the group: %v", rest)
 	}
-	c := sb.Capacity()
-	for _, dir := range c.Tree {
-		if entries, _ := os.ReadDir(dir); slices.ContainsFunc(entries, func(e os.DirEntry) bool { return e.IsDir() && !slices.Contains(c.Ready, e.Name()) }) {
-			t.Errorf("a provider's cgroup is left in %s", dir)
-		}
+	for _, dir := range sandboxtest.LeftCgroups(t, sb) {
+		t.Errorf("a provider's cgroup is left: %s", dir)
 	}
 }
 

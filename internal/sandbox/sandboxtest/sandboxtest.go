@@ -6,9 +6,12 @@ package sandboxtest
 
 import (
 	"os"
+	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"iteron.dev/operator/internal/sandbox"
 	"iteron.dev/operator/internal/sandbox/cgroups"
@@ -62,4 +65,30 @@ func New(tb testing.TB, p sandbox.Policy, launcher string) *sandbox.Sandbox {
 		}
 	})
 	return sb
+}
+
+// LeftCgroups returns the cgroups in sb's tree that belong to no launcher
+// started ahead (one path per hierarchy and group): what a provider or
+// runtime left behind. The launchers started ahead are refilled in the
+// background, so a group is reported only once it has stayed unaccounted
+// for up to a few seconds (a refill's group is created, then listed in
+// Capacity.Ready).
+func LeftCgroups(tb testing.TB, sb *sandbox.Sandbox) []string {
+	tb.Helper()
+	var left []string
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		left = left[:0]
+		c := sb.Capacity()
+		for _, dir := range c.Tree {
+			entries, _ := os.ReadDir(dir) // a hierarchy gone has nothing left in it
+			for _, e := range entries {
+				if e.IsDir() && !slices.Contains(c.Ready, e.Name()) {
+					left = append(left, filepath.Join(dir, e.Name()))
+				}
+			}
+		}
+		if len(left) == 0 || time.Now().After(deadline) {
+			return left
+		}
+	}
 }
