@@ -62,6 +62,9 @@ type ActivationReconciler struct {
 	// Probe makes the Invoke of an activation's probes (nil: this manager
 	// runs none, and an activation with probes is never Ready).
 	Probe ProbeInvoker
+	// APIReader reads a Generation past the cache when the cache shows it
+	// behind the coordinator (nil: the cache is all there is).
+	APIReader client.Reader
 
 	// verified keeps each activation's last resolution while its spec and
 	// the files it read are unchanged (verification_cache.go).
@@ -121,7 +124,7 @@ func (r *ActivationReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 		r.reconcilePaused,
 		r.reconcileGenerations,
 		r.reconcileApply,
-		r.reconcileHistory,
+		r.reconcileMirror,
 		r.reconcileProbes,
 	} {
 		if err := phase(ctx, s); err != nil {
@@ -180,18 +183,20 @@ func (r *ActivationReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	// (iteron_activation_api_writes_total).
 	r.Client, r.Recorder = countWrites(r.Client), countEvents(r.Recorder)
 	b := ctrl.NewControllerManagedBy(mgr).
-		For(&iteronv1.ImplementationActivation{}).
+		// What the reconciler acts on is the spec, its annotations
+		// (retry, a requested reconcile), its labels (the revision) and
+		// its deletion; a write of its own status or finalizer needs no
+		// reconcile. What runs is reported by the coordinator's
+		// notifications.
+		For(&iteronv1.ImplementationActivation{}, builder.WithPredicates(predicate.Or[client.Object](
+			predicate.GenerationChangedPredicate{}, predicate.AnnotationChangedPredicate{}, predicate.LabelChangedPredicate{}, deletionStarted{}))).
 		// A deleted Generation requeues its activation: an Active one is
-		// re-created from what runs.
-		// A Generation whose mirrored phase or step changed requeues it
-		// too: Ready waits for the Generations to show what happened.
+		// re-created from what runs. A Generation's mirrored status
+		// requeues nothing: the notifier requeues the activation once the
+		// Generations the coordinator changed were mirrored.
 		Owns(&iteronv1.Generation{}, builder.WithPredicates(predicate.Funcs{
-			CreateFunc: func(event.CreateEvent) bool { return false },
-			UpdateFunc: func(e event.UpdateEvent) bool {
-				o, okOld := e.ObjectOld.(*iteronv1.Generation)
-				n, okNew := e.ObjectNew.(*iteronv1.Generation)
-				return okOld && okNew && (o.Status.Phase != n.Status.Phase || o.Status.Step != n.Status.Step)
-			},
+			CreateFunc:  func(event.CreateEvent) bool { return false },
+			UpdateFunc:  func(event.UpdateEvent) bool { return false },
 			GenericFunc: func(event.GenericEvent) bool { return false },
 		})).
 		Named("implementationactivation")
@@ -203,4 +208,14 @@ func (r *ActivationReconciler) SetupWithManager(mgr ctrl.Manager) error {
 
 func keyOf(act *iteronv1.ImplementationActivation) hotswap.ActivationKey {
 	return hotswap.ActivationKey{Namespace: act.Namespace, Name: act.Name, UID: string(act.UID)}
+}
+
+// deletionStarted passes the update that sets an object's
+// deletionTimestamp (the API server bumps metadata.generation then too;
+// this does not rely on it).
+type deletionStarted struct{ predicate.Funcs }
+
+// Update reports whether the update started the object's deletion.
+func (deletionStarted) Update(e event.UpdateEvent) bool {
+	return e.ObjectOld != nil && e.ObjectNew != nil && e.ObjectOld.GetDeletionTimestamp().IsZero() && !e.ObjectNew.GetDeletionTimestamp().IsZero()
 }

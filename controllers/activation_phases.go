@@ -269,16 +269,16 @@ func (r *ActivationReconciler) desiredGeneration(ctx context.Context, s *activat
 	}
 	// Unchanged: same epoch and same admitted authority (a narrower
 	// ceiling changes what the process may do, so it is a reload too).
-	if active != "" && cur.epoch == rm.Epoch && cur.authority == rm.Plan.AuthoritySHA256() {
+	if active != "" && hotswap.Unchanged(cur.epoch, cur.authority, rm.Epoch, rm.Plan.AuthoritySHA256()) {
 		return mk(active, cur.lineage, cur.attempt), nil, nil
 	}
-	lineage := activeLineage + 1
+	lineage := hotswap.NextLineage(activeLineage)
 	if active == "" {
 		// No active generation: continue after the last lineage that was
 		// ever active (a module removed and added back).
 		for _, g := range gens {
 			if g.Spec.Module == rm.Module && g.Status.ActivatedAt != nil && g.Spec.Generation >= lineage {
-				lineage = g.Spec.Generation + 1
+				lineage = hotswap.NextLineage(g.Spec.Generation)
 			}
 		}
 	}
@@ -492,61 +492,6 @@ func (r *ActivationReconciler) ownedGenerations(ctx context.Context, act *iteron
 	return out, nil
 }
 
-// reconcileHistory keeps at most spec.generationHistoryLimit Inactive or
-// Failed Generations per module (newest first); the targets, the active
-// generations and anything still in flight are never deleted.
-func (r *ActivationReconciler) reconcileHistory(ctx context.Context, s *activationScope) error {
-	// Listed even when nothing is pruned (paused): Ready waits for what
-	// the Generations show.
-	gens, err := r.ownedGenerations(ctx, s.act)
-	if err != nil {
-		return err
-	}
-	s.gens = gens
-	if !s.resolved || s.res.DocumentError != nil {
-		return nil
-	}
-	limit := int(ptr.Deref(s.act.Spec.GenerationHistoryLimit, 10))
-	keep := map[string]bool{}
-	for _, t := range s.targets {
-		keep[t.GenerationName] = true
-	}
-	for _, ms := range s.status.Modules {
-		keep[ms.Active] = true
-		if ms.Committed != nil {
-			keep[ms.Committed.Name] = true
-		}
-	}
-	byModule := map[string][]iteronv1.Generation{}
-	for _, g := range gens {
-		// The coordinator knows a generation is over before its object's
-		// status says so (the mirror is asynchronous).
-		phase := g.Status.Phase
-		if gs, ok := s.status.Generations[g.Name]; ok {
-			phase = gs.Phase
-		}
-		done := phase == iteronv1.PhaseInactive || phase == iteronv1.PhaseFailed
-		if done && !keep[g.Name] {
-			byModule[g.Spec.Module] = append(byModule[g.Spec.Module], g)
-		}
-	}
-	for module, old := range byModule {
-		slices.SortFunc(old, func(a, b iteronv1.Generation) int {
-			if a.Spec.Generation != b.Spec.Generation {
-				return int(b.Spec.Generation - a.Spec.Generation)
-			}
-			return int(b.Spec.Attempt - a.Spec.Attempt)
-		})
-		for _, g := range old[min(limit, len(old)):] {
-			if err := r.Client.Delete(ctx, &g); client.IgnoreNotFound(err) != nil {
-				return apiRefusal("delete Generation "+g.Name+" beyond the history limit", err)
-			}
-			r.Recorder.Eventf(s.act, &g, corev1.EventTypeNormal, "GenerationPruned", "Prune", "module %s: %s (%s) is beyond generationHistoryLimit %d", module, g.Name, g.Status.Phase, limit)
-		}
-	}
-	return nil
-}
-
 // reconcileApply hands the desired state to the coordinator.
 func (r *ActivationReconciler) reconcileApply(ctx context.Context, s *activationScope) error {
 	if !s.resolved || s.res.DocumentError != nil {
@@ -676,8 +621,16 @@ func (s *activationScope) requeueWithin(d time.Duration) {
 // phase. Ready waits for them, so that what a reader of the Generations sees
 // agrees with Ready.
 func generationsLag(s *activationScope) string {
+	_, why := laggingGeneration(s)
+	return why
+}
+
+// laggingGeneration is the index in s.gens of the first Generation whose
+// status does not show what the coordinator did, and why (-1, "" when they
+// all agree).
+func laggingGeneration(s *activationScope) (int, string) {
 	if !s.haveStatus {
-		return ""
+		return -1, ""
 	}
 	active := map[string]bool{}
 	for _, ms := range s.status.Modules {
@@ -685,7 +638,7 @@ func generationsLag(s *activationScope) string {
 			active[ms.Active] = true
 		}
 	}
-	for _, g := range s.gens {
+	for i, g := range s.gens {
 		gs, known := s.status.Generations[g.Name]
 		if !known {
 			continue
@@ -699,15 +652,47 @@ func generationsLag(s *activationScope) string {
 				return step == iteronv1.StepCommitted || step == iteronv1.StepRolledBack
 			}
 			if st.Phase != iteronv1.PhaseActive || ended(gs.Step) && !ended(st.Step) {
-				return fmt.Sprintf("Generation %s does not show Active at a final step yet (it shows %s %s)", g.Name, orNone(string(st.Phase)), orNone(string(st.Step)))
+				return i, fmt.Sprintf("Generation %s does not show Active at a final step yet (it shows %s %s)", g.Name, orNone(string(st.Phase)), orNone(string(st.Step)))
 			}
 		case gs.Phase == iteronv1.PhaseInactive || gs.Phase == iteronv1.PhaseFailed:
 			if st.Phase != gs.Phase {
-				return fmt.Sprintf("Generation %s does not show %s yet (it shows %s %s)", g.Name, gs.Phase, orNone(string(st.Phase)), orNone(string(st.Step)))
+				return i, fmt.Sprintf("Generation %s does not show %s yet (it shows %s %s)", g.Name, gs.Phase, orNone(string(st.Phase)), orNone(string(st.Step)))
 			}
 		}
 	}
-	return ""
+	return -1, ""
+}
+
+// reconcileMirror lists the activation's Generations (Ready waits for what
+// they show, paused or not) and reads again, from the API server, each one
+// that the cache shows behind the coordinator. The notifier requeues an
+// activation once its Generations were mirrored, and the cache may not
+// have seen those writes yet: without this read the reconcile would find
+// them lagging and have to come back.
+func (r *ActivationReconciler) reconcileMirror(ctx context.Context, s *activationScope) error {
+	gens, err := r.ownedGenerations(ctx, s.act)
+	if err != nil {
+		return err
+	}
+	s.gens = gens
+	if r.APIReader == nil {
+		return nil
+	}
+	reread := map[string]bool{}
+	for {
+		i, _ := laggingGeneration(s)
+		if i < 0 || reread[s.gens[i].Name] {
+			return nil
+		}
+		reread[s.gens[i].Name] = true
+		var live iteronv1.Generation
+		if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(&s.gens[i]), &live); err != nil {
+			// The cached view stands; the requeue for a lagging
+			// Generation looks again.
+			return nil
+		}
+		s.gens[i] = live
+	}
 }
 
 func orNone(s string) string {

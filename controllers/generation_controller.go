@@ -37,10 +37,16 @@ type GenerationReconciler struct {
 	Coordinator GenerationStatusSource
 	// Notifications requeues Generations the coordinator changed.
 	Notifications <-chan event.GenericEvent
+	// Mirrored is told of each Generation whose reconcile ended, patched
+	// or not (Notifier.Mirrored; nil: no one is told).
+	Mirrored func(namespace, name string)
 }
 
 // Reconcile copies the coordinator's view of one generation into status.
 func (r *GenerationReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	if r.Mirrored != nil {
+		defer r.Mirrored(req.Namespace, req.Name)
+	}
 	var gen iteronv1.Generation
 	if err := r.Client.Get(ctx, req.NamespacedName, &gen); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)

@@ -200,8 +200,11 @@ func TestReconcileCountsOfOneHotSwapAndOfAResync(t *testing.T) {
 	if cur.ImplementationID != "counter-v2" {
 		t.Fatalf("after the swap: %+v", cur)
 	}
-	if swap.reconciles < 1 || swap.verifications != 1 {
-		t.Fatalf("the swap took %g verifications in %g reconciles; want the new spec verified once: %s", swap.verifications, swap.reconciles, swap)
+	// One reconcile acts on the new spec; one more, once the transaction
+	// ended and its Generations show it, reports Ready. Phases of the
+	// transaction and the reconciler's own status writes requeue nothing.
+	if swap.reconciles < 1 || swap.reconciles > 2 || swap.verifications != 1 {
+		t.Fatalf("the swap took %g verifications in %g reconciles; want the new spec verified once in at most 2 reconciles: %s", swap.verifications, swap.reconciles, swap)
 	}
 	for _, kind := range []string{"generation_create", "activation_status", "generation_status", "event"} {
 		if swap.writes[kind] < 1 {

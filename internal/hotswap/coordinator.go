@@ -75,7 +75,9 @@ type Notification struct {
 	// Generations are the Generation objects whose state changed.
 	Generations []string
 	// GenerationsOnly says only the Generations changed (a receipt was
-	// recorded): the activation need not be looked at again.
+	// recorded, a transaction moved to its next phase): the activation need
+	// not be looked at again. A transaction's end is reported to the
+	// activation when the worker that ran it goes idle.
 	GenerationsOnly bool
 }
 

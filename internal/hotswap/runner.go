@@ -328,7 +328,7 @@ func (r *txnRun) unwritable(t *transaction, p *phase, final bool, err error) {
 		r.a.closeLater(err, rolledBack(id, pf, false, nil))
 		t.failed(pf, false, nil)
 	}
-	r.a.notify(r.gen.name)
+	r.a.notifyGenerations(r.gen.name)
 }
 
 // restoreService disposes what the transaction started and lets what served
@@ -354,7 +354,7 @@ func (r *txnRun) markStep(phase ledger.Phase) {
 		r.gen.step = step
 	}
 	r.a.mu.Unlock()
-	r.a.notify(r.gen.name)
+	r.a.notifyGenerations(r.gen.name)
 }
 
 // recorded notes a durable record in the generations' status and runs the
@@ -391,7 +391,7 @@ func (r *txnRun) recorded(phase ledger.Phase, gens ...*generationRuntime) {
 	}
 	// Notify first: a hook that holds the transaction (a test watching the
 	// phases through the API) must not hold back the status they show.
-	r.a.notify(names...)
+	r.a.notifyGenerations(names...)
 	if hook := r.a.c.cfg.AfterPhase; hook != nil {
 		hook(r.a.key, r.m.name, string(phase))
 	}

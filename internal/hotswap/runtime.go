@@ -257,6 +257,13 @@ func (a *activationRuntime) notify(generations ...string) {
 	a.c.cfg.Notify(Notification{Namespace: a.key.Namespace, Name: a.key.Name, Generations: generations})
 }
 
+// notifyGenerations reports a change that only the generations show: the
+// steps of a transaction. The activation hears of the transaction once,
+// when the worker that ran it goes idle (run), not once per phase.
+func (a *activationRuntime) notifyGenerations(generations ...string) {
+	a.c.cfg.Notify(Notification{Namespace: a.key.Namespace, Name: a.key.Name, Generations: generations, GenerationsOnly: true})
+}
+
 func (a *activationRuntime) dispatcher(module string) (*dispatch.Dispatcher, bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -425,7 +432,7 @@ func (a *activationRuntime) step() (bool, time.Time) {
 		case active == nil && committed != nil && committed.Name != t.GenerationName:
 			a.setWaiting(m, reasons.StaleGeneration, fmt.Sprintf("the ledger's last committed generation of %s is %s: it is relaunched before %s", module, committed.Name, t.GenerationName))
 			continue
-		case active != nil && t.Lineage != active.lineage+1:
+		case active != nil && t.Lineage != NextLineage(active.lineage):
 			a.setWaiting(m, reasons.StaleGeneration, fmt.Sprintf("target %s (generation %d) does not follow the active generation %s (%d); waiting for a current target", t.GenerationName, t.Lineage, active.name, active.lineage))
 			continue
 		}
@@ -448,8 +455,23 @@ func (a *activationRuntime) step() (bool, time.Time) {
 
 // sameEpochAndAuthority reports whether a target would change nothing.
 func sameEpochAndAuthority(active, t ModuleTarget) bool {
-	return active.Epoch != "" && active.Epoch == t.Epoch && active.Plan.AuthoritySHA256() == t.Plan.AuthoritySHA256()
+	return Unchanged(active.Epoch, active.Plan.AuthoritySHA256(), t.Epoch, t.Plan.AuthoritySHA256())
 }
+
+// Unchanged is the one rule for whether a module's target asks for a
+// transaction: a target of the epoch and the admitted authority its active
+// generation runs with changes nothing (a narrower ceiling changes what the
+// process may do, so it is a reload too). The activation controller plans
+// by it; the coordinator holds each target it is handed to it, since a
+// target may have been computed before the last switch.
+func Unchanged(activeEpoch, activeAuthority, epoch, authority string) bool {
+	return activeEpoch != "" && activeEpoch == epoch && activeAuthority == authority
+}
+
+// NextLineage is the lineage of the generation that replaces one of
+// lineage active: the one rule the activation controller numbers new
+// Generations by and the coordinator checks a target against.
+func NextLineage(active int64) int64 { return active + 1 }
 
 // dependencyGate refuses to activate a module before the modules it depends
 // on are Active in this coordinator (never the informer cache).
@@ -700,7 +722,11 @@ func (a *activationRuntime) status() ActivationStatus {
 	}
 	if a.desired != nil {
 		st.AppliedSpecGeneration = a.desired.SpecGeneration
+		st.Targets = make(map[string]string, len(a.desired.Modules))
 		for _, t := range a.desired.Modules {
+			if t.GenerationName != "" {
+				st.Targets[t.Module] = t.GenerationName
+			}
 			if f, ok := a.failed[t.GenerationName]; ok {
 				st.Failures = append(st.Failures, f)
 			}

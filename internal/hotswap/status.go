@@ -49,6 +49,9 @@ type ActivationStatus struct {
 	Modules map[string]ModuleStatus
 	// Generations are the generations the coordinator knows, by name.
 	Generations map[string]GenerationStatus
+	// Targets are the generations the applied plan asks for, by module (a
+	// module the plan keeps as it runs names none).
+	Targets map[string]string
 	// Failures are the failed targets of the applied plan.
 	Failures []Failure
 	// FailedAttempts are every attempt known to have failed or been cut

@@ -101,7 +101,7 @@ func (a *activationRuntime) swap(d *Desired, t ModuleTarget, old *generationRunt
 			a.mu.Unlock()
 			m.dispatcher.Resume()
 			// The old generation's object shows Draining while it drains.
-			a.notify(old.name)
+			a.notifyGenerations(old.name)
 		}),
 		// drain: stop and reap old. A fault of the new process until the
 		// drain record rolls back to old.
@@ -240,7 +240,7 @@ func (r *txnRun) rollbackAfterSwitch(old *generationRuntime) error {
 	defer cancel()
 	// The old generation's state changes here (relaunched, or Failed): its
 	// Generation object is mirrored only when it is named.
-	defer r.a.notify(old.name)
+	defer r.a.notifyGenerations(old.name)
 	m := r.m
 	_, _ = m.dispatcher.Pause(ctx, 0)
 	r.a.mu.Lock()

@@ -312,6 +312,7 @@ func New(cfg *rest.Config, o Options) (*Manager, error) {
 		Resolve:       controllers.NewResolver(verifier),
 		Recorder:      mgr.GetEventRecorder("iteron-manager"),
 		Notifications: notifier.Activations(),
+		APIReader:     mgr.GetAPIReader(),
 		// Probes call the modules through this node's own dispatchers.
 		Probe: func(namespace, name string) probe.Invoke { return probe.Dispatch(coord.Lookup, namespace, name) },
 	}
@@ -321,9 +322,13 @@ func New(cfg *rest.Config, o Options) (*Manager, error) {
 	if err := mgr.Add(&artifactGC{a: arts, c: mgr.GetClient(), interval: ao.GCInterval, log: log.WithName("artifact-gc")}); err != nil {
 		return nil, err
 	}
-	generations := &controllers.GenerationReconciler{Client: mgr.GetClient(), Coordinator: coord, Notifications: notifier.Generations()}
+	generations := &controllers.GenerationReconciler{Client: mgr.GetClient(), Coordinator: coord, Notifications: notifier.Generations(), Mirrored: notifier.Mirrored}
 	if err := generations.SetupWithManager(mgr); err != nil {
 		return nil, fmt.Errorf("set up the generation controller: %w", err)
+	}
+	history := &controllers.GenerationHistoryReconciler{Client: mgr.GetClient(), NodeName: o.NodeName, Coordinator: coord, Recorder: mgr.GetEventRecorder("iteron-manager")}
+	if err := history.SetupWithManager(mgr); err != nil {
+		return nil, fmt.Errorf("set up the generation history controller: %w", err)
 	}
 	if g := o.Gateway; g != nil {
 		// The gateway listens once the manager starts it, with the
