@@ -42,6 +42,10 @@ type invocation struct {
 	// queued is the call in its module's dispatcher (nil for one known
 	// only from the survivor, or refused at once): Stop withdraws it.
 	queued *dispatch.Queued
+	// pkgWatch is the handle of a package runtime's Watch (nil for any
+	// other call): its status and cancel are the handle's. Such an
+	// invocation is in the table only while it is open.
+	pkgWatch *dispatch.PackageWatch
 
 	mu             sync.Mutex
 	started        bool

@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"strconv"
-	"sync"
 	"time"
 
 	"google.golang.org/grpc"
@@ -15,7 +13,6 @@ import (
 	quixospb "iteron.dev/operator/api/quixos/quixos"
 	runtimepb "iteron.dev/operator/api/quixos/quixos/runtime"
 	"iteron.dev/operator/internal/dispatch"
-	"iteron.dev/operator/internal/effects"
 	"iteron.dev/operator/internal/pkgruntime"
 	"iteron.dev/operator/internal/reasons"
 	"iteron.dev/operator/pkg/protocol"
@@ -25,11 +22,12 @@ import (
 // dispatcher like any call (it queues during a swap and runs on the
 // generation routed when it starts), carrying the caller's export, object,
 // dependencies and session, and its namespace for the grant. A Watch is the
-// runtime's own stream: the gateway opens it on the routed runtime,
-// registers it in that generation's scope (disposing the generation closes
-// it), and when the module's runtime changes, opens it again on the one the
-// dispatcher names (dispatch.AwaitPackageRoute, RoutedAway) — the caller's
-// stream continues with the new runtime's initial event.
+// runtime's own stream, run by its dispatcher handle (dispatch.PackageWatch):
+// opened on the routed runtime, registered in that generation's scope
+// (disposing the generation closes it), and when the module's runtime
+// changes, opened again on the next one — the caller's stream continues
+// with the new runtime's initial event. The gateway relays its events and
+// keeps it in the invocation table while it is open.
 
 // Bounds of the package-runtime fields of a request.
 const (
@@ -111,78 +109,6 @@ func fillPackageResponse(resp *gatewayv1.InvokeResponse, obs dispatch.Observatio
 	resp.Dependencies = derivedDependencies(obs.Package.GetDependencies())
 }
 
-// packageWatch is an open package-runtime Watch, for status and cancel by
-// its invocation_id.
-type packageWatch struct {
-	mu      sync.Mutex
-	watchID string
-	route   dispatch.Route // route.Package is the runtime it is open on (nil before)
-	// watch is the runtime's open stream; cancelled is set by
-	// CancelInvocation, after which the Watch ends (cancelled) and never
-	// moves.
-	watch     *pkgruntime.Watch
-	cancelled bool
-}
-
-// cancel marks the Watch cancelled and closes its runtime stream in the
-// background: the runtime was asked to end it, and Close cuts it when the
-// runtime has not within its cancel_ms (a runtime that ignores the
-// cancellation cannot keep the caller's stream open).
-func (w *packageWatch) cancel() {
-	w.mu.Lock()
-	w.cancelled = true
-	rw := w.watch
-	w.mu.Unlock()
-	if rw != nil {
-		go rw.Close()
-	}
-}
-
-func (w *packageWatch) isCancelled() bool {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.cancelled
-}
-
-func (w *packageWatch) current() (dispatch.PackageBackend, string, dispatch.Route) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.route.Package, w.watchID, w.route
-}
-
-// packageWatches are the open package-runtime Watches by namespace and
-// invocation_id.
-type packageWatches struct {
-	mu    sync.Mutex
-	byKey map[string]*packageWatch
-}
-
-func (p *packageWatches) add(key string, w *packageWatch) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.byKey == nil {
-		p.byKey = map[string]*packageWatch{}
-	}
-	if _, dup := p.byKey[key]; dup {
-		return false
-	}
-	p.byKey[key] = w
-	return true
-}
-
-func (p *packageWatches) remove(key string) {
-	p.mu.Lock()
-	delete(p.byKey, key)
-	p.mu.Unlock()
-}
-
-func (p *packageWatches) lookup(key string) (*packageWatch, bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	w, ok := p.byKey[key]
-	return w, ok
-}
-
 // packageDispatcher returns the module's dispatcher when a package runtime
 // serves it now (nil when a line-protocol provider or nothing does).
 func (s *Server) packageDispatcher(namespace, activation, module string) *dispatch.Dispatcher {
@@ -232,155 +158,53 @@ func (s *Server) watchPackage(req *gatewayv1.WatchRequest, d *dispatch.Dispatche
 	if id == "" {
 		id = runID
 	}
-	key := req.GetNamespace() + "\x00" + id
-	entry := &packageWatch{}
-	if _, known := s.table.lookup(key); known || !s.watches.add(key, entry) {
+	// The Watch is an invocation of the table like any call (an ID in use
+	// is refused, status and cancel find it there); where it runs and
+	// where it moves is its dispatcher handle's.
+	inv := newInvocation()
+	inv.namespace, inv.activation, inv.module, inv.dispatcher, inv.streaming = req.GetNamespace(), req.GetActivation(), req.GetModule(), d, true
+	inv.id, inv.key, inv.runID = id, req.GetNamespace()+"\x00"+id, runID
+	inv.pkgWatch = d.NewPackageWatch(dispatch.PackageWatchRequest{
+		ID: id, RunID: runID, Call: *pc, Input: payload, MoveTimeout: s.cfg.WatchMoveTimeout, HostStopping: s.ctx,
+		Background: func(f func()) {
+			s.calls.Add(1)
+			go func() { defer s.calls.Done(); f() }()
+		},
+	})
+	switch _, existing, full := s.table.admit(inv); {
+	case full != nil:
+		return fail(reasons.QueueFull, fmt.Sprintf("the gateway remembers %d invocations that have not ended; retry later", full.n))
+	case existing:
 		return fail(reasons.InvocationConflict, fmt.Sprintf("invocation_id %q is in use in namespace %s; choose a new one", id, req.GetNamespace()))
 	}
-	defer s.watches.remove(key)
-
-	var (
-		seq  uint64
-		last dispatch.PackageBackend
-	)
-	for moves := 0; ; moves++ {
-		if entry.isCancelled() {
-			return fail(reasons.Cancelled, fmt.Sprintf("watch %s was cancelled (CancelInvocation)", id))
-		}
-		route, why := s.awaitPackageRoute(ctx, d, last)
-		if why != nil {
-			if last == nil || why.Code == reasons.DeadlineExceeded || why.Code == reasons.Interrupted {
-				return fail(why.Code, why.Message)
+	defer func() {
+		// Forgotten once it ends, as a Watch the runtime no longer knows:
+		// its ID may be used again.
+		close(inv.done)
+		s.table.abandon(inv)
+	}()
+	var seq uint64
+	lineage, err := inv.pkgWatch.Follow(ctx, func(ev *runtimepb.WatchEvent, route dispatch.Route) error {
+		seq++
+		value := "null"
+		if ev.GetValue() != nil {
+			b, verr := pkgruntime.ValueToJSON(ev.GetValue())
+			if verr != nil {
+				return fail(reasons.ProviderFailed, fmt.Sprintf("watch %s: event value: %v", id, verr))
 			}
-			return fail(reasons.StaleGeneration, fmt.Sprintf("watch %s ended on generation %s and could not move to the module's next runtime: %s", id, entryRouteName(entry), why.Message))
+			value = string(b)
 		}
-		call := *pc
-		call.InvocationID = runID
-		if moves > 0 {
-			call.InvocationID = runID + "-m" + strconv.Itoa(moves)
-		}
-		// The runtime's stream does not inherit the caller's deadline: the
-		// gateway ends the Watch at that deadline itself (and then closes the
-		// runtime's stream), so the runtime cannot end it a moment earlier and
-		// make the caller's deadline look like the runtime's own end.
-		w, err := route.Package.Watch(context.WithoutCancel(ctx), call, payload)
-		if err != nil {
-			if last == nil {
-				return callFailure(err, route.Lineage)
-			}
-			return fail(reasons.StaleGeneration, fmt.Sprintf("watch %s could not be opened again on generation %s: %v", id, route.Name, err))
-		}
-		entry.mu.Lock()
-		entry.watchID, entry.route, entry.watch = call.InvocationID, *route, w
-		cancelled := entry.cancelled
-		entry.mu.Unlock()
-		if cancelled { // cancelled while it was being opened
-			go w.Close()
-		}
-		resource := "watch " + call.InvocationID
-		if route.Scope != nil {
-			// Disposing the generation closes the Watch: the loop then
-			// moves it to the runtime that replaced it.
-			if err := route.Scope.Track(context.Background(), resource, effects.Cancelable, func(context.Context) error { return w.Close() }); err != nil {
-				w.Close()
-			}
-		}
-		closeStream := func() error {
-			err := w.Close()
-			if route.Scope != nil {
-				route.Scope.Release(resource)
-			}
-			return err
-		}
-		end, movable := s.relayPackageWatch(ctx, id, w, *route, d, &seq, stream, entry.isCancelled)
-		if ctx.Err() != nil {
-			// The caller is gone or its deadline passed: it gets its answer
-			// now, and the runtime's stream is closed behind it (within
-			// cancel_ms, then cut) — its deadline is not the runtime's.
-			s.calls.Add(1)
-			go func() {
-				defer s.calls.Done()
-				closeStream()
-			}()
-			return end
-		}
-		closeErr := closeStream()
-		if !movable {
-			if end == nil && closeErr != nil && ctx.Err() == nil {
-				return callFailure(closeErr, route.Lineage)
-			}
-			return end
-		}
-		last = route.Package
+		return stream.Send(&gatewayv1.WatchEvent{
+			InvocationId: id, Generation: route.Lineage, GenerationName: route.Name, Sequence: seq,
+			Initial: ev.GetInitial(), ValueJson: value, ObservationJson: value,
+			Dependencies: derivedDependencies(ev.GetDependencies()), Error: ev.GetError(), Terminal: ev.GetError() != "",
+		})
+	})
+	var ce *dispatch.CallError
+	if errors.As(err, &ce) {
+		return failure(reasons.GRPCCode(ce.Code), ce.Code, ce.Message, lineage)
 	}
-}
-
-func entryRouteName(w *packageWatch) string {
-	_, _, r := w.current()
-	return r.Name
-}
-
-// awaitPackageRoute is the dispatcher's AwaitPackageRoute, ended also when
-// the gateway stops (interrupted).
-func (s *Server) awaitPackageRoute(ctx context.Context, d *dispatch.Dispatcher, last dispatch.PackageBackend) (*dispatch.Route, *dispatch.CallError) {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	stop := context.AfterFunc(s.ctx, cancel)
-	defer stop()
-	r, why := d.AwaitPackageRoute(ctx, last, s.cfg.WatchMoveTimeout)
-	if why != nil && why.Code == reasons.DeadlineExceeded && s.ctx.Err() != nil {
-		return nil, &dispatch.CallError{Code: reasons.Interrupted, Message: "the gateway is stopping"}
-	}
-	return r, why
-}
-
-// relayPackageWatch sends w's events to the caller until the Watch ends. It
-// reports how it ended, and whether the Watch should move: the runtime it
-// ran on is no longer the module's (switched away from, or exited).
-func (s *Server) relayPackageWatch(ctx context.Context, id string, w *pkgruntime.Watch, route dispatch.Route, d *dispatch.Dispatcher, seq *uint64, stream grpc.ServerStreamingServer[gatewayv1.WatchEvent], cancelled func() bool) (error, bool) {
-	for {
-		ev, err := w.Recv(ctx)
-		if err == nil {
-			*seq++
-			value := "null"
-			if ev.GetValue() != nil {
-				b, verr := pkgruntime.ValueToJSON(ev.GetValue())
-				if verr != nil {
-					return fail(reasons.ProviderFailed, fmt.Sprintf("watch %s: event value: %v", id, verr)), false
-				}
-				value = string(b)
-			}
-			out := &gatewayv1.WatchEvent{
-				InvocationId: id, Generation: route.Lineage, GenerationName: route.Name, Sequence: *seq,
-				Initial: ev.GetInitial(), ValueJson: value, ObservationJson: value,
-				Dependencies: derivedDependencies(ev.GetDependencies()), Error: ev.GetError(), Terminal: ev.GetError() != "",
-			}
-			if serr := stream.Send(out); serr != nil {
-				return serr, false
-			}
-			if ev.GetError() != "" {
-				return nil, false
-			}
-			continue
-		}
-		if ctx.Err() != nil {
-			return fail(reasons.DeadlineExceeded, fmt.Sprintf("the caller stopped watching %s: %v", id, ctx.Err())), false
-		}
-		if s.ctx.Err() != nil {
-			return fail(reasons.Interrupted, "the gateway is stopping"), false
-		}
-		if cancelled() {
-			return fail(reasons.Cancelled, fmt.Sprintf("watch %s was cancelled (CancelInvocation)", id)), false
-		}
-		if d.RoutedAway(route, time.Second) {
-			return nil, true
-		}
-		if errors.Is(err, io.EOF) {
-			// The runtime ended the Watch itself and still serves.
-			return nil, false
-		}
-		return callFailure(err, route.Lineage), false
-	}
+	return err
 }
 
 // callFailure is the status of a failed call: its reason code kept.
@@ -392,25 +216,17 @@ func callFailure(err error, generation int64) error {
 // packageWatchStatus answers GetInvocationStatus and CancelInvocation for
 // an open package-runtime Watch: RUNNING with the runtime's own state, or
 // CANCELLATION_REQUESTED once cancel asked the runtime to end it.
-func (s *Server) packageWatchStatus(ctx context.Context, req *gatewayv1.InvocationControlRequest, w *packageWatch, cancel bool) *gatewayv1.InvocationStatus {
-	backend, watchID, route := w.current()
+func (s *Server) packageWatchStatus(ctx context.Context, req *gatewayv1.InvocationControlRequest, w *dispatch.PackageWatch, cancel bool) *gatewayv1.InvocationStatus {
+	route := w.Route()
 	st := &gatewayv1.InvocationStatus{InvocationId: req.GetInvocationId(), Namespace: req.GetNamespace(),
 		Generation: route.Lineage, GenerationName: route.Name, State: gatewayv1.InvocationState_INVOCATION_STATE_RUNNING}
-	if backend == nil {
-		if cancel { // not open on a runtime yet: it never will be
-			w.cancel()
-			st.State = gatewayv1.InvocationState_INVOCATION_STATE_CANCELLATION_REQUESTED
-		}
-		return st
-	}
 	var state string
 	var err error
 	if cancel {
-		state, err = backend.CancelInvocation(ctx, watchID)
+		state, err = w.Cancel(ctx)
 		st.State = gatewayv1.InvocationState_INVOCATION_STATE_CANCELLATION_REQUESTED
-		w.cancel()
 	} else {
-		state, err = backend.Status(ctx, watchID)
+		state, err = w.Status(ctx)
 	}
 	if err != nil {
 		st.Message = err.Error()

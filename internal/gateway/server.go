@@ -121,8 +121,6 @@ type Server struct {
 	runPrefix string
 	table     *invocationTable
 	grpc      *grpc.Server
-	// watches are the open Watches of package runtimes (package.go).
-	watches packageWatches
 
 	// ctx ends when the server stops: queued calls are withdrawn.
 	ctx    context.Context
@@ -805,11 +803,11 @@ func (s *Server) GetInvocationStatus(ctx context.Context, req *gatewayv1.Invocat
 	if err != nil {
 		return unknownStatus(req), err
 	}
-	if w, ok := s.watches.lookup(req.GetNamespace() + "\x00" + req.GetInvocationId()); ok {
-		return s.packageWatchStatus(ctx, req, w, false), nil
-	}
 	if inv == nil {
 		return unknownStatus(req), nil
+	}
+	if inv.pkgWatch != nil {
+		return s.packageWatchStatus(ctx, req, inv.pkgWatch, false), nil
 	}
 	st := inv.status()
 	if rt := inv.runningOn(); rt != nil && st.State != gatewayv1.InvocationState_INVOCATION_STATE_COMPLETED && st.State != gatewayv1.InvocationState_INVOCATION_STATE_FAILED {
@@ -830,11 +828,11 @@ func (s *Server) CancelInvocation(ctx context.Context, req *gatewayv1.Invocation
 	if err != nil {
 		return unknownStatus(req), err
 	}
-	if w, ok := s.watches.lookup(req.GetNamespace() + "\x00" + req.GetInvocationId()); ok {
-		return s.packageWatchStatus(ctx, req, w, true), nil
-	}
 	if inv == nil {
 		return unknownStatus(req), nil
+	}
+	if inv.pkgWatch != nil {
+		return s.packageWatchStatus(ctx, req, inv.pkgWatch, true), nil
 	}
 	select {
 	case <-inv.done:
