@@ -120,6 +120,11 @@ type Call struct {
 	// besides its input (export, object, dependencies, session, the
 	// caller's namespace).
 	Package *PackageCall
+	// Background runs a cancellation that waits for the provider's
+	// acknowledgement (Handle.Cancel), so that the submitter can wait for
+	// it and report its error (nil: a goroutine of its own, the error
+	// dropped).
+	Background func(job func() error)
 }
 
 // Result is a finished call.
@@ -164,6 +169,11 @@ type pendingCall struct {
 	done   func(Result, error)
 	result Result
 	err    error
+	// route is the route it was dispatched to (nil while it has not
+	// been), and cancelRequested whether its submitter asked to cancel it;
+	// both under the dispatcher's mu.
+	route           *Route
+	cancelRequested bool
 }
 
 // end stops the deadline's timer and hands the outcome to whoever submitted
@@ -307,8 +317,10 @@ func (d *Dispatcher) Invoke(ctx context.Context, call Call) (Result, error) {
 	return res, resErr
 }
 
-// Queued is a submitted call, for its submitter.
-type Queued struct {
+// Handle is a submitted call, for its submitter: whether and where it
+// runs, its withdrawal from the queue and its cancellation. The gateway
+// reads an invocation's state from it and keeps none of its own.
+type Handle struct {
 	d *Dispatcher
 	p *pendingCall
 }
@@ -316,13 +328,75 @@ type Queued struct {
 // Withdraw takes the call out of the queue and ends it with err (its done
 // is called before Withdraw returns). It reports false when the call is no
 // longer queued: it runs, or has ended.
-func (q *Queued) Withdraw(err *CallError) bool {
-	if !q.d.withdraw(q.p) {
+func (h *Handle) Withdraw(err *CallError) bool {
+	if !h.d.withdraw(h.p) {
 		return false
 	}
-	q.p.err = err
-	q.p.end()
+	h.p.err = err
+	h.p.end()
 	return true
+}
+
+// Started reports the route the call was dispatched to, if it was.
+func (h *Handle) Started() (Route, bool) {
+	h.d.mu.Lock()
+	defer h.d.mu.Unlock()
+	if h.p.route == nil {
+		return Route{}, false
+	}
+	return *h.p.route, true
+}
+
+// CancelRequested reports whether Cancel was called.
+func (h *Handle) CancelRequested() bool {
+	h.d.mu.Lock()
+	defer h.d.mu.Unlock()
+	return h.p.cancelRequested
+}
+
+// Cancel ends the call at its submitter's request. A queued call is
+// withdrawn: it ends (cancelled) before Cancel returns and never runs. A
+// run on a package runtime is cancelled by the runtime, whose state is
+// returned (cancellation-requested while the run winds down). A run on a
+// line-protocol provider is asked to cancel in the background (Background):
+// the acknowledgement may take up to the cancellation deadline. A call
+// that ended is left as it ended.
+func (h *Handle) Cancel(ctx context.Context, reason string) (runtimeState string, err error) {
+	h.d.mu.Lock()
+	h.p.cancelRequested = true
+	h.d.mu.Unlock()
+	if h.Withdraw(&CallError{Code: reasons.Cancelled, Message: fmt.Sprintf("withdrawn from module %s's queue before it ran: %s", h.d.module, reason)}) {
+		return "", nil
+	}
+	route, started := h.Started()
+	if !started {
+		return "", nil
+	}
+	if route.Package != nil {
+		return route.Package.CancelInvocation(ctx, h.p.call.ID)
+	}
+	job := func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		_, err := h.d.CancelRunning(ctx, h.p.call.ID, reason)
+		return err
+	}
+	if bg := h.p.call.Background; bg != nil {
+		bg(job)
+	} else {
+		go func() { _ = job() }()
+	}
+	return "", nil
+}
+
+// RuntimeStatus is a package runtime's own state of the call's run ("" with
+// a nil error for a call not running on one).
+func (h *Handle) RuntimeStatus(ctx context.Context) (string, error) {
+	route, started := h.Started()
+	if !started || route.Package == nil {
+		return "", nil
+	}
+	return route.Package.Status(ctx, h.p.call.ID)
 }
 
 // Submit queues a call without waiting for it: done is called exactly
@@ -335,7 +409,7 @@ func (q *Queued) Withdraw(err *CallError) bool {
 // Nothing waits for a submitted call: a caller that needs the result in
 // its own goroutine uses Invoke; the gateway hands the outcome on from
 // done, so a call costs no goroutine of its own while it is queued.
-func (d *Dispatcher) Submit(call Call, done func(Result, error)) (*Queued, error) {
+func (d *Dispatcher) Submit(call Call, done func(Result, error)) (*Handle, error) {
 	if call.Deadline.IsZero() {
 		return nil, &CallError{Code: reasons.DeadlineExceeded, Message: "a call needs a deadline"}
 	}
@@ -361,7 +435,7 @@ func (d *Dispatcher) Submit(call Call, done func(Result, error)) (*Queued, error
 	p.expire = time.AfterFunc(time.Until(call.Deadline), func() { d.expire(p) })
 	d.mu.Unlock()
 	d.poke()
-	return &Queued{d: d, p: p}, nil
+	return &Handle{d: d, p: p}, nil
 }
 
 // expire ends a call whose deadline passed while it was queued; one that
@@ -468,6 +542,7 @@ func (d *Dispatcher) dispatchOne() bool {
 		d.idle = make(chan struct{})
 	}
 	d.running[p.call.ID] = &InFlight{CallID: p.call.ID, Route: route, StartedAt: time.Now()}
+	p.route = &route
 	d.mu.Unlock()
 
 	go d.run(p, route, remaining)

@@ -103,8 +103,8 @@ type PackageWatchRequest struct {
 }
 
 // PackageWatch is the handle of one package-runtime Watch: Follow opens
-// it and moves it, Status and Cancel answer for it, and the host that
-// relays its events keeps no state of its own about where it runs.
+// it and moves it, RuntimeStatus and Cancel answer for it, and the host
+// that relays its events keeps no state of its own about where it runs.
 type PackageWatch struct {
 	d   *Dispatcher
 	req PackageWatchRequest
@@ -146,9 +146,16 @@ func (w *PackageWatch) isCancelled() bool {
 	return w.cancelled
 }
 
-// Status is the runtime's own state of the open stream ("" with a nil
-// error before it opened).
-func (w *PackageWatch) Status(ctx context.Context) (string, error) {
+// Started reports the route the Watch is open on: a Watch runs from the
+// moment it is asked for (its route is empty until its stream opens).
+func (w *PackageWatch) Started() (Route, bool) { return w.Route(), true }
+
+// CancelRequested reports whether Cancel was called.
+func (w *PackageWatch) CancelRequested() bool { return w.isCancelled() }
+
+// RuntimeStatus is the runtime's own state of the open stream ("" with a
+// nil error before it opened).
+func (w *PackageWatch) RuntimeStatus(ctx context.Context) (string, error) {
 	w.mu.Lock()
 	backend, id := w.route.Package, w.openID
 	w.mu.Unlock()
@@ -162,8 +169,9 @@ func (w *PackageWatch) Status(ctx context.Context) (string, error) {
 // state is returned), and the stream is closed in the background, cut
 // when the runtime has not ended it within its cancel_ms (a runtime that
 // ignores the cancellation cannot keep the caller's stream open). A Watch
-// not open yet never opens.
-func (w *PackageWatch) Cancel(ctx context.Context) (string, error) {
+// not open yet never opens. reason is not the runtime's to read: its
+// protocol's cancel carries none.
+func (w *PackageWatch) Cancel(ctx context.Context, reason string) (string, error) {
 	w.mu.Lock()
 	w.cancelled = true
 	backend, id, rw := w.route.Package, w.openID, w.watch
@@ -306,3 +314,24 @@ func (w *PackageWatch) relay(ctx context.Context, rw *pkgruntime.Watch, route Ro
 		return Classify(err, route.Lineage), false
 	}
 }
+
+// CallHandle is what the submitter of a call (Handle) or the opener of a
+// package runtime's Watch (PackageWatch) holds of it: whether and where it
+// runs, its cancellation and the runtime's own state of it. The gateway
+// answers an invocation's status and cancel requests through it alone.
+type CallHandle interface {
+	// Started reports the route the call was dispatched to, if it was.
+	Started() (Route, bool)
+	// CancelRequested reports whether Cancel was called.
+	CancelRequested() bool
+	// Cancel ends the call at its submitter's request and returns the
+	// runtime's state of it (a package runtime's; "" otherwise).
+	Cancel(ctx context.Context, reason string) (runtimeState string, err error)
+	// RuntimeStatus is a package runtime's own state of the call.
+	RuntimeStatus(ctx context.Context) (string, error)
+}
+
+var (
+	_ CallHandle = (*Handle)(nil)
+	_ CallHandle = (*PackageWatch)(nil)
+)

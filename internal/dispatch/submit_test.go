@@ -1,8 +1,10 @@
 package dispatch
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -163,5 +165,69 @@ func TestEverySubmittedCallEndsExactlyOnceWhateverEndsIt(t *testing.T) {
 	}
 	if len(outcomes) == 0 {
 		t.Fatal("no call was accepted")
+	}
+}
+
+func TestAHandleCancelsAQueuedCallByWithdrawingIt(t *testing.T) {
+	b := newScripted("g1")
+	d := startedDispatcher(t, b, 1)
+	_, _ = d.Pause(context.Background(), time.Second) // as during a swap: calls queue
+	o := newOutcome()
+	h, err := d.Submit(call("c1", 5*time.Second), o.done)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, started := h.Started(); started || h.CancelRequested() {
+		t.Fatal("a queued call reports started or cancel requested")
+	}
+	if state, err := h.Cancel(context.Background(), "the client changed its mind"); state != "" || err != nil {
+		t.Fatalf("Cancel = %q, %v; want nothing from a runtime", state, err)
+	}
+	select {
+	case <-o.ended:
+	default:
+		t.Fatal("the withdrawn call had not ended when Cancel returned")
+	}
+	if codeOfErr(o.err) != reasons.Cancelled || !strings.Contains(o.err.Error(), "the client changed its mind") || !h.CancelRequested() {
+		t.Fatalf("err=%v requested=%v; want cancelled with the reason", o.err, h.CancelRequested())
+	}
+	d.Resume()
+	if b.runs.Load() != 0 || d.QueueLength() != 0 {
+		t.Fatalf("runs=%d queue=%d; want the call never run and out of the queue", b.runs.Load(), d.QueueLength())
+	}
+}
+
+func TestAHandleCancelsARunningCallInTheBackground(t *testing.T) {
+	b := newScripted("g1")
+	b.hold = make(chan struct{})
+	d := startedDispatcher(t, b, 1)
+	o := newOutcome()
+	jobs := make(chan error, 1)
+	c := call("c1", 10*time.Second)
+	c.Background = func(job func() error) { go func() { jobs <- job() }() }
+	h, err := d.Submit(c, o.done)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for b.runs.Load() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	if route, started := h.Started(); !started || route.Lineage != 1 {
+		t.Fatalf("Started = %+v, %v; want generation 1", route, started)
+	}
+	if _, err := h.Cancel(context.Background(), "client cancel"); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-jobs; err != nil {
+		t.Fatalf("the background cancellation: %v", err)
+	}
+	o.wait(t)
+	if o.err == nil || !h.CancelRequested() {
+		t.Fatalf("err=%v requested=%v; want the run ended by its cancellation", o.err, h.CancelRequested())
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.cancelled) != 1 || b.cancelled[0] != "c1" {
+		t.Fatalf("backend cancelled %v; want c1", b.cancelled)
 	}
 }

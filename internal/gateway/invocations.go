@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"context"
 	"sync"
 	"time"
 
@@ -39,13 +40,17 @@ type invocation struct {
 
 	done chan struct{} // closed when the outcome is recorded
 
-	// queued is the call in its module's dispatcher (nil for one known
-	// only from the survivor, or refused at once): Stop withdraws it.
-	queued *dispatch.Queued
-	// pkgWatch is the handle of a package runtime's Watch (nil for any
-	// other call): its status and cancel are the handle's. Such an
-	// invocation is in the table only while it is open.
-	pkgWatch *dispatch.PackageWatch
+	// handle is the call's dispatcher handle: whether and where it runs,
+	// its cancellation, a package runtime's state of it (dispatch.Handle
+	// for a submitted call, which Stop withdraws while it is queued;
+	// dispatch.PackageWatch for a package runtime's Watch, in the table
+	// only while it is open; survivedCall for one known only from the
+	// survivor). nil while the call is being submitted, or when it was
+	// refused at once.
+	handle dispatch.CallHandle
+	// cancelEarly is the reason of a CancelInvocation that came before
+	// the handle did; begin cancels the call as it submits it.
+	cancelEarly string
 
 	mu             sync.Mutex
 	started        bool
@@ -55,10 +60,6 @@ type invocation struct {
 	revision string
 	// arrived is when the call came in (the latency metric).
 	arrived time.Time
-	// runtime is the package runtime running the call (nil for a
-	// line-protocol provider): status requests are forwarded to it.
-	runtime         dispatch.PackageBackend
-	cancelRequested bool
 	// droppedStale is set when an observation of the run was dropped
 	// because its generation no longer served the module.
 	droppedStale bool
@@ -96,23 +97,63 @@ func (inv *invocation) signal() {
 	}
 }
 
-// runningOn is the package runtime the call runs on, if any.
-func (inv *invocation) runningOn() dispatch.PackageBackend {
+// callHandle is the call's dispatcher handle (nil before it has one).
+func (inv *invocation) callHandle() dispatch.CallHandle {
 	inv.mu.Lock()
 	defer inv.mu.Unlock()
-	return inv.runtime
+	return inv.handle
 }
 
-// status is the invocation's InvocationStatus now.
+// setHandle records the handle of the submitted call and returns the
+// reason of a cancellation requested before it ("" when none was).
+func (inv *invocation) setHandle(h dispatch.CallHandle) string {
+	inv.mu.Lock()
+	defer inv.mu.Unlock()
+	inv.handle = h
+	return inv.cancelEarly
+}
+
+// cancelOrNote returns the call's handle to cancel it with, or, before the
+// call has one, notes the cancellation for begin and returns nil.
+func (inv *invocation) cancelOrNote(reason string) dispatch.CallHandle {
+	inv.mu.Lock()
+	defer inv.mu.Unlock()
+	if inv.handle == nil {
+		inv.cancelEarly = reason
+	}
+	return inv.handle
+}
+
+// ended reports whether the invocation's outcome is recorded.
+func (inv *invocation) ended() bool {
+	select {
+	case <-inv.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// status is the invocation's InvocationStatus now: its outcome once it
+// ended, else what its handle says.
 func (inv *invocation) status() *gatewayv1.InvocationStatus {
+	h := inv.callHandle()
+	var route dispatch.Route
+	started, cancelRequested := false, false
+	if h != nil {
+		route, started = h.Started()
+		cancelRequested = h.CancelRequested()
+	}
 	inv.mu.Lock()
 	defer inv.mu.Unlock()
 	st := &gatewayv1.InvocationStatus{
 		InvocationId: inv.id, Namespace: inv.namespace, Activation: inv.activation, Module: inv.module,
 		Generation: inv.generation, GenerationName: inv.generationName,
 	}
-	select {
-	case <-inv.done:
+	if started && route.Lineage != 0 {
+		st.Generation, st.GenerationName = route.Lineage, route.Name
+	}
+	if inv.ended() {
 		if inv.err == nil {
 			st.State = gatewayv1.InvocationState_INVOCATION_STATE_COMPLETED
 		} else {
@@ -120,18 +161,45 @@ func (inv *invocation) status() *gatewayv1.InvocationStatus {
 			st.Reason, st.Message = inv.reason, inv.message
 		}
 		return st
-	default:
 	}
 	switch {
-	case inv.cancelRequested:
+	case cancelRequested || inv.cancelEarly != "":
 		st.State = gatewayv1.InvocationState_INVOCATION_STATE_CANCELLATION_REQUESTED
-	case inv.started:
+	case started:
 		st.State = gatewayv1.InvocationState_INVOCATION_STATE_RUNNING
 	default:
 		st.State = gatewayv1.InvocationState_INVOCATION_STATE_QUEUED
 	}
 	return st
 }
+
+// survivedCall is the handle of a call known only from the survivor (its
+// run began before this manager started): it runs on the generation the
+// survivor named, and can be neither withdrawn nor cancelled from here —
+// its outcome arrives when it ends.
+type survivedCall struct {
+	route dispatch.Route
+
+	mu              sync.Mutex
+	cancelRequested bool
+}
+
+func (c *survivedCall) Started() (dispatch.Route, bool) { return c.route, true }
+
+func (c *survivedCall) CancelRequested() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.cancelRequested
+}
+
+func (c *survivedCall) Cancel(context.Context, string) (string, error) {
+	c.mu.Lock()
+	c.cancelRequested = true
+	c.mu.Unlock()
+	return "", nil
+}
+
+func (c *survivedCall) RuntimeStatus(context.Context) (string, error) { return "", nil }
 
 // invocationTable is the bounded idempotency window. Ended invocations are
 // kept in the order they ended, so the oldest is forgotten first.

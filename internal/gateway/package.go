@@ -164,13 +164,14 @@ func (s *Server) watchPackage(req *gatewayv1.WatchRequest, d *dispatch.Dispatche
 	inv := newInvocation()
 	inv.namespace, inv.activation, inv.module, inv.dispatcher, inv.streaming = req.GetNamespace(), req.GetActivation(), req.GetModule(), d, true
 	inv.id, inv.key, inv.runID = id, req.GetNamespace()+"\x00"+id, runID
-	inv.pkgWatch = d.NewPackageWatch(dispatch.PackageWatchRequest{
+	watch := d.NewPackageWatch(dispatch.PackageWatchRequest{
 		ID: id, RunID: runID, Call: *pc, Input: payload, MoveTimeout: s.cfg.WatchMoveTimeout, HostStopping: s.ctx,
 		Background: func(f func()) {
 			s.calls.Add(1)
 			go func() { defer s.calls.Done(); f() }()
 		},
 	})
+	inv.handle = watch
 	switch _, existing, full := s.table.admit(inv); {
 	case full != nil:
 		return fail(reasons.QueueFull, fmt.Sprintf("the gateway remembers %d invocations that have not ended; retry later", full.n))
@@ -184,7 +185,7 @@ func (s *Server) watchPackage(req *gatewayv1.WatchRequest, d *dispatch.Dispatche
 		s.table.abandon(inv)
 	}()
 	var seq uint64
-	lineage, err := inv.pkgWatch.Follow(ctx, func(ev *runtimepb.WatchEvent, route dispatch.Route) error {
+	lineage, err := watch.Follow(ctx, func(ev *runtimepb.WatchEvent, route dispatch.Route) error {
 		seq++
 		value := "null"
 		if ev.GetValue() != nil {
@@ -211,27 +212,4 @@ func (s *Server) watchPackage(req *gatewayv1.WatchRequest, d *dispatch.Dispatche
 func callFailure(err error, generation int64) error {
 	ce := dispatch.Classify(err, generation)
 	return failure(reasons.GRPCCode(ce.Code), ce.Code, ce.Message, generation)
-}
-
-// packageWatchStatus answers GetInvocationStatus and CancelInvocation for
-// an open package-runtime Watch: RUNNING with the runtime's own state, or
-// CANCELLATION_REQUESTED once cancel asked the runtime to end it.
-func (s *Server) packageWatchStatus(ctx context.Context, req *gatewayv1.InvocationControlRequest, w *dispatch.PackageWatch, cancel bool) *gatewayv1.InvocationStatus {
-	route := w.Route()
-	st := &gatewayv1.InvocationStatus{InvocationId: req.GetInvocationId(), Namespace: req.GetNamespace(),
-		Generation: route.Lineage, GenerationName: route.Name, State: gatewayv1.InvocationState_INVOCATION_STATE_RUNNING}
-	var state string
-	var err error
-	if cancel {
-		state, err = w.Cancel(ctx)
-		st.State = gatewayv1.InvocationState_INVOCATION_STATE_CANCELLATION_REQUESTED
-	} else {
-		state, err = w.Status(ctx)
-	}
-	if err != nil {
-		st.Message = err.Error()
-		return st
-	}
-	st.RuntimeState = state
-	return st
 }

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"time"
 
 	"iteron.dev/operator/internal/dispatch"
 	"iteron.dev/operator/internal/effects"
@@ -45,4 +46,19 @@ func (s *Server) unbindStream(inv *invocation) {
 	if b != nil {
 		b.scope.Release(b.id)
 	}
+}
+
+// cancelRunning asks the provider to cancel inv's run, in the background:
+// the acknowledgement may take up to the cancellation deadline. Not the
+// client's cancellation: the run ends interrupted.
+func (s *Server) cancelRunning(inv *invocation, reason string) {
+	s.calls.Add(1)
+	go func() {
+		defer s.calls.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if _, err := inv.dispatcher.CancelRunning(ctx, inv.runID, reason); err != nil {
+			s.cfg.Log.Info("cancelling a run failed", "invocation", inv.id, "run", inv.runID, "error", err.Error())
+		}
+	}()
 }

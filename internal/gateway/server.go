@@ -271,11 +271,8 @@ func (s *Server) Stop(ctx context.Context) {
 	// queued are withdrawn (they never ran: interrupted), the running ones
 	// are waited for.
 	for _, inv := range s.table.pending() {
-		inv.mu.Lock()
-		q := inv.queued
-		inv.mu.Unlock()
-		if q != nil {
-			q.Withdraw(&dispatch.CallError{Code: reasons.Interrupted, Message: "the gateway stopped before the call ran"})
+		if h, ok := inv.callHandle().(*dispatch.Handle); ok {
+			h.Withdraw(&dispatch.CallError{Code: reasons.Interrupted, Message: "the gateway stopped before the call ran"})
 		}
 	}
 	waited := make(chan struct{})
@@ -574,6 +571,15 @@ func (s *Server) beginAuthorized(ctx context.Context, req callRequest, streaming
 		Invocation: &survivor.Invocation{Namespace: inv.namespace, InvocationID: inv.id, Fingerprint: hex.EncodeToString(fp[:]),
 			Activation: inv.activation, Module: inv.module},
 		Package: pc,
+		Background: func(job func() error) {
+			s.calls.Add(1)
+			go func() {
+				defer s.calls.Done()
+				if err := job(); err != nil {
+					s.cfg.Log.Info("cancelling a run failed", "invocation", inv.id, "run", inv.runID, "error", err.Error())
+				}
+			}()
+		},
 	}
 	if streaming {
 		// Only a Watch needs the run's observations (an Invoke gets the
@@ -581,24 +587,18 @@ func (s *Server) beginAuthorized(ctx context.Context, req callRequest, streaming
 		// of a generation it no longer routes to).
 		call.Observe = func(o dispatch.Observation) { s.observe(inv, o) }
 	}
-	inv.mu.Lock()
-	cancelled := inv.cancelRequested
-	inv.mu.Unlock()
 	s.calls.Add(1)
-	if cancelled {
-		s.ended(inv, dispatch.Result{}, &dispatch.CallError{Code: reasons.Cancelled, Message: "cancelled before it was queued"})
-		return inv, false, nil
-	}
 	// No goroutine waits for the call: the dispatcher hands its outcome to
 	// ended from whatever ends it (its run, its deadline, a withdrawal).
-	q, err := d.Submit(call, func(res dispatch.Result, err error) { s.ended(inv, res, err) })
+	h, err := d.Submit(call, func(res dispatch.Result, err error) { s.ended(inv, res, err) })
 	if err != nil {
 		s.ended(inv, dispatch.Result{}, err)
 		return inv, false, nil
 	}
-	inv.mu.Lock()
-	inv.queued = q
-	inv.mu.Unlock()
+	if early := inv.setHandle(h); early != "" {
+		// CancelInvocation came while the call was being submitted.
+		h.Cancel(context.Background(), early)
+	}
 	return inv, false, nil
 }
 
@@ -698,16 +698,11 @@ func writeLengthPrefixed(h hash.Hash, parts ...string) {
 // started records the generation that took the call.
 func (s *Server) started(inv *invocation, r dispatch.Route) {
 	inv.mu.Lock()
-	inv.started, inv.generation, inv.generationName, inv.runtime, inv.revision = true, r.Lineage, r.Name, r.Package, r.Revision
-	cancel := inv.cancelRequested
+	inv.started, inv.generation, inv.generationName, inv.revision = true, r.Lineage, r.Name, r.Revision
 	inv.mu.Unlock()
 	s.bindStream(inv, r)
 	if s.cfg.OnDispatch != nil {
 		s.cfg.OnDispatch(Dispatch{Namespace: inv.namespace, Activation: inv.activation, Module: inv.module, InvocationID: inv.id, Route: r, At: time.Now()})
-	}
-	if cancel {
-		// Cancelled between its withdrawal attempt and its dispatch.
-		s.cancelRunning(inv, "cancelled by the client before its run started")
 	}
 }
 
@@ -778,7 +773,7 @@ func (s *Server) outcomeOf(inv *invocation, err error) (reason, message string, 
 	reason, message = ce.Code, ce.Message
 	generation := inv.generation
 	switch {
-	case reason == reasons.Interrupted && inv.cancelRequested:
+	case reason == reasons.Interrupted && inv.handle != nil && inv.handle.CancelRequested():
 		reason, message = reasons.Cancelled, "the run was cancelled at the client's request"
 	case s.ctx.Err() != nil && !inv.started && reason != reasons.Cancelled && reason != reasons.Interrupted:
 		reason, message = reasons.Interrupted, "the gateway stopped before the call ran"
@@ -806,23 +801,23 @@ func (s *Server) GetInvocationStatus(ctx context.Context, req *gatewayv1.Invocat
 	if inv == nil {
 		return unknownStatus(req), nil
 	}
-	if inv.pkgWatch != nil {
-		return s.packageWatchStatus(ctx, req, inv.pkgWatch, false), nil
-	}
 	st := inv.status()
-	if rt := inv.runningOn(); rt != nil && st.State != gatewayv1.InvocationState_INVOCATION_STATE_COMPLETED && st.State != gatewayv1.InvocationState_INVOCATION_STATE_FAILED {
-		// Forwarded: the runtime's own view of the run.
-		if state, err := rt.Status(ctx, inv.runID); err == nil {
-			st.RuntimeState = state
+	if h := inv.callHandle(); h != nil && !inv.ended() {
+		// Forwarded: a package runtime's own view of the run.
+		state, err := h.RuntimeStatus(ctx)
+		if err != nil {
+			st.Message = err.Error()
 		}
+		st.RuntimeState = state
 	}
 	return st, nil
 }
 
 // CancelInvocation implements gatewayv1.GatewayServer: a queued call is
 // withdrawn (FAILED, reason cancelled, it never runs); a running one is
-// CANCELLATION_REQUESTED while the provider is asked to cancel it; an ended
-// one is reported as it ended.
+// CANCELLATION_REQUESTED while the provider is asked to cancel it (a
+// package runtime's state of it returned); an ended one is reported as it
+// ended. What happens is the call's handle's (dispatch.CallHandle).
 func (s *Server) CancelInvocation(ctx context.Context, req *gatewayv1.InvocationControlRequest) (*gatewayv1.InvocationStatus, error) {
 	inv, err := s.control(ctx, req)
 	if err != nil {
@@ -831,13 +826,8 @@ func (s *Server) CancelInvocation(ctx context.Context, req *gatewayv1.Invocation
 	if inv == nil {
 		return unknownStatus(req), nil
 	}
-	if inv.pkgWatch != nil {
-		return s.packageWatchStatus(ctx, req, inv.pkgWatch, true), nil
-	}
-	select {
-	case <-inv.done:
+	if inv.ended() {
 		return inv.status(), nil
-	default:
 	}
 	reason := req.GetReason()
 	if reason == "" {
@@ -846,50 +836,18 @@ func (s *Server) CancelInvocation(ctx context.Context, req *gatewayv1.Invocation
 	if len(reason) > 256 {
 		reason = reason[:256]
 	}
-	inv.mu.Lock()
-	inv.cancelRequested = true
-	inv.mu.Unlock()
-	if inv.dispatcher == nil {
-		// Known from the survivor (its run began before this manager
-		// started): it cannot be withdrawn nor cancelled from here; its
-		// outcome arrives when it ends.
+	h := inv.cancelOrNote(reason)
+	if h == nil {
+		// Not submitted yet: begin cancels it as it submits it.
 		return inv.status(), nil
 	}
-	if inv.dispatcher.Withdraw(inv.runID, reason) {
-		select {
-		case <-inv.done:
-		case <-ctx.Done():
-		}
-		return inv.status(), nil
+	state, err := h.Cancel(ctx, reason)
+	st := inv.status()
+	if err != nil {
+		st.Message = err.Error()
 	}
-	if rt := inv.runningOn(); rt != nil {
-		// A package runtime answers the cancellation itself: its state
-		// (cancellation-requested while the run winds down) is returned.
-		state, err := rt.CancelInvocation(ctx, inv.runID)
-		st := inv.status()
-		if err == nil {
-			st.RuntimeState = state
-		} else {
-			st.Message = err.Error()
-		}
-		return st, nil
-	}
-	s.cancelRunning(inv, reason)
-	return inv.status(), nil
-}
-
-// cancelRunning asks the provider to cancel inv's run, in the background:
-// the acknowledgement may take up to the cancellation deadline.
-func (s *Server) cancelRunning(inv *invocation, reason string) {
-	s.calls.Add(1)
-	go func() {
-		defer s.calls.Done()
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		if _, err := inv.dispatcher.CancelRunning(ctx, inv.runID, reason); err != nil {
-			s.cfg.Log.Info("cancelling a run failed", "invocation", inv.id, "run", inv.runID, "error", err.Error())
-		}
-	}()
+	st.RuntimeState = state
+	return st, nil
 }
 
 // control authorizes a status or cancel request and finds its invocation

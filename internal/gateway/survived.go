@@ -55,6 +55,7 @@ func (s *Server) record(o survivor.Outcome) bool {
 		inv.namespace, inv.activation, inv.module = c.Namespace, c.Activation, c.Module
 		inv.id, inv.key, inv.runID, inv.fingerprint = c.InvocationID, key, o.RunID, fp
 		inv.started, inv.generation, inv.generationName = true, c.Generation, c.GenerationName
+		inv.handle = &survivedCall{route: dispatch.Route{Lineage: c.Generation, Name: c.GenerationName}}
 		got, existing, full := s.table.admit(inv)
 		if full != nil {
 			return false
