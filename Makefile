@@ -38,7 +38,7 @@ generate-proto: ## Generate api/gateway/v1 from gateway.proto and api/quixos fro
 manifests: ## Generate CRDs (config/crd/bases), the node manager's RBAC (config/rbac/role.yaml) and the fleet controller's (config/fleet/role.yaml).
 	$(CONTROLLER_GEN) crd paths=./api/... output:crd:artifacts:config=config/crd/bases
 	$(CONTROLLER_GEN) rbac:roleName=iteron-manager paths=./controllers output:rbac:artifacts:config=config/rbac
-	$(CONTROLLER_GEN) rbac:roleName=iteron-fleet paths=./controllers/activationset output:rbac:artifacts:config=config/fleet
+	$(CONTROLLER_GEN) rbac:roleName=iteron-fleet paths=./controllers/fleet output:rbac:artifacts:config=config/fleet
 
 .PHONY: verify-generated
 verify-generated: ## Fail when committed generated files differ from what `make generate` writes.

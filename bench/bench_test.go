@@ -20,8 +20,8 @@ import (
 	"iteron.dev/operator/bench/goplugin"
 	"iteron.dev/operator/examples/providers/artifacts"
 	"iteron.dev/operator/examples/providers/providertest"
-	"iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/procexec"
+	"iteron.dev/operator/internal/verifier"
 )
 
 func TestMain(m *testing.M) { providertest.Main(m) }
@@ -84,7 +84,7 @@ func BenchmarkStartToTerminal(b *testing.B) {
 		b.Fatal(err)
 	}
 	impl := providertest.Implement(b, artifacts.Spec{Binary: echo, ImplementationID: "echo", Protocol: 1, Version: [3]uint64{1, 0, 0}})
-	plan := providertest.Plan(b, impl, func(f *activation.LaunchPlanFields) { f.RuntimeDeadline = time.Hour })
+	plan := providertest.Plan(b, impl, func(f *verifier.LaunchPlanFields) { f.RuntimeDeadline = time.Hour })
 	ctx := context.Background()
 	var p *procexec.Process
 	launch := func() {

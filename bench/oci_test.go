@@ -14,10 +14,10 @@ import (
 	"time"
 
 	exartifacts "iteron.dev/operator/examples/providers/artifacts"
-	"iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/artifacts"
 	"iteron.dev/operator/internal/catalog"
 	"iteron.dev/operator/internal/reasons"
+	"iteron.dev/operator/internal/verifier"
 	"iteron.dev/operator/test/registrytest"
 )
 
@@ -108,12 +108,12 @@ func (w *ociWorld) pullVerify(b *testing.B, dir string) (pull, verify time.Durat
 	}
 	pull = time.Since(start)
 	ceiling, _ := catalog.ParseCeiling("read_only")
-	v, err := activation.NewVerifier(activation.Config{Ceiling: ceiling, Artifacts: storeResolver{store}})
+	v, err := verifier.NewVerifier(verifier.Config{Ceiling: ceiling, Artifacts: storeResolver{store}})
 	if err != nil {
 		b.Fatal(err)
 	}
 	s := w.pushed.Sources[0]
-	doc := &activation.Document{Form: activation.FormDocument, CandidateSHA256: fmt.Sprintf("sha256:%064x", 1), Sources: []activation.Source{{
+	doc := &verifier.Document{Form: verifier.FormDocument, CandidateSHA256: fmt.Sprintf("sha256:%064x", 1), Sources: []verifier.Source{{
 		Module: s.Module, ImplementationID: s.ImplementationID, OCIRef: w.pushed.Ref, ManifestSHA256: s.ManifestSHA256, ArtifactSHA256: s.ArtifactSHA256,
 	}}}
 	start = time.Now()

@@ -14,10 +14,10 @@ import (
 
 	"iteron.dev/operator/examples/providers/artifacts"
 	"iteron.dev/operator/examples/providers/providertest"
-	"iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/procexec"
 	"iteron.dev/operator/internal/statedir"
 	"iteron.dev/operator/internal/survivor"
+	"iteron.dev/operator/internal/verifier"
 )
 
 // BenchmarkStartToTerminalSurvivor is BenchmarkStartToTerminal on the path
@@ -69,7 +69,7 @@ func BenchmarkStartToTerminalSurvivor(b *testing.B) {
 	}
 
 	impl := providertest.Implement(b, artifacts.Spec{Binary: echo, ImplementationID: "echo", Protocol: 1, Version: [3]uint64{1, 0, 0}})
-	plan := providertest.Plan(b, impl, func(f *activation.LaunchPlanFields) { f.RuntimeDeadline = time.Hour })
+	plan := providertest.Plan(b, impl, func(f *verifier.LaunchPlanFields) { f.RuntimeDeadline = time.Hour })
 	exe, err := procexec.SealExecutable(plan.Executable(), plan.ArtifactSHA256())
 	if err != nil {
 		b.Fatal(err)

@@ -18,9 +18,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
-	"iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/hotswap"
 	"iteron.dev/operator/internal/reasons"
+	"iteron.dev/operator/internal/verifier"
 )
 
 // activationScope carries one reconcile's state between phases.
@@ -411,7 +411,7 @@ func (r *ActivationReconciler) failureOf(s *activationScope, g *iteronv1.Generat
 	return nil
 }
 
-func sameTarget(g *iteronv1.Generation, p *activation.LaunchPlan, previous string) bool {
+func sameTarget(g *iteronv1.Generation, p *verifier.LaunchPlan, previous string) bool {
 	return g.Spec.Implementation.ID == p.ImplementationID() &&
 		g.Spec.Implementation.ManifestSHA256 == p.ManifestSHA256() &&
 		g.Spec.Implementation.ArtifactSHA256 == p.ArtifactSHA256() &&
@@ -420,7 +420,7 @@ func sameTarget(g *iteronv1.Generation, p *activation.LaunchPlan, previous strin
 }
 
 // implementationOf is a Generation's implementation from its launch plan.
-func implementationOf(p activation.LaunchPlan, catalogPath string) iteronv1.Implementation {
+func implementationOf(p verifier.LaunchPlan, catalogPath string) iteronv1.Implementation {
 	v := p.Version()
 	impl := iteronv1.Implementation{
 		ID: p.ImplementationID(), Version: fmt.Sprintf("%d.%d.%d", v[0], v[1], v[2]),

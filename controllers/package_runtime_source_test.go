@@ -17,8 +17,8 @@ import (
 
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
 	"iteron.dev/operator/controllers"
-	"iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/catalog"
+	"iteron.dev/operator/internal/verifier"
 	"iteron.dev/operator/test/operatortest"
 )
 
@@ -63,7 +63,7 @@ func TestAPackageRuntimeSourceResolvesToAGenerationTheAPIServerAccepts(t *testin
 			Sources: []iteronv1.ActivationSource{{Module: "prompt_system", ImplementationID: "kv-1.0.0", CatalogPath: manifestPath,
 				ArtifactRoot: root, ManifestSHA256: digest, ArtifactSHA256: "sha256:" + m.ArtifactSHA256}}},
 	}
-	v, err := activation.NewVerifier(activation.Config{AllowedRoots: []string{dir}, Ceiling: []string{"read_only"}})
+	v, err := verifier.NewVerifier(verifier.Config{AllowedRoots: []string{dir}, Ceiling: []string{"read_only"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,7 +90,7 @@ func TestAPackageRuntimeSourceResolvesToAGenerationTheAPIServerAccepts(t *testin
 		{"executable", impl.Executable, filepath.Join(root, "kv")},
 		{"argv", len(impl.Argv), 0},
 		{"deadlines", gen.Spec.Deadlines, iteronv1.Deadlines{RuntimeMs: 10000, CancellationMs: 2000}},
-		{"evidence limits", gen.Spec.EvidenceLimits, iteronv1.EvidenceLimits{StderrBytes: activation.PackageRuntimeStderrBytes}},
+		{"evidence limits", gen.Spec.EvidenceLimits, iteronv1.EvidenceLimits{StderrBytes: verifier.PackageRuntimeStderrBytes}},
 		{"failure policy", gen.Spec.FailurePolicy, "fail_closed"},
 		{"it says it is a package runtime", impl.PackageRuntime != nil, true},
 	}

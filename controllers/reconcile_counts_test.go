@@ -19,8 +19,8 @@ import (
 
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
 	"iteron.dev/operator/examples/providers/artifacts"
-	"iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/reasons"
+	"iteron.dev/operator/internal/verifier"
 )
 
 // reconcileCounts are the reconcilers' counters as the manager's registry
@@ -146,7 +146,7 @@ func resync(t *testing.T, act *iteronv1.ImplementationActivation, n int) reconci
 }
 
 // waitUnracy waits until every file under paths was last changed more than
-// activation.RacyWindow ago: until then a file's stamp vouches for nothing
+// verifier.RacyWindow ago: until then a file's stamp vouches for nothing
 // and every reconcile verifies it again, which is right for a file that
 // may still be changing but is not what these counts measure.
 func waitUnracy(t *testing.T, paths ...string) {
@@ -170,7 +170,7 @@ func waitUnracy(t *testing.T, paths ...string) {
 			t.Fatal(err)
 		}
 	}
-	time.Sleep(time.Until(newest.Add(activation.RacyWindow + 100*time.Millisecond)))
+	time.Sleep(time.Until(newest.Add(verifier.RacyWindow + 100*time.Millisecond)))
 }
 
 // TestReconcileCountsOfOneHotSwapAndOfAResync measures what one hot swap

@@ -3,7 +3,7 @@ package controllers
 import (
 	"time"
 
-	"iteron.dev/operator/internal/activation"
+	"iteron.dev/operator/internal/verifier"
 )
 
 // Resolution is what verification and the dependency graph made of a spec:
@@ -30,7 +30,7 @@ type Resolution struct {
 	// symlink in a directory, a registry) is not only in Files.
 	Reusable bool
 	// Files are the files the verification read, stamped before reading.
-	Files []activation.FileStamp
+	Files []verifier.FileStamp
 }
 
 // ResolvedModule is one module of a resolution.
@@ -38,7 +38,7 @@ type ResolvedModule struct {
 	// Module is the module.
 	Module string
 	// Plan is the verified launch plan; nil when the module cannot run.
-	Plan *activation.LaunchPlan
+	Plan *verifier.LaunchPlan
 	// CatalogPath is the canonical catalog the plan was verified from.
 	CatalogPath string
 	// Epoch is the module's epoch (docs/concepts.md, identity, epoch and

@@ -6,16 +6,16 @@ import (
 	"time"
 
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
-	"iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/graph"
 	"iteron.dev/operator/internal/reasons"
+	"iteron.dev/operator/internal/verifier"
 )
 
 // NewResolver returns the Resolve function of the activation controller:
-// verify every source on this node (internal/activation), then place the
+// verify every source on this node (internal/verifier), then place the
 // sources in the seam graph (internal/graph) for admission, epochs and
 // orders.
-func NewResolver(v *activation.Verifier) func(context.Context, *iteronv1.ImplementationActivationSpec) Resolution {
+func NewResolver(v *verifier.Verifier) func(context.Context, *iteronv1.ImplementationActivationSpec) Resolution {
 	return func(_ context.Context, spec *iteronv1.ImplementationActivationSpec) Resolution {
 		res, err := v.VerifySpec(spec)
 		if err != nil {
@@ -25,7 +25,7 @@ func NewResolver(v *activation.Verifier) func(context.Context, *iteronv1.Impleme
 		if err != nil {
 			return Resolution{DocumentError: err, DocumentCode: reasons.VerificationFailed}
 		}
-		plans := map[string]*activation.VerifiedSource{}
+		plans := map[string]*verifier.VerifiedSource{}
 		for _, vs := range res.Verified() {
 			plans[vs.Module] = vs
 		}
@@ -51,7 +51,7 @@ func NewResolver(v *activation.Verifier) func(context.Context, *iteronv1.Impleme
 
 // retryAfter is when the soonest OCI source still being pulled, or waiting
 // for its next attempt, should be looked at again (0 when none is).
-func retryAfter(res *activation.Result) time.Duration {
+func retryAfter(res *verifier.Result) time.Duration {
 	var soonest time.Duration
 	for _, f := range res.Failed() {
 		var ae interface{ RetryIn() time.Duration }

@@ -13,8 +13,8 @@ import (
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
 	"iteron.dev/operator/examples/providers/artifacts"
 	"iteron.dev/operator/examples/providers/providertest"
-	"iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/catalog"
+	"iteron.dev/operator/internal/verifier"
 )
 
 // cacheFixture is an activation of one module whose executable is a small
@@ -39,7 +39,7 @@ func newCacheFixture(t *testing.T) cacheFixture {
 		t.Fatal(err)
 	}
 	src := providertest.Catalog(t, impl)[0]
-	v, err := activation.NewVerifier(activation.Config{})
+	v, err := verifier.NewVerifier(verifier.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,7 +68,7 @@ func (f cacheFixture) kept(c *verificationCache, act *iteronv1.ImplementationAct
 }
 
 // waitUnracy waits until paths were last changed more than
-// activation.RacyWindow ago, when their stamps start to vouch for them.
+// verifier.RacyWindow ago, when their stamps start to vouch for them.
 func waitUnracy(t *testing.T, paths ...string) {
 	t.Helper()
 	var newest time.Time
@@ -83,7 +83,7 @@ func waitUnracy(t *testing.T, paths ...string) {
 			newest = fi.ModTime()
 		}
 	}
-	time.Sleep(time.Until(newest.Add(activation.RacyWindow + 100*time.Millisecond)))
+	time.Sleep(time.Until(newest.Add(verifier.RacyWindow + 100*time.Millisecond)))
 }
 
 func TestAVerificationIsKeptForItsKeyWhileItsFilesAreUnchanged(t *testing.T) {

@@ -10,8 +10,8 @@ import (
 	"strings"
 	"testing"
 
-	"iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/catalog"
+	"iteron.dev/operator/internal/verifier"
 )
 
 // runCLI runs the CLI in-process and returns exit code, stdout and stderr.
@@ -28,7 +28,7 @@ type stack struct {
 	dir     string
 	catalog string
 	impls   map[string]*catalog.Manifest
-	sources []activation.Source
+	sources []verifier.Source
 }
 
 type implSpec struct {
@@ -68,7 +68,7 @@ func newStack(t *testing.T, specs ...implSpec) *stack {
 		if err != nil {
 			t.Fatal(err)
 		}
-		s.sources = append(s.sources, activation.Source{Module: sp.module, ImplementationID: sp.id, CatalogPath: s.catalog,
+		s.sources = append(s.sources, verifier.Source{Module: sp.module, ImplementationID: sp.id, CatalogPath: s.catalog,
 			ArtifactRoot: root, ManifestSHA256: md, ArtifactSHA256: "sha256:" + m.ArtifactSHA256})
 	}
 	data, err := json.Marshal(c)
@@ -82,13 +82,13 @@ func newStack(t *testing.T, specs ...implSpec) *stack {
 }
 
 // document writes the raw document of the stack's sources (after edits).
-func (s *stack) document(t *testing.T, name string, edit func([]activation.Source)) string {
+func (s *stack) document(t *testing.T, name string, edit func([]verifier.Source)) string {
 	t.Helper()
-	sources := append([]activation.Source(nil), s.sources...)
+	sources := append([]verifier.Source(nil), s.sources...)
 	if edit != nil {
 		edit(sources)
 	}
-	doc := &activation.Document{CandidateSHA256: "sha256:" + strings.Repeat("c", 64), Sources: sources}
+	doc := &verifier.Document{CandidateSHA256: "sha256:" + strings.Repeat("c", 64), Sources: sources}
 	data, err := doc.MarshalDocument()
 	if err != nil {
 		t.Fatal(err)
@@ -226,7 +226,7 @@ func TestValidateNamesTheFieldOfEveryFailure(t *testing.T) {
 	if err := os.Symlink(s.catalog, link); err != nil {
 		t.Fatal(err)
 	}
-	symlinked := s.document(t, "symlinked.json", func(src []activation.Source) { src[1].CatalogPath = link })
+	symlinked := s.document(t, "symlinked.json", func(src []verifier.Source) { src[1].CatalogPath = link })
 	_, yamlOut, _ := runCLI(t, "", "convert", "--name", "stack", "--node-name", "n", symlinked)
 	yamlDoc := writeFile(t, filepath.Join(s.dir, "symlinked.yaml"), yamlOut)
 	tests := []struct {
@@ -246,7 +246,7 @@ func TestValidateNamesTheFieldOfEveryFailure(t *testing.T) {
 			args: []string{"validate", "--allowed-roots", filepath.Join(s.dir, "artifacts"), s.document(t, "d.json", nil)}, code: 1,
 			stderr: []string{"sources[0].catalog_path: " + s.catalog + " is outside the allowed roots"}},
 		{name: "a failed dependency gates its consumer, naming the chain",
-			args: []string{"validate", "--allowed-roots", s.dir, s.document(t, "gated.json", func(src []activation.Source) { src[0].ManifestSHA256 = src[1].ManifestSHA256 })}, code: 1,
+			args: []string{"validate", "--allowed-roots", s.dir, s.document(t, "gated.json", func(src []verifier.Source) { src[0].ManifestSHA256 = src[1].ManifestSHA256 })}, code: 1,
 			stderr: []string{"prompt_system: verification_failed: sources[0].manifest_sha256:", "context_assembly: dependency_unsatisfied: context_assembly needs prompt_system (not admitted: verification_failed: sources[0].manifest_sha256"}},
 		{name: "a duplicate key fails the whole document",
 			stdin: `{"schema_version":1,"schema_version":1}`, args: []string{"validate", "-"}, code: 1,
@@ -283,10 +283,10 @@ func TestValidateDefaultsToTheManagersAllowedRoots(t *testing.T) {
 		t.Fatalf("without --allowed-roots: exit %d, err %q", code, errOut)
 	}
 	cmd := newValidateCmd()
-	if got := cmd.Flags().Lookup("allowed-roots").DefValue; got != "["+activation.DefaultAllowedRoot+"]" {
-		t.Fatalf("--allowed-roots defaults to %s, the manager to %s", got, activation.DefaultAllowedRoot)
+	if got := cmd.Flags().Lookup("allowed-roots").DefValue; got != "["+verifier.DefaultAllowedRoot+"]" {
+		t.Fatalf("--allowed-roots defaults to %s, the manager to %s", got, verifier.DefaultAllowedRoot)
 	}
-	if !strings.Contains(cmd.Long, activation.DefaultAllowedRoot) {
+	if !strings.Contains(cmd.Long, verifier.DefaultAllowedRoot) {
 		t.Fatalf("validate's help does not name its default allowed root:\n%s", cmd.Long)
 	}
 }
@@ -395,7 +395,7 @@ func TestPlanShowsWhatAnApplyWouldDo(t *testing.T) {
 	)
 	all := s.sources
 	write := func(name string, ids ...string) string {
-		sources := []activation.Source{}
+		sources := []verifier.Source{}
 		for _, id := range ids {
 			for _, x := range all {
 				if x.ImplementationID == id {
@@ -403,7 +403,7 @@ func TestPlanShowsWhatAnApplyWouldDo(t *testing.T) {
 				}
 			}
 		}
-		doc := &activation.Document{CandidateSHA256: "sha256:" + strings.Repeat("c", 64), Sources: sources}
+		doc := &verifier.Document{CandidateSHA256: "sha256:" + strings.Repeat("c", 64), Sources: sources}
 		data, err := doc.MarshalDocument()
 		if err != nil {
 			t.Fatal(err)

@@ -16,11 +16,11 @@ import (
 	"github.com/go-json-experiment/json/jsontext"
 	"github.com/spf13/cobra"
 
-	"iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/catalog"
 	"iteron.dev/operator/internal/procexec"
 	"iteron.dev/operator/internal/procexec/conformance"
 	"iteron.dev/operator/internal/sandbox"
+	"iteron.dev/operator/internal/verifier"
 	"iteron.dev/operator/pkg/protocol"
 	"iteron.dev/operator/pkg/strictjson"
 )
@@ -137,11 +137,11 @@ Exit status: 0 conformant, 1 violations found, 2 usage.`,
 			if err != nil {
 				return usage(fmt.Errorf("--capabilities: %v", err))
 			}
-			plan, err := activation.PlanForConformance(activation.ConformanceTarget{
+			plan, err := verifier.PlanForConformance(verifier.ConformanceTarget{
 				Module: module, ImplementationID: implID, ProtocolVersion: protocolVersion,
 				Executable: exe, ArtifactSHA256: digest, Argv: argv, Admitted: admitted,
 				RuntimeDeadline: max(20*timeout, time.Minute), CancellationDeadline: timeout,
-				EvidenceLimits: activation.EvidenceLimits{StdoutBytes: 4 << 20, StderrBytes: stderrBytes, Observations: 4096},
+				EvidenceLimits: verifier.EvidenceLimits{StdoutBytes: 4 << 20, StderrBytes: stderrBytes, Observations: 4096},
 			})
 			if err != nil {
 				return usage(err)

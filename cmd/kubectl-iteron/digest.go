@@ -8,8 +8,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/catalog"
+	"iteron.dev/operator/internal/verifier"
 )
 
 func newDigestCmd() *cobra.Command {
@@ -133,7 +133,7 @@ refused, naming the link and its target, as the manager refuses it.`,
 			if err := refuseSymlinks(args[0]); err != nil {
 				return err
 			}
-			d, err := activation.ArtifactDigest(args[0])
+			d, err := verifier.ArtifactDigest(args[0])
 			switch {
 			case errors.Is(err, os.ErrNotExist) || errors.Is(err, os.ErrPermission):
 				return usage(err)
@@ -155,13 +155,13 @@ refused, naming the link and its target, as the manager refuses it.`,
 // symlink, so that digest never prints a digest the activation cannot use.
 // A missing file is a usage error, as when it is opened.
 func refuseSymlinks(path string) error {
-	err := activation.CheckNoSymlinks(path)
+	err := verifier.CheckNoSymlinks(path)
 	switch {
 	case err == nil:
 		return nil
-	case errors.Is(err, activation.ErrSymlink):
+	case errors.Is(err, verifier.ErrSymlink):
 		return invalid(fmt.Errorf("%w: the manager reads no file through a symlink; digest the target and name it in the activation", err))
-	case errors.Is(err, activation.ErrNotFound):
+	case errors.Is(err, verifier.ErrNotFound):
 		return usage(err)
 	}
 	return invalid(err)

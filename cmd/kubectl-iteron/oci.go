@@ -13,10 +13,10 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/artifacts"
 	"iteron.dev/operator/internal/catalog"
 	"iteron.dev/operator/internal/reasons"
+	"iteron.dev/operator/internal/verifier"
 )
 
 // registryFlags are how push and pull reach a registry (the manager's
@@ -150,7 +150,7 @@ digest that did not match.`,
 			if len(ids) == 0 {
 				return invalid(fmt.Errorf("%s carries no implementation", args[0]))
 			}
-			var verified []*activation.VerifiedSource
+			var verified []*verifier.VerifiedSource
 			var failed []error
 			for _, id := range ids {
 				m, _ := cat.Lookup(id)
@@ -158,8 +158,8 @@ digest that did not match.`,
 				if err != nil {
 					return invalid(err)
 				}
-				doc := &activation.Document{Form: activation.FormDocument, CandidateSHA256: "sha256:" + fmt.Sprintf("%064x", 0),
-					Sources: []activation.Source{{Module: m.Module, ImplementationID: id, OCIRef: args[0], ManifestSHA256: md, ArtifactSHA256: "sha256:" + m.ArtifactSHA256}}}
+				doc := &verifier.Document{Form: verifier.FormDocument, CandidateSHA256: "sha256:" + fmt.Sprintf("%064x", 0),
+					Sources: []verifier.Source{{Module: m.Module, ImplementationID: id, OCIRef: args[0], ManifestSHA256: md, ArtifactSHA256: "sha256:" + m.ArtifactSHA256}}}
 				res, err := v.Verify(doc)
 				if err != nil {
 					return invalid(fmt.Errorf("implementation %s: %w", id, err))
@@ -197,7 +197,7 @@ digest that did not match.`,
 // the verifier's error, with the field relative to the implementation: the
 // verifier names it in the one-source document made for it (sources[0].…).
 func implementationFailure(id string, err error) error {
-	var ae *activation.Error
+	var ae *verifier.Error
 	if !errors.As(err, &ae) {
 		return fmt.Errorf("implementation %s: %w", id, err)
 	}

@@ -15,10 +15,10 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"iteron.dev/operator/api/v1alpha1"
-	"iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/artifacts"
 	"iteron.dev/operator/internal/catalog"
 	"iteron.dev/operator/internal/graph"
+	"iteron.dev/operator/internal/verifier"
 	"iteron.dev/operator/pkg/strictjson"
 )
 
@@ -37,14 +37,14 @@ type verifyFlags struct {
 }
 
 func (f *verifyFlags) register(cmd *cobra.Command) {
-	cmd.Flags().StringSliceVar(&f.allowedRoots, "allowed-roots", []string{activation.DefaultAllowedRoot},
+	cmd.Flags().StringSliceVar(&f.allowedRoots, "allowed-roots", []string{verifier.DefaultAllowedRoot},
 		"comma-separated directories every catalog and artifact root must lie under; pass the manager's --allowed-roots (the default is the manager's default)")
 	cmd.Flags().StringVar(&f.ceiling, "capability-ceiling", catalog.DefaultCeiling, "the node's capability ceiling, comma-separated")
 	cmd.Flags().StringVar(&f.graphFile, "graph", "", "a custom seam graph file (default: the built-in graph)")
 	cmd.Flags().StringVar(&f.artifactStore, "artifact-store", "", "verify OCI sources (oci.ref) from this store, filled by `kubectl iteron pull REF --to DIR`; nothing is pulled")
 }
 
-func (f *verifyFlags) verifier() (*activation.Verifier, error) {
+func (f *verifyFlags) verifier() (*verifier.Verifier, error) {
 	if f.artifactStore == "" {
 		return f.verifierWith(nil)
 	}
@@ -61,18 +61,18 @@ func (f *verifyFlags) verifier() (*activation.Verifier, error) {
 
 // verifierWith builds the verifier, resolving OCI sources with arts (nil
 // refuses them).
-func (f *verifyFlags) verifierWith(arts activation.ArtifactResolver) (*activation.Verifier, error) {
+func (f *verifyFlags) verifierWith(arts verifier.ArtifactResolver) (*verifier.Verifier, error) {
 	ceiling, err := catalog.ParseCeiling(f.ceiling)
 	if err != nil {
 		return nil, usage(fmt.Errorf("--capability-ceiling: %w", err))
 	}
-	cfg := activation.Config{AllowedRoots: f.allowedRoots, Ceiling: ceiling, Artifacts: arts}
+	cfg := verifier.Config{AllowedRoots: f.allowedRoots, Ceiling: ceiling, Artifacts: arts}
 	if f.graphFile != "" {
 		if cfg.Graph, err = catalog.LoadSeamGraph(f.graphFile); err != nil {
 			return nil, invalid(fmt.Errorf("--graph: %w", err))
 		}
 	}
-	v, err := activation.NewVerifier(cfg)
+	v, err := verifier.NewVerifier(cfg)
 	if err != nil {
 		return nil, usage(fmt.Errorf("--allowed-roots: %w", err))
 	}
@@ -105,7 +105,7 @@ func readInput(cmd *cobra.Command, path string) ([]byte, error) {
 // loadedActivation is an activation as read: the internal document and, for
 // the Kubernetes form, the object it came from.
 type loadedActivation struct {
-	doc    *activation.Document
+	doc    *verifier.Document
 	object *v1alpha1.ImplementationActivation // nil for a raw document
 }
 
@@ -118,7 +118,7 @@ func loadActivation(cmd *cobra.Command, path string) (*loadedActivation, error) 
 		return nil, err
 	}
 	if isRawDocument(data) {
-		doc, err := activation.ParseDocument(data)
+		doc, err := verifier.ParseDocument(data)
 		if err != nil {
 			return nil, invalid(err)
 		}
@@ -128,7 +128,7 @@ func loadActivation(cmd *cobra.Command, path string) (*loadedActivation, error) 
 	if err != nil {
 		return nil, invalid(err)
 	}
-	doc, err := activation.DocumentFromSpec(&obj.Spec)
+	doc, err := verifier.DocumentFromSpec(&obj.Spec)
 	if err != nil {
 		return nil, invalid(err)
 	}
@@ -206,11 +206,11 @@ func yamlDocuments(data []byte) int {
 
 // evaluated is one activation verified and placed in its graph.
 type evaluated struct {
-	result *activation.Result
+	result *verifier.Result
 	eval   *graph.Evaluation
 }
 
-func evaluate(v *activation.Verifier, doc *activation.Document) (*evaluated, error) {
+func evaluate(v *verifier.Verifier, doc *verifier.Document) (*evaluated, error) {
 	res, err := v.Verify(doc)
 	if err != nil {
 		return nil, invalid(err)
@@ -249,7 +249,7 @@ type moduleReport struct {
 }
 
 func (e *evaluated) reports() []moduleReport {
-	verified := map[string]*activation.VerifiedSource{}
+	verified := map[string]*verifier.VerifiedSource{}
 	for _, vs := range e.result.Verified() {
 		verified[vs.Module] = vs
 	}
@@ -319,7 +319,7 @@ Exit status: 0 every module is admitted, 1 something is invalid, 2 usage.`,
 						// A catalog's line shows the version; a package
 						// runtime's, which has none, its kind and exports.
 						what := r.Version
-						if r.Kind == activation.SourceKindPackageRuntime {
+						if r.Kind == verifier.SourceKindPackageRuntime {
 							what = r.Kind + " exports=[" + strings.Join(r.Exports, ",") + "]"
 						}
 						fmt.Fprintf(cmd.OutOrStdout(), "ok  %s %s %s manifest=%s artifact=%s admitted=[%s]\n", r.Module, r.ImplementationID, what,

@@ -9,14 +9,14 @@ import (
 	"strings"
 	"testing"
 
-	"iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/catalog"
+	"iteron.dev/operator/internal/verifier"
 )
 
 // addPackageRuntime writes a package runtime into the stack (its executable
 // under artifacts/<revision>/, its manifest at <revision>.json) and appends
 // the source that names it.
-func (s *stack) addPackageRuntime(t *testing.T, revision, module string) activation.Source {
+func (s *stack) addPackageRuntime(t *testing.T, revision, module string) verifier.Source {
 	t.Helper()
 	root := filepath.Join(s.dir, "artifacts", revision)
 	if err := os.MkdirAll(root, 0o755); err != nil {
@@ -39,7 +39,7 @@ func (s *stack) addPackageRuntime(t *testing.T, revision, module string) activat
 	if err != nil {
 		t.Fatal(err)
 	}
-	src := activation.Source{Module: module, ImplementationID: revision, CatalogPath: path, ArtifactRoot: root,
+	src := verifier.Source{Module: module, ImplementationID: revision, CatalogPath: path, ArtifactRoot: root,
 		ManifestSHA256: digest, ArtifactSHA256: "sha256:" + m.ArtifactSHA256}
 	s.sources = append(s.sources, src)
 	return src
@@ -76,7 +76,7 @@ func TestValidateShowsAPackageRuntimeSourceWithItsKindAndExports(t *testing.T) {
 		t.Errorf("the report invents a version for the package runtime:\n%s", jsonOut)
 	}
 
-	wrongRevision := s.document(t, "wrong.json", func(src []activation.Source) { src[1].ImplementationID = "kv-2.0.0" })
+	wrongRevision := s.document(t, "wrong.json", func(src []verifier.Source) { src[1].ImplementationID = "kv-2.0.0" })
 	code, _, errOut = runCLI(t, "", "validate", "--allowed-roots", s.dir, wrongRevision)
 	if code != 1 || !strings.Contains(errOut, `context_assembly: verification_failed: sources[1].implementation_id: package-runtime manifest `+kv.CatalogPath+` is revision "kv-1.0.0", not "kv-2.0.0"`) {
 		t.Fatalf("wrong revision: exit %d, err %q", code, errOut)
@@ -116,7 +116,7 @@ func TestPlanReloadsAModuleWhosePackageRuntimeRevisionChanges(t *testing.T) {
 	s.addPackageRuntime(t, "kv-1.0.0", "context_assembly")
 	old := s.document(t, "old.json", nil)
 	kv2 := s.addPackageRuntime(t, "kv-2.0.0", "context_assembly")
-	s.sources = []activation.Source{s.sources[0], kv2}
+	s.sources = []verifier.Source{s.sources[0], kv2}
 	next := s.document(t, "next.json", nil)
 	code, out, errOut := runCLI(t, "", "plan", "--allowed-roots", s.dir, "-o", "json", "--from", old, "--to", next)
 	var report planReport

@@ -15,11 +15,11 @@ import (
 
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
 	"iteron.dev/operator/cmd/manager/app"
-	"iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/artifacts"
 	"iteron.dev/operator/internal/catalog"
 	"iteron.dev/operator/internal/gateway"
 	"iteron.dev/operator/internal/sandbox"
+	"iteron.dev/operator/internal/verifier"
 )
 
 // options are the manager's validated flags.
@@ -72,7 +72,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "path to a kubeconfig; empty uses $KUBECONFIG or the in-cluster config")
 	fs.StringVar(&o.nodeName, "node-name", hostname, "the node whose activations this manager runs (only objects with this spec.nodeName are watched)")
 	fs.StringVar(&o.stateDir, "state-dir", "/var/lib/iteron/state", "directory for ledgers, durable snapshots and the manager lock")
-	fs.StringVar(&roots, "allowed-roots", activation.DefaultAllowedRoot, "comma-separated absolute directories under which catalogs and artifact roots must lie; may not overlap --state-dir")
+	fs.StringVar(&roots, "allowed-roots", verifier.DefaultAllowedRoot, "comma-separated absolute directories under which catalogs and artifact roots must lie; may not overlap --state-dir")
 	fs.StringVar(&interpreters, "interpreters", "/bin/sh", "comma-separated absolute interpreter paths a '#!' provider script may name")
 	fs.StringVar(&uid, "provider-uid", "65534", "uid providers run as")
 	fs.StringVar(&gid, "provider-gid", "65534", "gid providers run as")

@@ -14,8 +14,8 @@ import (
 
 	"iteron.dev/operator/api/v1alpha1"
 	"iteron.dev/operator/examples/providers/artifacts"
-	"iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/catalog"
+	"iteron.dev/operator/internal/verifier"
 	"iteron.dev/operator/pkg/strictjson"
 )
 
@@ -119,11 +119,11 @@ func TestTheActivationItPrintsVerifiesAsIs(t *testing.T) {
 		obj.Spec.Sources[0].ImplementationID != "counter-v2.prompt_system" || obj.Spec.Sources[1].ImplementationID != "stateless.context_assembly" {
 		t.Fatalf("unexpected activation:\n%s", buf.String())
 	}
-	doc, err := activation.DocumentFromSpec(&obj.Spec)
+	doc, err := verifier.DocumentFromSpec(&obj.Spec)
 	if err != nil {
 		t.Fatal(err)
 	}
-	v, err := activation.NewVerifier(activation.Config{AllowedRoots: []string{out}, Ceiling: []string{"read_only"}})
+	v, err := verifier.NewVerifier(verifier.Config{AllowedRoots: []string{out}, Ceiling: []string{"read_only"}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,7 +2,7 @@
 // provider directory (a catalog and one artifact root per implementation)
 // into an OCI artifact, pushes it, and pulls an artifact by digest into the
 // manager's content-addressed store, where it lays out a source that the
-// unchanged verifier (internal/activation) then checks. The transport
+// unchanged verifier (internal/verifier) then checks. The transport
 // changes; the verification chain does not: the activation still pins the
 // manifest and artifact digests, and only bytes that hash to them run.
 //

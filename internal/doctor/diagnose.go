@@ -12,11 +12,11 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
-	verifier "iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/catalog"
 	"iteron.dev/operator/internal/ledger"
 	"iteron.dev/operator/internal/reasons"
 	"iteron.dev/operator/internal/sandbox"
+	"iteron.dev/operator/internal/verifier"
 )
 
 // DefaultOrphanGrace is how long a live, recorded provider group may go

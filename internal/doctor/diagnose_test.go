@@ -11,8 +11,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
-	verifier "iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/reasons"
+	"iteron.dev/operator/internal/verifier"
 )
 
 func TestDiagnoseFindings(t *testing.T) {

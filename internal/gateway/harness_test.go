@@ -18,10 +18,10 @@ import (
 	gatewayv1 "iteron.dev/operator/api/gateway/v1"
 	"iteron.dev/operator/examples/providers/artifacts"
 	"iteron.dev/operator/examples/providers/providertest"
-	"iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/hotswap"
 	"iteron.dev/operator/internal/procexec"
 	"iteron.dev/operator/internal/providers"
+	"iteron.dev/operator/internal/verifier"
 )
 
 // TestMain runs the tests, or one of the helper processes this test binary
@@ -228,14 +228,14 @@ func counterImpl(tb testing.TB, module, id string, edit ...func(*artifacts.Spec)
 
 // deploy makes impl the next generation of its module in a and applies
 // a's targets (a hot swap when the module already runs).
-func (h *harness) deploy(a *activationRef, impl artifacts.Implementation, swap hotswap.SwapPolicy, edit ...func(*activation.LaunchPlanFields)) hotswap.ModuleTarget {
+func (h *harness) deploy(a *activationRef, impl artifacts.Implementation, swap hotswap.SwapPolicy, edit ...func(*verifier.LaunchPlanFields)) hotswap.ModuleTarget {
 	h.tb.Helper()
 	return h.deployPlan(a, providertest.Plan(h.tb, impl, edit...), swap)
 }
 
 // deployPlan makes plan the next generation of its module in a and applies
 // a's targets.
-func (h *harness) deployPlan(a *activationRef, plan activation.LaunchPlan, swap hotswap.SwapPolicy) hotswap.ModuleTarget {
+func (h *harness) deployPlan(a *activationRef, plan verifier.LaunchPlan, swap hotswap.SwapPolicy) hotswap.ModuleTarget {
 	h.tb.Helper()
 	m := plan.Module()
 	k := a.key.Name + "/" + m

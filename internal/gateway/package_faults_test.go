@@ -19,9 +19,9 @@ import (
 
 	gatewayv1 "iteron.dev/operator/api/gateway/v1"
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
-	"iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/catalog"
 	"iteron.dev/operator/internal/hotswap"
+	"iteron.dev/operator/internal/verifier"
 	"iteron.dev/operator/test/pkgruntimetest"
 )
 
@@ -34,7 +34,7 @@ import (
 
 // faultPlan is the seed runtime with fault filling module, answering as
 // the seed's revision.
-func faultPlan(tb testing.TB, module, fault string, edit ...func(*catalog.PackageRuntimeManifest)) activation.LaunchPlan {
+func faultPlan(tb testing.TB, module, fault string, edit ...func(*catalog.PackageRuntimeManifest)) verifier.LaunchPlan {
 	tb.Helper()
 	return pkgruntimetest.Plan(tb, module, seedWithFault(tb, fault), runtimeRevisions[pkgruntimetest.Seed], edit...)
 }

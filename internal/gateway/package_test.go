@@ -16,11 +16,11 @@ import (
 
 	gatewayv1 "iteron.dev/operator/api/gateway/v1"
 	"iteron.dev/operator/examples/providers/providertest"
-	"iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/catalog"
 	"iteron.dev/operator/internal/hotswap"
 	"iteron.dev/operator/internal/pkgruntime"
 	"iteron.dev/operator/internal/providers"
+	"iteron.dev/operator/internal/verifier"
 	"iteron.dev/operator/test/pkgruntimetest"
 )
 
@@ -78,13 +78,13 @@ func withPackageRuntimes(tb testing.TB) harnessOption {
 var runtimeRevisions = map[string]string{pkgruntimetest.KV: "kv-1.0.0", pkgruntimetest.Seed: "seed-kv-1"}
 
 // kvPlan is the SDK's kv runtime filling module.
-func kvPlan(tb testing.TB, module string) activation.LaunchPlan {
+func kvPlan(tb testing.TB, module string) verifier.LaunchPlan {
 	bins, _ := packageRuntimes(tb)
 	return pkgruntimetest.Plan(tb, module, bins[pkgruntimetest.KV], runtimeRevisions[pkgruntimetest.KV])
 }
 
 // seedPlan is the proto-only runtime filling module.
-func seedPlan(tb testing.TB, module string) activation.LaunchPlan {
+func seedPlan(tb testing.TB, module string) verifier.LaunchPlan {
 	bins, _ := packageRuntimes(tb)
 	return pkgruntimetest.Plan(tb, module, bins[pkgruntimetest.Seed], runtimeRevisions[pkgruntimetest.Seed])
 }

@@ -11,9 +11,9 @@ import (
 	"unicode/utf8"
 
 	"iteron.dev/operator/api/v1alpha1"
-	"iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/catalog"
 	"iteron.dev/operator/internal/reasons"
+	"iteron.dev/operator/internal/verifier"
 	"iteron.dev/operator/pkg/strictjson"
 )
 
@@ -56,7 +56,7 @@ type Input struct {
 }
 
 // FromVerification turns a verification result into the graph's input.
-func FromVerification(g *catalog.SeamGraph, res *activation.Result) Input {
+func FromVerification(g *catalog.SeamGraph, res *verifier.Result) Input {
 	in := Input{Graph: g}
 	for _, s := range res.Sources {
 		if s.Verified != nil {

@@ -10,8 +10,8 @@ import (
 	"strings"
 	"testing"
 
-	"iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/catalog"
+	"iteron.dev/operator/internal/verifier"
 )
 
 // TestVerifiedFilesFlowIntoAPlan runs real files through verification and
@@ -35,7 +35,7 @@ func TestVerifiedFilesFlowIntoAPlan(t *testing.T) {
 	build := func(name string, impls []impl) []byte {
 		t.Helper()
 		c := catalog.Catalog{SchemaVersion: 1}
-		var doc activation.Document
+		var doc verifier.Document
 		doc.CandidateSHA256 = "sha256:" + strings.Repeat("c", 64)
 		for _, im := range impls {
 			root := filepath.Join(dir, name, im.id)
@@ -51,7 +51,7 @@ func TestVerifiedFilesFlowIntoAPlan(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			doc.Sources = append(doc.Sources, activation.Source{Module: im.module, ImplementationID: im.id,
+			doc.Sources = append(doc.Sources, verifier.Source{Module: im.module, ImplementationID: im.id,
 				CatalogPath: filepath.Join(dir, name, "catalog.json"), ArtifactRoot: root,
 				ManifestSHA256: md, ArtifactSHA256: "sha256:" + m.ArtifactSHA256})
 		}
@@ -66,7 +66,7 @@ func TestVerifiedFilesFlowIntoAPlan(t *testing.T) {
 		}
 		return out
 	}
-	v, err := activation.NewVerifier(activation.Config{AllowedRoots: []string{dir}, Ceiling: []string{"read_only"}})
+	v, err := verifier.NewVerifier(verifier.Config{AllowedRoots: []string{dir}, Ceiling: []string{"read_only"}})
 	if err != nil {
 		t.Fatal(err)
 	}

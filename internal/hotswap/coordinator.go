@@ -9,11 +9,11 @@ import (
 
 	"github.com/go-logr/logr"
 
-	"iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/dispatch"
 	"iteron.dev/operator/internal/ledger"
 	"iteron.dev/operator/internal/providers"
 	"iteron.dev/operator/internal/reasons"
+	"iteron.dev/operator/internal/verifier"
 )
 
 // Config configures a Coordinator.
@@ -98,7 +98,7 @@ type ModuleTarget struct {
 	// Module is the module.
 	Module string
 	// Plan is the verified launch plan.
-	Plan activation.LaunchPlan
+	Plan verifier.LaunchPlan
 	// Epoch is the module's epoch (docs/concepts.md, identity, epoch and
 	// plan).
 	Epoch string

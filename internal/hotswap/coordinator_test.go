@@ -18,11 +18,11 @@ import (
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
 	"iteron.dev/operator/examples/providers/artifacts"
 	"iteron.dev/operator/examples/providers/providertest"
-	"iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/dispatch"
 	"iteron.dev/operator/internal/ledger"
 	"iteron.dev/operator/internal/procexec"
 	"iteron.dev/operator/internal/providers"
+	"iteron.dev/operator/internal/verifier"
 	"iteron.dev/operator/pkg/protocol"
 )
 
@@ -118,14 +118,14 @@ func newHarnessAt(t *testing.T, stateDir string, key ActivationKey, configure ..
 }
 
 // target makes the next generation's target for an implementation.
-func (h *harness) target(impl artifacts.Implementation, edit ...func(*activation.LaunchPlanFields)) ModuleTarget {
+func (h *harness) target(impl artifacts.Implementation, edit ...func(*verifier.LaunchPlanFields)) ModuleTarget {
 	m := impl.Manifest.Module
 	h.lineages[m]++
 	h.attempts[m] = 1
 	return h.targetAt(impl, h.lineages[m], 1, edit...)
 }
 
-func (h *harness) targetAt(impl artifacts.Implementation, lineage int64, attempt int32, edit ...func(*activation.LaunchPlanFields)) ModuleTarget {
+func (h *harness) targetAt(impl artifacts.Implementation, lineage int64, attempt int32, edit ...func(*verifier.LaunchPlanFields)) ModuleTarget {
 	m := impl.Manifest.Module
 	plan := providertest.Plan(h.t, impl, edit...)
 	return ModuleTarget{

@@ -12,7 +12,7 @@ import (
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
 	"iteron.dev/operator/examples/providers/artifacts"
 	"iteron.dev/operator/examples/providers/providertest"
-	"iteron.dev/operator/internal/activation"
+	"iteron.dev/operator/internal/verifier"
 )
 
 // applyWith applies targets with a checkpoint interval.
@@ -272,7 +272,7 @@ func TestARestartWithANarrowerCeilingRefusesTheRelaunch(t *testing.T) {
 		t.Fatal(err)
 	}
 	h2 := newHarnessAt(t, h.stateDir, h.key)
-	narrowed := h2.targetAt(impl, v2.Lineage, v2.Attempt, func(f *activation.LaunchPlanFields) { narrowTo("read_only")(f) })
+	narrowed := h2.targetAt(impl, v2.Lineage, v2.Attempt, func(f *verifier.LaunchPlanFields) { narrowTo("read_only")(f) })
 	narrowed.Epoch = v2.Epoch
 	h2.applyWith(SwapPolicy{}, 0, narrowed)
 	st := h2.settle()

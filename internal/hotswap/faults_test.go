@@ -11,7 +11,7 @@ import (
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
 	"iteron.dev/operator/examples/providers/artifacts"
 	"iteron.dev/operator/examples/providers/providertest"
-	"iteron.dev/operator/internal/activation"
+	"iteron.dev/operator/internal/verifier"
 	"iteron.dev/operator/pkg/strictjson"
 )
 
@@ -200,8 +200,8 @@ func failureFor(st ActivationStatus, gen string) *Failure {
 	return nil
 }
 
-func narrowTo(caps ...string) func(*activation.LaunchPlanFields) {
-	return func(f *activation.LaunchPlanFields) {
+func narrowTo(caps ...string) func(*verifier.LaunchPlanFields) {
+	return func(f *verifier.LaunchPlanFields) {
 		f.AdmittedCapabilities = caps
 		d, err := strictjson.DigestOf(caps)
 		if err != nil {

@@ -6,10 +6,10 @@ import (
 	"runtime"
 	"sync"
 
-	"iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/ledger"
 	"iteron.dev/operator/internal/providers"
 	"iteron.dev/operator/internal/survivor"
+	"iteron.dev/operator/internal/verifier"
 )
 
 // Parallel activation (docs/concepts.md, identity, epoch and plan: the modules
@@ -32,7 +32,7 @@ import (
 // aheadLaunch is a process started (and loaded) ahead of its transaction.
 type aheadLaunch struct {
 	module string
-	plan   activation.LaunchPlan
+	plan   verifier.LaunchPlan
 	// proc is the process (nil when the launch itself failed).
 	proc providers.Provider
 	// err is why the launch or the load failed; with proc set, the load
@@ -173,7 +173,7 @@ func (a *activationRuntime) takeAhead(g *generationRuntime) *aheadLaunch {
 	return r
 }
 
-func samePlan(x, y activation.LaunchPlan) bool {
+func samePlan(x, y verifier.LaunchPlan) bool {
 	return x.ManifestSHA256() == y.ManifestSHA256() && x.ArtifactSHA256() == y.ArtifactSHA256() && x.AuthoritySHA256() == y.AuthoritySHA256()
 }
 

@@ -15,11 +15,11 @@ import (
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
 	"iteron.dev/operator/examples/providers/artifacts"
 	"iteron.dev/operator/examples/providers/providertest"
-	"iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/dispatch"
 	"iteron.dev/operator/internal/effects"
 	"iteron.dev/operator/internal/ledger"
 	"iteron.dev/operator/internal/reasons"
+	"iteron.dev/operator/internal/verifier"
 	"iteron.dev/operator/pkg/protocol"
 )
 
@@ -218,7 +218,7 @@ func TestACleanupFailingInTheMiddleStillDisposesTheRestAndFailsTheGeneration(t *
 
 func TestADrainThatOverrunsItsDeadlineCancelsTheRestAndRecordsAReceipt(t *testing.T) {
 	h := newHarness(t)
-	short := func(f *activation.LaunchPlanFields) { f.CancellationDeadline = 300 * time.Millisecond }
+	short := func(f *verifier.LaunchPlanFields) { f.CancellationDeadline = 300 * time.Millisecond }
 	v1 := h.target(providertest.Implement(t, artifacts.Spec{Binary: artifacts.CounterV1}), short)
 	h.apply(SwapPolicy{}, v1)
 	h.settle()
@@ -385,7 +385,7 @@ func TestARollbackWithIncompleteEvidenceSaysSoAndNeverClaimsIrreversibleEffectsR
 
 func TestRealRunsLeaveTheirReceiptsAQuiesceCancelAndADrainTimeout(t *testing.T) {
 	h := newHarness(t)
-	short := func(f *activation.LaunchPlanFields) { f.CancellationDeadline = 300 * time.Millisecond }
+	short := func(f *verifier.LaunchPlanFields) { f.CancellationDeadline = 300 * time.Millisecond }
 	// The old provider serves normally but hangs when told to stop.
 	v1 := h.target(providertest.Implement(t, artifacts.Spec{Binary: artifacts.Faulty, ImplementationID: "faulty-stop",
 		Argv: []string{"--fault", "hang", "--at", "stop"}}), short)

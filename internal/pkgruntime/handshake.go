@@ -11,9 +11,9 @@ import (
 	"strings"
 
 	runtimepb "iteron.dev/operator/api/quixos/quixos/runtime"
-	"iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/catalog"
 	"iteron.dev/operator/internal/reasons"
+	"iteron.dev/operator/internal/verifier"
 )
 
 // LaunchKeyBytes is the length of a runtime's launch key.
@@ -37,7 +37,7 @@ type Pin struct {
 	// Sandbox is what the source asks of the node's sandbox, and Scratch
 	// names the runtime's scratch directory ("<activation uid>/<generation>"):
 	// the launch's, not the handshake's.
-	Sandbox activation.SandboxRequest
+	Sandbox verifier.SandboxRequest
 	Scratch string
 }
 

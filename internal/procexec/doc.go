@@ -3,7 +3,7 @@
 // iteron-implementation protocol with it, and guarantees that after any fault,
 // Stop or Close the provider's whole process group is gone.
 //
-// A Process is built only from an activation.LaunchPlan, which only the
+// A Process is built only from a verifier.LaunchPlan, which only the
 // verifier (and tests) can mint. Executor.Launch copies the executable into
 // a sealed memfd, hashes what the memfd holds, refuses it unless the digest
 // is the plan's, and execs the memfd itself (/proc/self/fd/3): the bytes

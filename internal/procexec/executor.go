@@ -12,10 +12,10 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/reasons"
 	"iteron.dev/operator/internal/sandbox"
 	"iteron.dev/operator/internal/spawn"
+	"iteron.dev/operator/internal/verifier"
 	"iteron.dev/operator/pkg/protocol"
 )
 
@@ -150,7 +150,7 @@ func (e *Executor) Live() []*Process {
 // root, fds 0-2 the pipes and fd 3 the memfd, and nothing else. The file is
 // hashed again after the start (a mismatch kills the group, KindTampered).
 // The returned Process is not loaded yet: call Load.
-func (e *Executor) Launch(plan activation.LaunchPlan) (*Process, error) {
+func (e *Executor) Launch(plan verifier.LaunchPlan) (*Process, error) {
 	return e.LaunchIn(plan, "")
 }
 
@@ -158,7 +158,7 @@ func (e *Executor) Launch(plan activation.LaunchPlan) (*Process, error) {
 // (its activation and generation, "<activation-uid>/<generation>"), which a
 // sandboxed provider admitted reversible_local keeps across the processes
 // of its generation.
-func (e *Executor) LaunchIn(plan activation.LaunchPlan, scratch string) (*Process, error) {
+func (e *Executor) LaunchIn(plan verifier.LaunchPlan, scratch string) (*Process, error) {
 	if err := checkPlan(plan); err != nil {
 		return nil, err
 	}
@@ -171,7 +171,7 @@ func (e *Executor) LaunchIn(plan activation.LaunchPlan, scratch string) (*Proces
 
 // launch checks the plan and the #! interpreter and starts the sealed
 // executable exe (whose first bytes are head); it takes ownership of exe.
-func (e *Executor) launch(plan activation.LaunchPlan, exe *os.File, head []byte, scratch string) (*Process, error) {
+func (e *Executor) launch(plan verifier.LaunchPlan, exe *os.File, head []byte, scratch string) (*Process, error) {
 	defer exe.Close()
 	if err := checkPlan(plan); err != nil {
 		return nil, err
@@ -273,7 +273,7 @@ func (e *Executor) launch(plan activation.LaunchPlan, exe *os.File, head []byte,
 }
 
 // checkPlan refuses a plan the executor cannot run.
-func checkPlan(plan activation.LaunchPlan) error {
+func checkPlan(plan verifier.LaunchPlan) error {
 	if _, ok := plan.PackageRuntime(); ok {
 		// Its runtime_deadline would be read as a process lifetime and its
 		// gRPC service as a line protocol: internal/pkgruntime runs it.

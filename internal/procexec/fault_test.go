@@ -12,8 +12,8 @@ import (
 
 	"iteron.dev/operator/examples/providers/artifacts"
 	"iteron.dev/operator/examples/providers/providertest"
-	"iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/reasons"
+	"iteron.dev/operator/internal/verifier"
 	"iteron.dev/operator/pkg/protocol"
 
 	"iteron.dev/operator/internal/spawn"
@@ -24,7 +24,7 @@ type faultCase struct {
 	name   string
 	binary string
 	argv   []string
-	edit   func(*activation.LaunchPlanFields)
+	edit   func(*verifier.LaunchPlanFields)
 	// drive performs operations on a launched process and returns the
 	// error that ended it (nil when no fault is expected).
 	drive func(t *testing.T, p *Process) error
@@ -80,7 +80,7 @@ func snapshotThen(next func(t *testing.T, p *Process, s protocol.State) error) f
 	}
 }
 
-func shortCancellation(f *activation.LaunchPlanFields) {
+func shortCancellation(f *verifier.LaunchPlanFields) {
 	f.CancellationDeadline = 400 * time.Millisecond
 }
 
@@ -184,13 +184,13 @@ func faultCases() []faultCase {
 				}
 			}},
 		{name: "more observations than the limit overflow the run", binary: artifacts.CounterV2,
-			edit:  func(f *activation.LaunchPlanFields) { f.EvidenceLimits.Observations = 3 },
+			edit:  func(f *verifier.LaunchPlanFields) { f.EvidenceLimits.Observations = 3 },
 			drive: loadThen(startAndWait(`{"key":"a","add":1,"progress":5}`, time.Second)), kind: KindOutputOverflow, op: OpRun, reason: reasons.ProviderFailed},
 		{name: "more stdout bytes than the limit overflow the run", binary: artifacts.CounterV2,
-			edit:  func(f *activation.LaunchPlanFields) { f.EvidenceLimits.StdoutBytes = 512 },
+			edit:  func(f *verifier.LaunchPlanFields) { f.EvidenceLimits.StdoutBytes = 512 },
 			drive: loadThen(startAndWait(`{"key":"a","add":1,"pad":600}`, time.Second)), kind: KindOutputOverflow, op: OpRun, reason: reasons.ProviderFailed},
 		{name: "an idle process past its lifetime exhausts its budget", binary: artifacts.CounterV2,
-			edit: func(f *activation.LaunchPlanFields) { f.RuntimeDeadline = 600 * time.Millisecond },
+			edit: func(f *verifier.LaunchPlanFields) { f.RuntimeDeadline = 600 * time.Millisecond },
 			drive: loadThen(func(t *testing.T, p *Process) error {
 				<-p.Done()
 				return p.Err()
@@ -263,7 +263,7 @@ func TestEveryFaultEndsInItsTypedErrorAndLeavesNothing(t *testing.T) {
 			}
 			impl := providertest.Implement(t, artifacts.Spec{Binary: binary, Argv: tc.argv})
 			before := openFDs(t)
-			p, err := ex.Launch(providertest.Plan(t, impl, func(f *activation.LaunchPlanFields) {
+			p, err := ex.Launch(providertest.Plan(t, impl, func(f *verifier.LaunchPlanFields) {
 				if tc.edit != nil {
 					tc.edit(f)
 				}
@@ -378,7 +378,7 @@ func TestADigestMismatchNeverSpawns(t *testing.T) {
 	ex := newExecutor(t)
 	impl := implement(t, artifacts.CounterV2)
 	before, beforeMem := openFDs(t), memfds(t)
-	p, err := ex.Launch(providertest.Plan(t, impl, func(f *activation.LaunchPlanFields) {
+	p, err := ex.Launch(providertest.Plan(t, impl, func(f *verifier.LaunchPlanFields) {
 		f.ArtifactSHA256 = "sha256:" + strings.Repeat("0", 64)
 	}))
 	if newMemfds(t, beforeMem) != 0 {

@@ -15,7 +15,7 @@ import (
 
 	"iteron.dev/operator/examples/providers/artifacts"
 	"iteron.dev/operator/examples/providers/providertest"
-	"iteron.dev/operator/internal/activation"
+	"iteron.dev/operator/internal/verifier"
 
 	"iteron.dev/operator/internal/spawn"
 )
@@ -49,7 +49,7 @@ func implement(t *testing.T, name string, argv ...string) artifacts.Implementati
 
 // launch starts impl with an optionally edited plan and closes it at the
 // end of the test.
-func launch(t *testing.T, ex *Executor, impl artifacts.Implementation, edit ...func(*activation.LaunchPlanFields)) *Process {
+func launch(t *testing.T, ex *Executor, impl artifacts.Implementation, edit ...func(*verifier.LaunchPlanFields)) *Process {
 	t.Helper()
 	p, err := ex.Launch(providertest.Plan(t, impl, edit...))
 	if err != nil {
@@ -59,7 +59,7 @@ func launch(t *testing.T, ex *Executor, impl artifacts.Implementation, edit ...f
 	return p
 }
 
-func loaded(t *testing.T, ex *Executor, impl artifacts.Implementation, edit ...func(*activation.LaunchPlanFields)) *Process {
+func loaded(t *testing.T, ex *Executor, impl artifacts.Implementation, edit ...func(*verifier.LaunchPlanFields)) *Process {
 	t.Helper()
 	p := launch(t, ex, impl, edit...)
 	if _, err := p.Load(ctx(t)); err != nil {

@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"iteron.dev/operator/examples/providers/artifacts"
-	"iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/reasons"
+	"iteron.dev/operator/internal/verifier"
 	"iteron.dev/operator/pkg/protocol"
 )
 
@@ -167,7 +167,7 @@ func TestExactly64StateOperationsPassAndTheNextExhaustsTheBudget(t *testing.T) {
 func TestExactlyTheObservationLimitPassesAndOneMoreOverflows(t *testing.T) {
 	ex := newExecutor(t)
 	const limit = 5
-	limited := func(f *activation.LaunchPlanFields) { f.EvidenceLimits.Observations = limit }
+	limited := func(f *verifier.LaunchPlanFields) { f.EvidenceLimits.Observations = limit }
 	for _, tc := range []struct {
 		progress int
 		kind     FaultKind
@@ -207,7 +207,7 @@ func TestExactlyTheStdoutLimitPassesAndOneByteMoreOverflows(t *testing.T) {
 		{used - 1, KindOutputOverflow},
 	} {
 		t.Run(fmt.Sprintf("a run of %d bytes under a limit of %d", used, tc.limit), func(t *testing.T) {
-			p := loaded(t, ex, implement(t, artifacts.CounterV2), func(f *activation.LaunchPlanFields) { f.EvidenceLimits.StdoutBytes = tc.limit })
+			p := loaded(t, ex, implement(t, artifacts.CounterV2), func(f *verifier.LaunchPlanFields) { f.EvidenceLimits.StdoutBytes = tc.limit })
 			run, err := p.Start(ctx(t), "measure", []byte(input), 5*time.Second)
 			if err != nil {
 				t.Fatal(err)
@@ -248,7 +248,7 @@ func TestExactlyTheStderrRingIsKeptAndOneByteMoreIsDroppedNotAFault(t *testing.T
 
 func TestARunDeadlineIsBoundedByTheManifestAndTheLifetimeLeft(t *testing.T) {
 	ex := newExecutor(t)
-	p := loaded(t, ex, implement(t, artifacts.CounterV2), func(f *activation.LaunchPlanFields) { f.RuntimeDeadline = 20 * time.Second })
+	p := loaded(t, ex, implement(t, artifacts.CounterV2), func(f *verifier.LaunchPlanFields) { f.RuntimeDeadline = 20 * time.Second })
 	if _, err := p.Start(ctx(t), "too-long", []byte(counterInput), 20*time.Second+time.Millisecond); faultKind(err) != KindInvalidRequest {
 		t.Fatalf("a run deadline past runtime_deadline_ms: %v, want an invalid request", err)
 	}

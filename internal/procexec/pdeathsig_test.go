@@ -17,7 +17,7 @@ import (
 
 	"iteron.dev/operator/examples/providers/artifacts"
 	"iteron.dev/operator/examples/providers/providertest"
-	"iteron.dev/operator/internal/activation"
+	"iteron.dev/operator/internal/verifier"
 	"iteron.dev/operator/pkg/protocol"
 
 	"iteron.dev/operator/internal/spawn"
@@ -47,12 +47,12 @@ func TestHelperProcess(t *testing.T) {
 	if a := os.Getenv("HELPER_ARGV"); a != "" {
 		argv = strings.Split(a, " ")
 	}
-	plan := activation.NewLaunchPlanForTest(t, activation.LaunchPlanFields{
+	plan := verifier.NewLaunchPlanForTest(t, verifier.LaunchPlanFields{
 		Module: "prompt_system", ImplementationID: "helper", Version: [3]uint64{1, 0, 0}, ProtocolVersion: 2,
 		ArtifactSHA256: os.Getenv("HELPER_SHA"), ArtifactRoot: os.Getenv("HELPER_ROOT"), Executable: os.Getenv("HELPER_EXE"),
 		Argv: argv, CandidateSHA256: providertest.CandidateSHA256, AdmittedCapabilities: []string{},
 		RuntimeDeadline: time.Hour, CancellationDeadline: 5 * time.Second,
-		EvidenceLimits: activation.EvidenceLimits{StdoutBytes: 1 << 20, StderrBytes: 64 << 10, Observations: 100},
+		EvidenceLimits: verifier.EvidenceLimits{StdoutBytes: 1 << 20, StderrBytes: 64 << 10, Observations: 100},
 		Contracts:      protocol.BuiltinContracts("prompt_system"),
 	})
 	p, err := ex.Launch(plan)

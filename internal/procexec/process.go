@@ -10,10 +10,10 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/reasons"
 	"iteron.dev/operator/internal/sandbox"
 	"iteron.dev/operator/internal/spawn"
+	"iteron.dev/operator/internal/verifier"
 	"iteron.dev/operator/pkg/protocol"
 )
 
@@ -28,10 +28,10 @@ import (
 // state.
 type Process struct {
 	ex          *Executor
-	plan        activation.LaunchPlan
+	plan        verifier.LaunchPlan
 	version     protocol.Version
 	contracts   protocol.ModuleContracts
-	limits      activation.EvidenceLimits
+	limits      verifier.EvidenceLimits
 	group       spawn.Group
 	sandbox     *sandbox.Launch // nil without a sandbox
 	interpreter string
@@ -72,7 +72,7 @@ type Process struct {
 	report       TeardownReport
 }
 
-func newProcess(e *Executor, plan activation.LaunchPlan, v protocol.Version, g spawn.Group, pidfd, stdin, stdout, stderr *os.File, interpreter string) *Process {
+func newProcess(e *Executor, plan verifier.LaunchPlan, v protocol.Version, g spawn.Group, pidfd, stdin, stdout, stderr *os.File, interpreter string) *Process {
 	return &Process{
 		ex: e, plan: plan, version: v, contracts: plan.Contracts(), limits: plan.EvidenceLimits(),
 		group: g, interpreter: interpreter, startedAt: time.Now(),
@@ -126,7 +126,7 @@ func (p *Process) StartedAt() time.Time { return p.startedAt }
 func (p *Process) Interpreter() string { return p.interpreter }
 
 // Plan is the launch plan the process was started from.
-func (p *Process) Plan() activation.LaunchPlan { return p.plan }
+func (p *Process) Plan() verifier.LaunchPlan { return p.plan }
 
 // Version is the protocol version the process speaks.
 func (p *Process) Version() protocol.Version { return p.version }

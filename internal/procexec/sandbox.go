@@ -5,16 +5,16 @@ import (
 	"os"
 	"syscall"
 
-	"iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/reasons"
 	"iteron.dev/operator/internal/sandbox"
 	"iteron.dev/operator/internal/spawn"
+	"iteron.dev/operator/internal/verifier"
 )
 
 // spawnSandboxed starts the provider through the node's sandbox
 // (Config.Sandbox): the same descriptors, credentials and group as
 // without one, its capabilities turned into kernel rules.
-func (e *Executor) spawnSandboxed(plan activation.LaunchPlan, exe *os.File, interpreter, scratch string, argv []string, attr *syscall.ProcAttr) (spawn.Group, int, *sandbox.Launch, error) {
+func (e *Executor) spawnSandboxed(plan verifier.LaunchPlan, exe *os.File, interpreter, scratch string, argv []string, attr *syscall.ProcAttr) (spawn.Group, int, *sandbox.Launch, error) {
 	req, err := sandbox.RequestOf(plan.Sandbox())
 	if err != nil {
 		return spawn.Group{}, -1, nil, err

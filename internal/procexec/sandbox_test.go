@@ -11,12 +11,12 @@ import (
 
 	"iteron.dev/operator/examples/providers/artifacts"
 	"iteron.dev/operator/examples/providers/providertest"
-	"iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/catalog"
 	"iteron.dev/operator/internal/reasons"
 	"iteron.dev/operator/internal/sandbox"
 	"iteron.dev/operator/internal/sandbox/sandboxtest"
 	"iteron.dev/operator/internal/spawn"
+	"iteron.dev/operator/internal/verifier"
 )
 
 func sandboxedExecutor(t *testing.T, p sandbox.Policy) (*Executor, *sandbox.Sandbox) {
@@ -111,8 +111,8 @@ func hostileImpl(t *testing.T) artifacts.Implementation {
 
 func TestAProviderOverItsMemoryBoundFailsWithAReasonOfItsOwn(t *testing.T) {
 	ex, _ := sandboxedExecutor(t, sandbox.Policy{Mode: sandbox.ModeEnforce})
-	p := loaded(t, ex, hostileImpl(t), func(f *activation.LaunchPlanFields) {
-		f.Sandbox = activation.SandboxRequest{MemoryBytes: 64 << 20}
+	p := loaded(t, ex, hostileImpl(t), func(f *verifier.LaunchPlanFields) {
+		f.Sandbox = verifier.SandboxRequest{MemoryBytes: 64 << 20}
 	})
 	run, err := p.Start(ctx(t), "r1", []byte(`{"act":"memhog"}`), 30*time.Second)
 	if err != nil {
@@ -132,8 +132,8 @@ func TestAProviderOverItsMemoryBoundFailsWithAReasonOfItsOwn(t *testing.T) {
 func TestALaunchRequiringWhatTheNodeCannotGiveIsRefusedBeforeAnythingStarts(t *testing.T) {
 	ex, _ := sandboxedExecutor(t, sandbox.Policy{Mode: sandbox.ModeAudit})
 	before := openFDs(t)
-	_, err := ex.Launch(providertest.Plan(t, implement(t, artifacts.Stateless), func(f *activation.LaunchPlanFields) {
-		f.Sandbox = activation.SandboxRequest{Require: "isolated"}
+	_, err := ex.Launch(providertest.Plan(t, implement(t, artifacts.Stateless), func(f *verifier.LaunchPlanFields) {
+		f.Sandbox = verifier.SandboxRequest{Require: "isolated"}
 	}))
 	f, ok := AsFault(err)
 	if !ok || f.Kind != KindRefused || f.ReasonCode() != reasons.SandboxUnavailable || !strings.Contains(f.Detail, "audit") {

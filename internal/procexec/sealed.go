@@ -4,21 +4,21 @@ import (
 	"errors"
 	"fmt"
 
-	"iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/reasons"
+	"iteron.dev/operator/internal/verifier"
 )
 
 // LaunchSealed is Launch with the executable already sealed and checked
 // (OpenSealed): nothing is read from the plan's executable path before the
 // start (it is still hashed again after it, as tampering evidence). s stays
 // owned by the caller.
-func (e *Executor) LaunchSealed(plan activation.LaunchPlan, s *Sealed) (*Process, error) {
+func (e *Executor) LaunchSealed(plan verifier.LaunchPlan, s *Sealed) (*Process, error) {
 	return e.LaunchSealedIn(plan, s, "")
 }
 
 // LaunchSealedIn is LaunchSealed with the name of the provider's scratch
 // directory (see LaunchIn).
-func (e *Executor) LaunchSealedIn(plan activation.LaunchPlan, s *Sealed, scratch string) (*Process, error) {
+func (e *Executor) LaunchSealedIn(plan verifier.LaunchPlan, s *Sealed, scratch string) (*Process, error) {
 	if s == nil {
 		return nil, errors.New("procexec: LaunchSealed needs a sealed executable")
 	}

@@ -16,9 +16,9 @@ import (
 
 	"iteron.dev/operator/examples/providers/artifacts"
 	"iteron.dev/operator/examples/providers/providertest"
-	"iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/catalog"
 	"iteron.dev/operator/internal/reasons"
+	"iteron.dev/operator/internal/verifier"
 
 	"iteron.dev/operator/internal/spawn"
 )
@@ -271,7 +271,7 @@ func rawFD(f *os.File) int {
 func TestAPackageRuntimesPlanIsRefusedBeforeSpawn(t *testing.T) {
 	ex := newExecutor(t)
 	impl := implement(t, artifacts.CounterV2)
-	p, err := ex.Launch(providertest.Plan(t, impl, func(f *activation.LaunchPlanFields) {
+	p, err := ex.Launch(providertest.Plan(t, impl, func(f *verifier.LaunchPlanFields) {
 		f.PackageRuntime = &catalog.PackageRuntimeManifest{PackageRevisionID: f.ImplementationID}
 	}))
 	f, ok := AsFault(err)

@@ -9,10 +9,10 @@ import (
 	"time"
 
 	runtimepb "iteron.dev/operator/api/quixos/quixos/runtime"
-	"iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/dispatch"
 	"iteron.dev/operator/internal/pkgruntime"
 	"iteron.dev/operator/internal/reasons"
+	"iteron.dev/operator/internal/verifier"
 	"iteron.dev/operator/pkg/protocol"
 )
 
@@ -55,7 +55,7 @@ func WithPackageRuntimes(line Launcher, runtimes *pkgruntime.Launcher) Launcher 
 // PackageBackend.
 type packageProvider struct {
 	r       *pkgruntime.Runtime
-	plan    activation.LaunchPlan
+	plan    verifier.LaunchPlan
 	exports []string
 }
 

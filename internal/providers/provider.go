@@ -4,10 +4,10 @@ import (
 	"context"
 	"time"
 
-	"iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/dispatch"
 	"iteron.dev/operator/internal/reasons"
 	"iteron.dev/operator/internal/survivor"
+	"iteron.dev/operator/internal/verifier"
 	"iteron.dev/operator/pkg/protocol"
 )
 
@@ -80,7 +80,7 @@ type Launcher func(ctx context.Context, req LaunchRequest) (Provider, error)
 // launcher needs is a field here, nothing rides in the context.
 type LaunchRequest struct {
 	// Plan is the verified launch plan.
-	Plan activation.LaunchPlan
+	Plan verifier.LaunchPlan
 	// Tag says which activation, module, generation and transaction the
 	// launch is for: a survivor keeps it with the process, and it names the
 	// generation's scratch directory.

@@ -22,11 +22,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
 
-	"iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/reasons"
 	"iteron.dev/operator/internal/sandbox/cgroups"
 	"iteron.dev/operator/internal/sandbox/launcher"
 	"iteron.dev/operator/internal/spawn"
+	"iteron.dev/operator/internal/verifier"
 )
 
 // Config configures a node's Sandbox.
@@ -747,7 +747,7 @@ func elfInterp(f *os.File) string {
 }
 
 // RequestOf reads a plan's sandbox request.
-func RequestOf(r activation.SandboxRequest) (Request, error) {
+func RequestOf(r verifier.SandboxRequest) (Request, error) {
 	lvl, err := ParseLevel(r.Require)
 	if err != nil {
 		return Request{}, &Error{Field: "sandbox.require", Detail: err.Error()}

@@ -14,10 +14,10 @@ import (
 
 	"github.com/go-logr/logr"
 
-	"iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/procexec"
 	"iteron.dev/operator/internal/reasons"
 	"iteron.dev/operator/internal/sandbox"
+	"iteron.dev/operator/internal/verifier"
 	"iteron.dev/operator/pkg/protocol"
 )
 
@@ -562,7 +562,7 @@ func (c *Client) callOn(ctx context.Context, instance string, h *header, payload
 
 // Launch hands the survivor the sealed executable (SCM_RIGHTS, never a
 // path) and the plan, and returns the started (not yet loaded) process.
-func (c *Client) Launch(ctx context.Context, plan activation.LaunchPlan, exe *procexec.Sealed, tag Tag) (*RemoteProcess, error) {
+func (c *Client) Launch(ctx context.Context, plan verifier.LaunchPlan, exe *procexec.Sealed, tag Tag) (*RemoteProcess, error) {
 	if exe.Digest() != plan.ArtifactSHA256() {
 		return nil, fmt.Errorf("survivor: the sealed executable has digest %s, the plan %s", exe.Digest(), plan.ArtifactSHA256())
 	}
@@ -599,7 +599,7 @@ func (c *Client) Launch(ctx context.Context, plan activation.LaunchPlan, exe *pr
 type RemoteProcess struct {
 	cl       *Client
 	instance string
-	plan     activation.LaunchPlan
+	plan     verifier.LaunchPlan
 
 	mu          sync.Mutex
 	info        ProcessInfo
@@ -648,14 +648,14 @@ func (rp *RemoteProcess) Info() ProcessInfo {
 
 // SetPlan gives an adopted process the verified plan the manager holds for
 // it (a listed process arrives without one).
-func (rp *RemoteProcess) SetPlan(p activation.LaunchPlan) {
+func (rp *RemoteProcess) SetPlan(p verifier.LaunchPlan) {
 	rp.mu.Lock()
 	rp.plan = p
 	rp.mu.Unlock()
 }
 
 // Plan is the launch plan (the one this manager launched or adopted it with).
-func (rp *RemoteProcess) Plan() activation.LaunchPlan {
+func (rp *RemoteProcess) Plan() verifier.LaunchPlan {
 	rp.mu.Lock()
 	defer rp.mu.Unlock()
 	return rp.plan
@@ -1011,7 +1011,7 @@ func (rp *RemoteProcess) StderrTail() (string, int64) {
 
 // Matches reports why the process is not the one described (nil when it
 // is): the tag and the plan's identity.
-func (info ProcessInfo) Matches(tag Tag, plan activation.LaunchPlan) error {
+func (info ProcessInfo) Matches(tag Tag, plan verifier.LaunchPlan) error {
 	var diffs []string
 	if info.Tag != tag {
 		diffs = append(diffs, fmt.Sprintf("tag %+v, want %+v", info.Tag, tag))

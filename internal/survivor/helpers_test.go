@@ -18,9 +18,9 @@ import (
 
 	"iteron.dev/operator/examples/providers/artifacts"
 	"iteron.dev/operator/examples/providers/providertest"
-	"iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/procexec"
 	"iteron.dev/operator/internal/statedir"
+	"iteron.dev/operator/internal/verifier"
 )
 
 func TestMain(m *testing.M) {
@@ -134,7 +134,7 @@ func (n *node) client(t testing.TB, edit ...func(*ClientConfig)) (*Client, *Atta
 }
 
 // counter lays out counter v2 and returns its plan and sealed executable.
-func counter(t testing.TB) (activation.LaunchPlan, *procexec.Sealed) {
+func counter(t testing.TB) (verifier.LaunchPlan, *procexec.Sealed) {
 	t.Helper()
 	impl := providertest.Implement(t, artifacts.Spec{Binary: artifacts.CounterV2})
 	plan := providertest.Plan(t, impl)
@@ -154,7 +154,7 @@ func testTag(module string) Tag {
 }
 
 // launchLoaded launches and loads a counter through c.
-func launchLoaded(t testing.TB, c *Client, plan activation.LaunchPlan, exe *procexec.Sealed) *RemoteProcess {
+func launchLoaded(t testing.TB, c *Client, plan verifier.LaunchPlan, exe *procexec.Sealed) *RemoteProcess {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -14,8 +14,8 @@ import (
 
 	"github.com/go-json-experiment/json/jsontext"
 
-	"iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/procexec"
+	"iteron.dev/operator/internal/verifier"
 	"iteron.dev/operator/pkg/protocol"
 )
 
@@ -151,31 +151,31 @@ type launchBody struct {
 	Tag  Tag      `json:"tag"`
 }
 
-// planWire is activation.LaunchPlanFields on the wire.
+// planWire is verifier.LaunchPlanFields on the wire.
 type planWire struct {
-	Module               string                    `json:"module"`
-	ImplementationID     string                    `json:"implementation_id"`
-	Version              [3]uint64                 `json:"version"`
-	ProtocolVersion      int                       `json:"protocol_version"`
-	ManifestSHA256       string                    `json:"manifest_sha256"`
-	ArtifactSHA256       string                    `json:"artifact_sha256"`
-	ArtifactRoot         string                    `json:"artifact_root"`
-	Executable           string                    `json:"executable"`
-	Argv                 []string                  `json:"argv"`
-	CandidateSHA256      string                    `json:"candidate_sha256"`
-	AdmittedCapabilities []string                  `json:"admitted_capabilities"`
-	AuthoritySHA256      string                    `json:"authority_sha256"`
-	RuntimeDeadlineMs    int64                     `json:"runtime_deadline_ms"`
-	CancellationMs       int64                     `json:"cancellation_deadline_ms"`
-	EvidenceLimits       activation.EvidenceLimits `json:"evidence_limits"`
-	Contracts            json.RawMessage           `json:"contracts"`
-	FailurePolicy        string                    `json:"failure_policy"`
+	Module               string                  `json:"module"`
+	ImplementationID     string                  `json:"implementation_id"`
+	Version              [3]uint64               `json:"version"`
+	ProtocolVersion      int                     `json:"protocol_version"`
+	ManifestSHA256       string                  `json:"manifest_sha256"`
+	ArtifactSHA256       string                  `json:"artifact_sha256"`
+	ArtifactRoot         string                  `json:"artifact_root"`
+	Executable           string                  `json:"executable"`
+	Argv                 []string                `json:"argv"`
+	CandidateSHA256      string                  `json:"candidate_sha256"`
+	AdmittedCapabilities []string                `json:"admitted_capabilities"`
+	AuthoritySHA256      string                  `json:"authority_sha256"`
+	RuntimeDeadlineMs    int64                   `json:"runtime_deadline_ms"`
+	CancellationMs       int64                   `json:"cancellation_deadline_ms"`
+	EvidenceLimits       verifier.EvidenceLimits `json:"evidence_limits"`
+	Contracts            json.RawMessage         `json:"contracts"`
+	FailurePolicy        string                  `json:"failure_policy"`
 	// Sandbox is what the source asks of the survivor's sandbox (always
 	// sent).
-	Sandbox activation.SandboxRequest `json:"sandbox"`
+	Sandbox verifier.SandboxRequest `json:"sandbox"`
 }
 
-func planToWire(p activation.LaunchPlan) (planWire, error) {
+func planToWire(p verifier.LaunchPlan) (planWire, error) {
 	f := p.Fields()
 	c, err := json.Marshal(f.Contracts)
 	if err != nil {
@@ -191,8 +191,8 @@ func planToWire(p activation.LaunchPlan) (planWire, error) {
 	}, nil
 }
 
-func (w planWire) plan() (activation.LaunchPlan, error) {
-	f := activation.LaunchPlanFields{
+func (w planWire) plan() (verifier.LaunchPlan, error) {
+	f := verifier.LaunchPlanFields{
 		Module: w.Module, ImplementationID: w.ImplementationID, Version: w.Version, ProtocolVersion: w.ProtocolVersion,
 		ManifestSHA256: w.ManifestSHA256, ArtifactSHA256: w.ArtifactSHA256, ArtifactRoot: w.ArtifactRoot,
 		Executable: w.Executable, Argv: w.Argv, CandidateSHA256: w.CandidateSHA256,
@@ -202,9 +202,9 @@ func (w planWire) plan() (activation.LaunchPlan, error) {
 		EvidenceLimits:       w.EvidenceLimits, FailurePolicy: w.FailurePolicy, Sandbox: w.Sandbox,
 	}
 	if err := json.Unmarshal(w.Contracts, &f.Contracts); err != nil {
-		return activation.LaunchPlan{}, fmt.Errorf("relayed plan: contracts: %v", err)
+		return verifier.LaunchPlan{}, fmt.Errorf("relayed plan: contracts: %v", err)
 	}
-	return activation.RelayedPlan(f)
+	return verifier.RelayedPlan(f)
 }
 
 // Invocation is what the gateway knows of the call a run serves: its

@@ -9,8 +9,8 @@ import (
 
 	"iteron.dev/operator/examples/providers/artifacts"
 	"iteron.dev/operator/examples/providers/providertest"
-	"iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/catalog"
+	"iteron.dev/operator/internal/verifier"
 	"iteron.dev/operator/pkg/protocol"
 	"iteron.dev/operator/pkg/strictjson"
 )
@@ -38,7 +38,7 @@ func Install(tb testing.TB, root, binary string) string {
 // module and answering the handshake as revision: exports get, put and
 // watch, no capabilities, generous deadlines; edit adjusts the manifest
 // before its digest is taken.
-func Plan(tb testing.TB, module, binary, revision string, edit ...func(*catalog.PackageRuntimeManifest)) activation.LaunchPlan {
+func Plan(tb testing.TB, module, binary, revision string, edit ...func(*catalog.PackageRuntimeManifest)) verifier.LaunchPlan {
 	tb.Helper()
 	root := providertest.Dir(tb)
 	digest := Install(tb, root, binary)
@@ -60,12 +60,12 @@ func Plan(tb testing.TB, module, binary, revision string, edit ...func(*catalog.
 	if err != nil {
 		tb.Fatal(err)
 	}
-	return activation.NewLaunchPlanForTest(tb, activation.LaunchPlanFields{
+	return verifier.NewLaunchPlanForTest(tb, verifier.LaunchPlanFields{
 		Module: module, ImplementationID: revision, ProtocolVersion: 1,
 		ManifestSHA256: manifestDigest, ArtifactSHA256: "sha256:" + digest, ArtifactRoot: root, Executable: filepath.Join(root, "runtime"),
 		CandidateSHA256: providertest.CandidateSHA256, AdmittedCapabilities: []string{}, AuthoritySHA256: authority,
 		RuntimeDeadline: 10 * time.Second, CancellationDeadline: 500 * time.Millisecond,
-		EvidenceLimits: activation.EvidenceLimits{StderrBytes: 64 << 10},
+		EvidenceLimits: verifier.EvidenceLimits{StderrBytes: 64 << 10},
 		Contracts:      protocol.BuiltinContracts(module), FailurePolicy: "fail_closed", PackageRuntime: &m,
 	})
 }

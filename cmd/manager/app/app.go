@@ -32,7 +32,6 @@ import (
 
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
 	"iteron.dev/operator/controllers"
-	"iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/artifacts"
 	"iteron.dev/operator/internal/catalog"
 	"iteron.dev/operator/internal/fleet/probe"
@@ -45,6 +44,7 @@ import (
 	"iteron.dev/operator/internal/sandbox/cgroups"
 	"iteron.dev/operator/internal/statedir"
 	"iteron.dev/operator/internal/survivor"
+	"iteron.dev/operator/internal/verifier"
 )
 
 // Options configure a manager. cmd/manager fills them from its flags.
@@ -267,7 +267,7 @@ func New(cfg *rest.Config, o Options) (*Manager, error) {
 		ao = *o.Artifacts
 	}
 	arts := &lazyArtifacts{o: ao, log: log.WithName("artifacts")}
-	verifier, err := activation.NewVerifier(activation.Config{AllowedRoots: o.AllowedRoots, Ceiling: o.CapabilityCeiling, Graph: o.Graph, Artifacts: arts})
+	verify, err := verifier.NewVerifier(verifier.Config{AllowedRoots: o.AllowedRoots, Ceiling: o.CapabilityCeiling, Graph: o.Graph, Artifacts: arts})
 	if err != nil {
 		return nil, fmt.Errorf("verifier: %w", err)
 	}
@@ -309,7 +309,7 @@ func New(cfg *rest.Config, o Options) (*Manager, error) {
 	}
 	activations := &controllers.ActivationReconciler{
 		Client: mgr.GetClient(), NodeName: o.NodeName, Coordinator: coord,
-		Resolve:       controllers.NewResolver(verifier),
+		Resolve:       controllers.NewResolver(verify),
 		Recorder:      mgr.GetEventRecorder("iteron-manager"),
 		Notifications: notifier.Activations(),
 		APIReader:     mgr.GetAPIReader(),

@@ -76,7 +76,7 @@ func (l *lazyArtifacts) get() (*artifacts.Resolver, error) {
 	return l.resolver, nil
 }
 
-// Resolve implements activation.ArtifactResolver.
+// Resolve implements verifier.ArtifactResolver.
 func (l *lazyArtifacts) Resolve(ref, token string) (*artifacts.Layout, error) {
 	r, err := l.get()
 	if err != nil {
@@ -86,7 +86,7 @@ func (l *lazyArtifacts) Resolve(ref, token string) (*artifacts.Layout, error) {
 	return r.Resolve(ref, token)
 }
 
-// Store implements activation.ArtifactResolver.
+// Store implements verifier.ArtifactResolver.
 func (l *lazyArtifacts) Store() *artifacts.Store {
 	r, err := l.get()
 	if err != nil {

@@ -25,7 +25,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
-	"iteron.dev/operator/controllers/activationset"
+	"iteron.dev/operator/controllers/fleet"
 )
 
 // FleetOptions configure the fleet controller (cmd/manager --role=fleet):
@@ -123,7 +123,7 @@ func NewFleet(cfg *rest.Config, o FleetOptions) (*Fleet, error) {
 	if err != nil {
 		return nil, fmt.Errorf("create manager: %w", err)
 	}
-	r := &activationset.Reconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder("iteron-fleet"), Wrap: o.WrapReconciler}
+	r := &fleet.Reconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder("iteron-fleet"), Wrap: o.WrapReconciler}
 	if err := r.SetupWithManager(mgr); err != nil {
 		return nil, fmt.Errorf("set up the ActivationSet controller: %w", err)
 	}

@@ -22,8 +22,8 @@ import (
 	"time"
 
 	"iteron.dev/operator/examples/providers/artifacts"
-	"iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/catalog"
+	"iteron.dev/operator/internal/verifier"
 	"iteron.dev/operator/pkg/protocol"
 	"iteron.dev/operator/pkg/strictjson"
 )
@@ -199,7 +199,7 @@ var CandidateSHA256 = strictjson.Digest([]byte("providertest candidate"))
 // Fields returns the launch-plan fields the verifier would derive from impl,
 // with every requested capability admitted, so that a test can adjust them
 // (shorter deadlines, smaller limits, a wrong digest) before minting.
-func Fields(tb testing.TB, impl artifacts.Implementation) activation.LaunchPlanFields {
+func Fields(tb testing.TB, impl artifacts.Implementation) verifier.LaunchPlanFields {
 	tb.Helper()
 	m := impl.Manifest
 	admitted := append([]string{}, m.RequestedCapabilities...)
@@ -207,14 +207,14 @@ func Fields(tb testing.TB, impl artifacts.Implementation) activation.LaunchPlanF
 	if err != nil {
 		tb.Fatalf("providertest: %v", err)
 	}
-	return activation.LaunchPlanFields{
+	return verifier.LaunchPlanFields{
 		Module: m.Module, ImplementationID: m.ImplementationID, Version: m.ImplementationVersion,
 		ProtocolVersion: int(m.ProtocolVersion), ManifestSHA256: impl.ManifestSHA256, ArtifactSHA256: impl.ArtifactSHA256,
 		ArtifactRoot: impl.ArtifactRoot, Executable: impl.Executable, Argv: m.Argv,
 		CandidateSHA256: CandidateSHA256, AdmittedCapabilities: admitted, AuthoritySHA256: authority,
 		RuntimeDeadline:      time.Duration(m.RuntimeDeadlineMs) * time.Millisecond,
 		CancellationDeadline: time.Duration(m.CancellationDeadlineMs) * time.Millisecond,
-		EvidenceLimits: activation.EvidenceLimits{
+		EvidenceLimits: verifier.EvidenceLimits{
 			StdoutBytes: int64(m.EvidenceLimits.StdoutBytes), StderrBytes: int64(m.EvidenceLimits.StderrBytes),
 			Observations: int(m.EvidenceLimits.Observations),
 		},
@@ -223,13 +223,13 @@ func Fields(tb testing.TB, impl artifacts.Implementation) activation.LaunchPlanF
 }
 
 // Plan mints the launch plan for impl, optionally adjusted by edit.
-func Plan(tb testing.TB, impl artifacts.Implementation, edit ...func(*activation.LaunchPlanFields)) activation.LaunchPlan {
+func Plan(tb testing.TB, impl artifacts.Implementation, edit ...func(*verifier.LaunchPlanFields)) verifier.LaunchPlan {
 	tb.Helper()
 	f := Fields(tb, impl)
 	for _, e := range edit {
 		e(&f)
 	}
-	return activation.NewLaunchPlanForTest(tb, f)
+	return verifier.NewLaunchPlanForTest(tb, f)
 }
 
 // SandboxLauncher returns the path of the sandbox launcher

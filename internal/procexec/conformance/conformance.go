@@ -13,8 +13,8 @@ import (
 
 	"github.com/go-json-experiment/json/jsontext"
 
-	"iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/procexec"
+	"iteron.dev/operator/internal/verifier"
 	"iteron.dev/operator/pkg/protocol"
 )
 
@@ -71,7 +71,7 @@ func (r *Report) Conformant() bool { return len(r.Violations) == 0 }
 // protocol 2 snapshot, migrate (its own state, to the next lineage),
 // restore and readiness; then stop. A fault ends the run (the process is
 // gone); everything else is checked to the end.
-func Run(ctx context.Context, ex *procexec.Executor, plan activation.LaunchPlan, opts Options) *Report {
+func Run(ctx context.Context, ex *procexec.Executor, plan verifier.LaunchPlan, opts Options) *Report {
 	if opts.Timeout <= 0 {
 		opts.Timeout = 5 * time.Second
 	}

@@ -8,16 +8,16 @@ import (
 
 	"iteron.dev/operator/examples/providers/artifacts"
 	"iteron.dev/operator/examples/providers/providertest"
-	"iteron.dev/operator/internal/activation"
 	"iteron.dev/operator/internal/procexec"
+	"iteron.dev/operator/internal/verifier"
 )
 
 func TestMain(m *testing.M) { providertest.Main(m) }
 
-func plan(t *testing.T, name string, argv ...string) activation.LaunchPlan {
+func plan(t *testing.T, name string, argv ...string) verifier.LaunchPlan {
 	t.Helper()
 	impl := providertest.Implement(t, artifacts.Spec{Binary: name, Argv: argv})
-	return providertest.Plan(t, impl, func(f *activation.LaunchPlanFields) {
+	return providertest.Plan(t, impl, func(f *verifier.LaunchPlanFields) {
 		f.CancellationDeadline = time.Second
 		f.RuntimeDeadline = time.Minute
 	})

@@ -1,4 +1,4 @@
-// Package activationset holds the ActivationSet reconciler: it stamps one
+// Package fleet holds the ActivationSet reconciler: it stamps one
 // ImplementationActivation per selected node and rolls template changes out
 // wave by wave. It runs in the fleet controller (cmd/manager --role=fleet, a
 // Deployment of its own with leader election), never in the node managers:
@@ -11,4 +11,4 @@
 // resourceVersion, so a reconcile of a stale set acts on nothing) and then
 // carries out the actions. Its RBAC markers generate config/fleet/role.yaml
 // (make manifests), separate from the node managers' role.
-package activationset
+package fleet

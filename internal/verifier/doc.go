@@ -1,4 +1,4 @@
-// Package activation verifies an activation — a raw JSON document
+// Package verifier verifies an activation — a raw JSON document
 // (docs/reference/activation.md) or an ImplementationActivation spec, both
 // converted to one Document first — against the files on this node, and mints
 // a LaunchPlan for every source that passes. It is the only minter of real
@@ -28,4 +28,4 @@
 // digest, duplicate modules or implementation IDs, too many sources) fail the
 // whole document; a per-source failure fails that source alone and never hides
 // the other sources' results. Results and plans come out in ModuleId order.
-package activation
+package verifier

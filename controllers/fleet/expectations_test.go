@@ -1,4 +1,4 @@
-package activationset
+package fleet
 
 import (
 	"testing"
