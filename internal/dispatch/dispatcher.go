@@ -173,7 +173,13 @@ type pendingCall struct {
 	// been), and cancelRequested whether its submitter asked to cancel it;
 	// both under the dispatcher's mu.
 	route           *Route
+	startedAt       time.Time
 	cancelRequested bool
+}
+
+// inFlight describes the call's run. Caller holds the dispatcher's mu.
+func (p *pendingCall) inFlight() InFlight {
+	return InFlight{CallID: p.call.ID, Route: *p.route, StartedAt: p.startedAt}
 }
 
 // end stops the deadline's timer and hands the outcome to whoever submitted
@@ -185,7 +191,7 @@ func (p *pendingCall) end() {
 	p.done(p.result, p.err)
 }
 
-// InFlight describes a run occupying a slot.
+// InFlight describes a run occupying a slot (a copy, for its reader).
 type InFlight struct {
 	// CallID is the call's ID (the run ID).
 	CallID string
@@ -226,7 +232,9 @@ type Dispatcher struct {
 	paused  bool
 	closed  bool
 	queue   []*pendingCall
-	running map[string]*InFlight // by call ID
+	// running are the calls in a run slot, by call ID: the same record as
+	// when they were queued.
+	running map[string]*pendingCall
 	idle    chan struct{}        // closed when no run is in flight; replaced when one starts
 	onNoFit func()
 	// unavailable, when set, fails calls at once: nothing serves the module
@@ -260,7 +268,7 @@ func NewDispatcher(module string, queueLimit int) *Dispatcher {
 		queueLimit = DefaultQueueLimit
 	}
 	d := &Dispatcher{
-		module: module, queueLimit: queueLimit, paused: true, running: map[string]*InFlight{},
+		module: module, queueLimit: queueLimit, paused: true, running: map[string]*pendingCall{},
 		idle: make(chan struct{}), kick: make(chan struct{}, 1), routeChanged: make(chan struct{}),
 		stop: make(chan struct{}), stopped: make(chan struct{}),
 	}
@@ -541,8 +549,8 @@ func (d *Dispatcher) dispatchOne() bool {
 	if len(d.running) == 0 {
 		d.idle = make(chan struct{})
 	}
-	d.running[p.call.ID] = &InFlight{CallID: p.call.ID, Route: route, StartedAt: time.Now()}
-	p.route = &route
+	p.route, p.startedAt = &route, time.Now()
+	d.running[p.call.ID] = p
 	d.mu.Unlock()
 
 	go d.run(p, route, remaining)
@@ -633,8 +641,8 @@ func (d *Dispatcher) Pause(ctx context.Context, timeout time.Duration) ([]InFlig
 	}
 	d.mu.Lock()
 	var cancelled []InFlight
-	for _, r := range d.running {
-		cancelled = append(cancelled, *r)
+	for _, p := range d.running {
+		cancelled = append(cancelled, p.inFlight())
 	}
 	idle = d.idle
 	d.mu.Unlock()

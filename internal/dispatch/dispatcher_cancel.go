@@ -28,26 +28,30 @@ func (d *Dispatcher) Withdraw(callID, reason string) bool {
 // not retry it. It reports false when that call is not running.
 func (d *Dispatcher) CancelRunning(ctx context.Context, callID, reason string) (bool, error) {
 	d.mu.Lock()
-	inflight, ok := d.running[callID]
+	p, ok := d.running[callID]
+	var backend Backend
+	if ok {
+		backend = p.route.Backend
+	}
 	d.mu.Unlock()
 	if !ok {
 		return false, nil
 	}
-	return true, inflight.Route.Backend.Cancel(ctx, callID, reason)
+	return true, backend.Cancel(ctx, callID, reason)
 }
 
 // Running returns the oldest call in a run slot, if any.
 func (d *Dispatcher) Running() (InFlight, bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	var oldest *InFlight
-	for _, r := range d.running {
-		if oldest == nil || r.StartedAt.Before(oldest.StartedAt) {
-			oldest = r
+	var oldest *pendingCall
+	for _, p := range d.running {
+		if oldest == nil || p.startedAt.Before(oldest.startedAt) {
+			oldest = p
 		}
 	}
 	if oldest == nil {
 		return InFlight{}, false
 	}
-	return *oldest, true
+	return oldest.inFlight(), true
 }
