@@ -1,6 +1,7 @@
 package hotswap
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -12,6 +13,8 @@ import (
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
 	"iteron.dev/operator/examples/providers/artifacts"
 	"iteron.dev/operator/examples/providers/providertest"
+	"iteron.dev/operator/internal/dispatch"
+	"iteron.dev/operator/internal/reasons"
 	"iteron.dev/operator/internal/verifier"
 )
 
@@ -172,6 +175,49 @@ func TestAProviderThatCrashesOnEveryRunFailsAfterTheCrashBudget(t *testing.T) {
 		// Every transaction — the activation and each relaunch — ended in a
 		// crash (a relaunch that fails counts as one).
 		t.Fatalf("%d transactions (1 activation + relaunches), want %d; ledger:\n%s", relaunches, CrashBudget, strings.Join(h.ledgerPhases(), "\n"))
+	}
+}
+
+func TestANewTargetReplacesAGenerationThatSpentItsCrashBudget(t *testing.T) {
+	h := newHarness(t)
+	bad := h.target(providertest.Implement(t, artifacts.Spec{Binary: artifacts.Faulty, ImplementationID: "faulty", Argv: []string{"--fault", "crash", "--at", "start", "--always"}}))
+	h.applyWith(SwapPolicy{}, 0, bad)
+	h.settle()
+	for deadline := time.Now().Add(90 * time.Second); ; {
+		st, _ := h.c.Status(h.key.UID)
+		if st.Generations[bad.GenerationName].Phase == iteronv1.PhaseFailed {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("never Failed: %+v", st.Generations[bad.GenerationName])
+		}
+		if gs := st.Generations[bad.GenerationName]; gs.Phase == iteronv1.PhaseActive && gs.Pid != 0 {
+			_, _ = h.invoke("prompt_system", `{"key":"a","add":1}`)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	var ce *dispatch.CallError
+	if _, err := h.invoke("prompt_system", `{"key":"a","add":1}`); !errors.As(err, &ce) || ce.Code != reasons.ProviderFailed {
+		t.Fatalf("a call to the module whose crash budget is spent: %v; want provider_failed at once", err)
+	}
+	// A new spec (the revert a fleet makes): the hot swap policy cannot
+	// move state out of a process that is gone, so the target replaces
+	// the generation cold, and the module serves again.
+	good := h.target(providertest.Implement(t, artifacts.Spec{Binary: artifacts.CounterV1, ImplementationID: "counter"}))
+	h.applyWith(SwapPolicy{}, 0, good)
+	st := h.waitStatus("the new target active", func(st ActivationStatus) bool {
+		return st.Modules["prompt_system"].Active == good.GenerationName && !st.Busy
+	})
+	if gs := st.Generations[bad.GenerationName]; gs.Phase != iteronv1.PhaseInactive && gs.Phase != iteronv1.PhaseFailed {
+		t.Fatalf("the given-up generation after its replacement: %+v; want it ended", gs)
+	}
+	if out := h.count("prompt_system", "a", 1); out["count"] != float64(1) || out["_served_by"] != good.GenerationName {
+		t.Fatalf("after the replacement: %v; want a fresh count of 1 served by %s", out, good.GenerationName)
+	}
+	tx := lastTransaction(h.ledgerPhases())
+	want := []string{"prompt_system:verify:applied", "prompt_system:shadow_load:applied", "prompt_system:quiesce:applied", "prompt_system:atomic_switch:applied", "prompt_system:drain:applied", "prompt_system:committed:committed"}
+	if strings.Join(tx, " ") != strings.Join(want, " ") {
+		t.Fatalf("the replacement in the ledger: %v; want a cold replace %v", tx, want)
 	}
 }
 

@@ -401,6 +401,12 @@ func (a *activationRuntime) step() (bool, time.Time) {
 		committed := m.dur.committed
 		failure, failed := a.failed[t.GenerationName]
 		crashed := active != nil && active.proc == nil
+		// givenUp: the active generation's process is gone and is not
+		// relaunched (its crash budget spent, its relaunch refused).
+		givenUp := false
+		if crashed {
+			_, givenUp = a.failed[active.name]
+		}
 		a.mu.Unlock()
 		if active != nil && (active.name == t.GenerationName || sameEpochAndAuthority(active.target, t)) {
 			// Unchanged: an epoch and authority that did not change never
@@ -420,7 +426,7 @@ func (a *activationRuntime) step() (bool, time.Time) {
 			a.log("plan halted at a failed target", "module", module, "generation", t.GenerationName, "reason", failure.Code)
 			return false, relaunchNext
 		}
-		if crashed {
+		if crashed && !givenUp {
 			// A crashed generation is relaunched before it is swapped.
 			continue
 		}
@@ -443,6 +449,13 @@ func (a *activationRuntime) step() (bool, time.Time) {
 		case active == nil:
 			a.launchWave(desired, targets, i)
 			a.firstActivation(desired, t)
+		case givenUp:
+			// Nothing of the old generation runs or will: its state cannot
+			// move, so the new target replaces it cold, whatever the swap
+			// policy (a revert away from a generation that crash-looped is
+			// the common case). Calls wait for it meanwhile.
+			m.dispatcher.SetAvailable()
+			a.swap(desired, t, active, ledger.KindColdReplace)
 		case desired.Swap.Cold || desired.Swap.Discard || active.target.Plan.ProtocolVersion() == 1 && t.Plan.ProtocolVersion() == 1:
 			a.swap(desired, t, active, ledger.KindColdReplace)
 		default:

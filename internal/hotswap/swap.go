@@ -148,6 +148,14 @@ func (a *activationRuntime) swap(d *Desired, t ModuleTarget, old *generationRunt
 				what = "failed after the switch"
 			}
 			r.markFailed(pf, what)
+			a.mu.Lock()
+			gone := m.active == old && old.proc == nil
+			a.mu.Unlock()
+			if gone && !afterSwitch {
+				// It replaced a generation whose process was given up:
+				// nothing serves again, and calls fail at once with why.
+				m.dispatcher.SetUnavailable(old.reason, old.message)
+			}
 			if rollbackErr != nil {
 				// The module serves nothing: that, not the new generation's
 				// fault, is what the failure says first.
@@ -188,12 +196,18 @@ func (a *activationRuntime) drain(old *generationRuntime, successor string) stri
 		// No process (it ended, or the generation is known only from the
 		// ledger): what else it held is still released.
 		cleanup := a.dispose(old, scope, drainDeadline(old))
-		if cleanup != "" {
-			a.mu.Lock()
+		a.mu.Lock()
+		switch {
+		case cleanup != "":
 			a.setPhase(old, iteronv1.PhaseFailed)
 			old.reason, old.message = reasons.CleanupFailed, cleanup
-			a.mu.Unlock()
+		case old.phase == iteronv1.PhaseDraining:
+			// Switched away from (a generation whose process was given
+			// up): drained, its reason kept for the reader.
+			old.step, old.drainedAt = iteronv1.StepDrain, a.c.cfg.Now()
+			a.setPhase(old, iteronv1.PhaseInactive)
 		}
+		a.mu.Unlock()
 		return cleanup
 	}
 	stopCtx, cancel := context.WithTimeout(context.Background(), old.target.Plan.CancellationDeadline()+time.Second)
