@@ -227,15 +227,15 @@ type Dispatcher struct {
 	module     string
 	queueLimit int
 
-	mu      sync.Mutex
-	route   *Route
-	paused  bool
-	closed  bool
-	queue   []*pendingCall
+	mu     sync.Mutex
+	route  *Route
+	paused bool
+	closed bool
+	queue  []*pendingCall
 	// running are the calls in a run slot, by call ID: the same record as
 	// when they were queued.
 	running map[string]*pendingCall
-	idle    chan struct{}        // closed when no run is in flight; replaced when one starts
+	idle    chan struct{} // closed when no run is in flight; replaced when one starts
 	onNoFit func()
 	// unavailable, when set, fails calls at once: nothing serves the module
 	// and nothing is being prepared, so waiting out a deadline would only
