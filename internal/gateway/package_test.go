@@ -20,6 +20,7 @@ import (
 	"iteron.dev/operator/internal/hotswap"
 	"iteron.dev/operator/internal/pkgruntime"
 	"iteron.dev/operator/internal/providers"
+	"iteron.dev/operator/internal/reasons"
 	"iteron.dev/operator/internal/verifier"
 	"iteron.dev/operator/test/pkgruntimetest"
 )
@@ -391,6 +392,43 @@ func TestARelaunchAfterTheRuntimeCrashesMovesItsOpenWatch(t *testing.T) {
 		t.Fatalf("after the relaunch: %s", describe(ev))
 	}
 	t.Logf("runtime pid %d killed; relaunched as pid %d; the watch went on: %s", pid, now, describe(moved))
+}
+
+func TestAnOpenWatchHoldsItsInvocationIDUntilItEnds(t *testing.T) {
+	h := newHarness(t, withPackageRuntimes(t))
+	a := newActivation("default", "stack")
+	target := h.deployPlan(a, kvPlan(t, module), hotswap.SwapPolicy{})
+	h.settle(a, target)
+	w := h.watch(a, module, "held", "k")
+	if ev := w.next(t, "initial event"); !ev.GetInitial() {
+		t.Fatalf("first event: %s", describe(ev))
+	}
+	// Open: its ID answers for it, and no other call may take it.
+	st, err := h.client.GetInvocationStatus(ctxT(t), &gatewayv1.InvocationControlRequest{Namespace: a.key.Namespace, InvocationId: "held"})
+	if err != nil || st.GetState() != gatewayv1.InvocationState_INVOCATION_STATE_RUNNING || st.GetRuntimeState() != "running" || st.GetGenerationName() != target.GenerationName {
+		t.Fatalf("status of the open watch: %+v %v; want RUNNING on %s, the runtime's running", st, err, target.GenerationName)
+	}
+	_, err = h.invoke(nil, &gatewayv1.InvokeRequest{Namespace: a.key.Namespace, Activation: a.key.Name, Module: module, InvocationId: "held",
+		Export: "get", InputJson: `{"key":"k"}`})
+	expectFailure(t, err, codes.AlreadyExists, reasons.InvocationConflict, `"held"`)
+	stream, err := h.client.Watch(ctxT(t), &gatewayv1.WatchRequest{Namespace: a.key.Namespace, Activation: a.key.Name, Module: module,
+		InvocationId: "held", Export: "watch", InputJson: `{"key":"k"}`})
+	if err == nil {
+		// The refusal of a stream comes with its first read.
+		_, err = stream.Recv()
+	}
+	expectFailure(t, err, codes.AlreadyExists, reasons.InvocationConflict, `"held"`)
+	// Ended by its caller: forgotten, the ID is free again.
+	w.cancel()
+	waitFor(t, "the watch's goroutines to end", func() bool { return watchGoroutines() == 0 })
+	st, err = h.client.GetInvocationStatus(ctxT(t), &gatewayv1.InvocationControlRequest{Namespace: a.key.Namespace, InvocationId: "held"})
+	if err != nil || st.GetState() != gatewayv1.InvocationState_INVOCATION_STATE_UNKNOWN {
+		t.Fatalf("status after the watch ended: %+v %v; want UNKNOWN", st, err)
+	}
+	again := h.watch(a, module, "held", "k")
+	if ev := again.next(t, "the initial event of a new watch under the same ID"); !ev.GetInitial() {
+		t.Fatalf("first event: %s", describe(ev))
+	}
 }
 
 // BenchmarkPackageWatchEvents: events per second a fast caller gets through
