@@ -121,10 +121,14 @@ type Call struct {
 	// caller's namespace).
 	Package *PackageCall
 	// Background runs a cancellation that waits for the provider's
-	// acknowledgement (Handle.Cancel), so that the submitter can wait for
-	// it and report its error (nil: a goroutine of its own, the error
-	// dropped).
+	// acknowledgement (Cancel), so that the submitter can wait for it and
+	// report its error (nil: a goroutine of its own, the error dropped).
 	Background func(job func() error)
+
+	// state is the dispatcher's part of the call's record, from Submit to
+	// its end: a submitted call is one record, its submitter's (the
+	// gateway's invocation holds its Call), never copied.
+	state pendingCall
 }
 
 // Result is a finished call.
@@ -156,12 +160,15 @@ func (e *CallError) Unwrap() error { return e.Err }
 // ErrDispatcherClosed is wrapped by calls failed because the module was retired.
 var ErrDispatcherClosed = errors.New("module retired")
 
-// pendingCall is a call from its submission to its end. Exactly one party
-// ends it — its run, the dispatch loop (stale, expired), its deadline's
-// timer, a withdrawal, SetUnavailable or Close — the one that took it out
-// of the queue (or, once dispatched, its run), so end runs once.
+// pendingCall is the dispatcher's state of a call from its submission to
+// its end (Call.state). Exactly one party ends it — its run, the dispatch
+// loop (stale, expired), its deadline's timer, a withdrawal, SetUnavailable
+// or Close — the one that took it out of the queue (or, once dispatched,
+// its run), so end runs once.
 type pendingCall struct {
-	call     Call
+	// call is the call this is the state of; d its dispatcher.
+	call     *Call
+	d        *Dispatcher
 	enqueued time.Time
 	// expire ends the call when its deadline passes while it is queued
 	// (set under d.mu as it is queued).
@@ -306,7 +313,9 @@ func (d *Dispatcher) Invoke(ctx context.Context, call Call) (Result, error) {
 	ended := make(chan struct{})
 	var res Result
 	var resErr error
-	q, err := d.Submit(call, func(r Result, err error) {
+	c := &Call{ID: call.ID, Input: call.Input, Deadline: call.Deadline, PinnedLineage: call.PinnedLineage, Observe: call.Observe,
+		OnStart: call.OnStart, Invocation: call.Invocation, Package: call.Package, Background: call.Background}
+	err := d.Submit(c, func(r Result, err error) {
 		res, resErr = r, err
 		close(ended)
 	})
@@ -319,47 +328,53 @@ func (d *Dispatcher) Invoke(ctx context.Context, call Call) (Result, error) {
 		// Still queued: withdrawn. Already running: the run's own deadline
 		// ends it; its result is waited for so the slot is never
 		// double-booked.
-		q.Withdraw(&CallError{Code: reasons.DeadlineExceeded, Message: "the caller gave up while the call was queued", Err: ctx.Err()})
+		c.Withdraw(&CallError{Code: reasons.DeadlineExceeded, Message: "the caller gave up while the call was queued", Err: ctx.Err()})
 		<-ended
 	}
 	return res, resErr
 }
 
-// Handle is a submitted call, for its submitter: whether and where it
-// runs, its withdrawal from the queue and its cancellation. The gateway
-// reads an invocation's state from it and keeps none of its own.
-type Handle struct {
-	d *Dispatcher
-	p *pendingCall
-}
+// A submitted *Call is its submitter's handle of it (CallHandle): whether
+// and where it runs, its withdrawal from the queue and its cancellation.
+// The gateway reads an invocation's state from it and keeps none of its
+// own.
 
 // Withdraw takes the call out of the queue and ends it with err (its done
 // is called before Withdraw returns). It reports false when the call is no
 // longer queued: it runs, or has ended.
-func (h *Handle) Withdraw(err *CallError) bool {
-	if !h.d.withdraw(h.p) {
+func (c *Call) Withdraw(err *CallError) bool {
+	p := &c.state
+	if p.d == nil || !p.d.withdraw(p) {
 		return false
 	}
-	h.p.err = err
-	h.p.end()
+	p.err = err
+	p.end()
 	return true
 }
 
 // Started reports the route the call was dispatched to, if it was.
-func (h *Handle) Started() (Route, bool) {
-	h.d.mu.Lock()
-	defer h.d.mu.Unlock()
-	if h.p.route == nil {
+func (c *Call) Started() (Route, bool) {
+	p := &c.state
+	if p.d == nil {
 		return Route{}, false
 	}
-	return *h.p.route, true
+	p.d.mu.Lock()
+	defer p.d.mu.Unlock()
+	if p.route == nil {
+		return Route{}, false
+	}
+	return *p.route, true
 }
 
 // CancelRequested reports whether Cancel was called.
-func (h *Handle) CancelRequested() bool {
-	h.d.mu.Lock()
-	defer h.d.mu.Unlock()
-	return h.p.cancelRequested
+func (c *Call) CancelRequested() bool {
+	p := &c.state
+	if p.d == nil {
+		return false
+	}
+	p.d.mu.Lock()
+	defer p.d.mu.Unlock()
+	return p.cancelRequested
 }
 
 // Cancel ends the call at its submitter's request. A queued call is
@@ -369,27 +384,31 @@ func (h *Handle) CancelRequested() bool {
 // line-protocol provider is asked to cancel in the background (Background):
 // the acknowledgement may take up to the cancellation deadline. A call
 // that ended is left as it ended.
-func (h *Handle) Cancel(ctx context.Context, reason string) (runtimeState string, err error) {
-	h.d.mu.Lock()
-	h.p.cancelRequested = true
-	h.d.mu.Unlock()
-	if h.Withdraw(&CallError{Code: reasons.Cancelled, Message: fmt.Sprintf("withdrawn from module %s's queue before it ran: %s", h.d.module, reason)}) {
+func (c *Call) Cancel(ctx context.Context, reason string) (runtimeState string, err error) {
+	d := c.state.d
+	if d == nil {
 		return "", nil
 	}
-	route, started := h.Started()
+	d.mu.Lock()
+	c.state.cancelRequested = true
+	d.mu.Unlock()
+	if c.Withdraw(&CallError{Code: reasons.Cancelled, Message: fmt.Sprintf("withdrawn from module %s's queue before it ran: %s", d.module, reason)}) {
+		return "", nil
+	}
+	route, started := c.Started()
 	if !started {
 		return "", nil
 	}
 	if route.Package != nil {
-		return route.Package.CancelInvocation(ctx, h.p.call.ID)
+		return route.Package.CancelInvocation(ctx, c.ID)
 	}
 	job := func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		_, err := h.d.CancelRunning(ctx, h.p.call.ID, reason)
+		_, err := d.CancelRunning(ctx, c.ID, reason)
 		return err
 	}
-	if bg := h.p.call.Background; bg != nil {
+	if bg := c.Background; bg != nil {
 		bg(job)
 	} else {
 		go func() { _ = job() }()
@@ -399,12 +418,12 @@ func (h *Handle) Cancel(ctx context.Context, reason string) (runtimeState string
 
 // RuntimeStatus is a package runtime's own state of the call's run ("" with
 // a nil error for a call not running on one).
-func (h *Handle) RuntimeStatus(ctx context.Context) (string, error) {
-	route, started := h.Started()
+func (c *Call) RuntimeStatus(ctx context.Context) (string, error) {
+	route, started := c.Started()
 	if !started || route.Package == nil {
 		return "", nil
 	}
-	return route.Package.Status(ctx, h.p.call.ID)
+	return route.Package.Status(ctx, c.ID)
 }
 
 // Submit queues a call without waiting for it: done is called exactly
@@ -417,33 +436,40 @@ func (h *Handle) RuntimeStatus(ctx context.Context) (string, error) {
 // Nothing waits for a submitted call: a caller that needs the result in
 // its own goroutine uses Invoke; the gateway hands the outcome on from
 // done, so a call costs no goroutine of its own while it is queued.
-func (d *Dispatcher) Submit(call Call, done func(Result, error)) (*Handle, error) {
+func (d *Dispatcher) Submit(call *Call, done func(Result, error)) error {
 	if call.Deadline.IsZero() {
-		return nil, &CallError{Code: reasons.DeadlineExceeded, Message: "a call needs a deadline"}
+		return &CallError{Code: reasons.DeadlineExceeded, Message: "a call needs a deadline"}
 	}
-	p := &pendingCall{call: call, enqueued: time.Now(), done: done}
+	if call.state.d != nil {
+		return &CallError{Code: reasons.InvalidRequest, Message: fmt.Sprintf("call %s was submitted already: a call is submitted once", call.ID)}
+	}
+	enqueued := time.Now()
 	d.mu.Lock()
 	switch {
 	case d.closed:
 		d.mu.Unlock()
-		return nil, &CallError{Code: reasons.NotFound, Message: fmt.Sprintf("module %s was retired: it is no longer on this node", d.module), Err: ErrDispatcherClosed}
+		return &CallError{Code: reasons.NotFound, Message: fmt.Sprintf("module %s was retired: it is no longer on this node", d.module), Err: ErrDispatcherClosed}
 	case d.unavailable != nil:
 		err := *d.unavailable
 		d.mu.Unlock()
-		return nil, &err
+		return &err
 	case call.PinnedLineage != 0 && d.route != nil && d.route.Lineage != call.PinnedLineage:
 		cur := d.route.Lineage
 		d.mu.Unlock()
-		return nil, &CallError{Code: reasons.StaleGeneration, Message: fmt.Sprintf("module %s serves generation %d, the call pins %d", d.module, cur, call.PinnedLineage)}
+		return &CallError{Code: reasons.StaleGeneration, Message: fmt.Sprintf("module %s serves generation %d, the call pins %d", d.module, cur, call.PinnedLineage)}
 	case len(d.queue) >= d.queueLimit:
 		d.mu.Unlock()
-		return nil, &CallError{Code: reasons.QueueFull, Message: fmt.Sprintf("module %s has %d calls waiting", d.module, d.queueLimit)}
+		return &CallError{Code: reasons.QueueFull, Message: fmt.Sprintf("module %s has %d calls waiting", d.module, d.queueLimit)}
 	}
+	// Accepted: from here on the call's state is the dispatcher's (a call
+	// refused above keeps none, and may be submitted again).
+	p := &call.state
+	*p = pendingCall{call: call, d: d, enqueued: enqueued, done: done}
 	d.queue = append(d.queue, p)
 	p.expire = time.AfterFunc(time.Until(call.Deadline), func() { d.expire(p) })
 	d.mu.Unlock()
 	d.poke()
-	return &Handle{d: d, p: p}, nil
+	return nil
 }
 
 // expire ends a call whose deadline passed while it was queued; one that

@@ -315,8 +315,8 @@ func (w *PackageWatch) relay(ctx context.Context, rw *pkgruntime.Watch, route Ro
 	}
 }
 
-// CallHandle is what the submitter of a call (Handle) or the opener of a
-// package runtime's Watch (PackageWatch) holds of it: whether and where it
+// CallHandle is what the submitter of a call (the *Call it submitted) or
+// the opener of a package runtime's Watch (PackageWatch) holds of it: whether and where it
 // runs, its cancellation and the runtime's own state of it. The gateway
 // answers an invocation's status and cancel requests through it alone.
 type CallHandle interface {
@@ -332,6 +332,6 @@ type CallHandle interface {
 }
 
 var (
-	_ CallHandle = (*Handle)(nil)
+	_ CallHandle = (*Call)(nil)
 	_ CallHandle = (*PackageWatch)(nil)
 )

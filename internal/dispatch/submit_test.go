@@ -39,6 +39,12 @@ func (o *outcome) wait(t *testing.T) {
 	}
 }
 
+// submitted is a call to submit: the *Call is its handle.
+func submitted(id string, timeout time.Duration) *Call {
+	c := call(id, timeout)
+	return &c
+}
+
 func codeOfErr(err error) string {
 	var ce *CallError
 	if errors.As(err, &ce) {
@@ -51,7 +57,7 @@ func TestASubmittedCallNobodyWaitsForStillEndsAtItsDeadlineInTheQueue(t *testing
 	d := NewDispatcher("prompt_system", 8) // paused, no route: the call can only wait
 	t.Cleanup(d.Close)
 	o := newOutcome()
-	if _, err := d.Submit(call("c1", 20*time.Millisecond), o.done); err != nil {
+	if err := d.Submit(submitted("c1", 20*time.Millisecond), o.done); err != nil {
 		t.Fatal(err)
 	}
 	o.wait(t)
@@ -64,7 +70,8 @@ func TestASubmittedCallRunsAndItsDoneGetsTheResult(t *testing.T) {
 	b := newScripted("g1")
 	d := startedDispatcher(t, b, 1)
 	o := newOutcome()
-	q, err := d.Submit(call("c1", 5*time.Second), o.done)
+	q := submitted("c1", 5*time.Second)
+	err := d.Submit(q, o.done)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,7 +89,8 @@ func TestWithdrawingASubmittedCallThatRunsLeavesItToItsRun(t *testing.T) {
 	b.hold = make(chan struct{})
 	d := startedDispatcher(t, b, 1)
 	o := newOutcome()
-	q, err := d.Submit(call("c1", 5*time.Second), o.done)
+	q := submitted("c1", 5*time.Second)
+	err := d.Submit(q, o.done)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,11 +111,11 @@ func TestACallRefusedAtOnceNeverCallsDone(t *testing.T) {
 	d := NewDispatcher("prompt_system", 1)
 	t.Cleanup(d.Close)
 	first := newOutcome()
-	if _, err := d.Submit(call("c1", 5*time.Second), first.done); err != nil {
+	if err := d.Submit(submitted("c1", 5*time.Second), first.done); err != nil {
 		t.Fatal(err)
 	}
 	second := newOutcome()
-	if _, err := d.Submit(call("c2", 5*time.Second), second.done); codeOfErr(err) != reasons.QueueFull {
+	if err := d.Submit(submitted("c2", 5*time.Second), second.done); codeOfErr(err) != reasons.QueueFull {
 		t.Fatalf("Submit to a full queue = %v, want queue_full", err)
 	}
 	d.SetUnavailable(reasons.ActivationFailed, "test")
@@ -139,7 +147,8 @@ func TestEverySubmittedCallEndsExactlyOnceWhateverEndsIt(t *testing.T) {
 			defer wg.Done()
 			for i := range 100 {
 				o := newOutcome()
-				q, err := d.Submit(call(fmt.Sprintf("w%d-%d", w, i), time.Duration(i%5)*time.Millisecond+time.Microsecond), o.done)
+				q := submitted(fmt.Sprintf("w%d-%d", w, i), time.Duration(i%5)*time.Millisecond+time.Microsecond)
+				err := d.Submit(q, o.done)
 				if err != nil {
 					continue // refused at once (queue_full)
 				}
@@ -173,7 +182,8 @@ func TestAHandleCancelsAQueuedCallByWithdrawingIt(t *testing.T) {
 	d := startedDispatcher(t, b, 1)
 	_, _ = d.Pause(context.Background(), time.Second) // as during a swap: calls queue
 	o := newOutcome()
-	h, err := d.Submit(call("c1", 5*time.Second), o.done)
+	h := submitted("c1", 5*time.Second)
+	err := d.Submit(h, o.done)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -205,7 +215,8 @@ func TestAHandleCancelsARunningCallInTheBackground(t *testing.T) {
 	jobs := make(chan error, 1)
 	c := call("c1", 10*time.Second)
 	c.Background = func(job func() error) { go func() { jobs <- job() }() }
-	h, err := d.Submit(c, o.done)
+	h := &c
+	err := d.Submit(h, o.done)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -229,5 +240,33 @@ func TestAHandleCancelsARunningCallInTheBackground(t *testing.T) {
 	defer b.mu.Unlock()
 	if len(b.cancelled) != 1 || b.cancelled[0] != "c1" {
 		t.Fatalf("backend cancelled %v; want c1", b.cancelled)
+	}
+}
+
+func TestACallIsSubmittedOnceAndOneRefusedAtOnceMayBeSubmittedAgain(t *testing.T) {
+	b := newScripted("g1")
+	d := startedDispatcher(t, b, 1)
+	d.SetUnavailable(reasons.VerificationFailed, "nothing can serve")
+	c := submitted("c1", 5*time.Second)
+	if err := d.Submit(c, newOutcome().done); codeOfErr(err) != reasons.VerificationFailed {
+		t.Fatalf("submit while unavailable: %v; want verification_failed", err)
+	}
+	if _, started := c.Started(); started || c.Withdraw(&CallError{Code: reasons.Cancelled}) {
+		t.Fatal("a refused call reports a state of its own")
+	}
+	d.SetAvailable()
+	o := newOutcome()
+	if err := d.Submit(c, o.done); err != nil {
+		t.Fatalf("the refused call submitted again: %v", err)
+	}
+	o.wait(t)
+	if o.err != nil {
+		t.Fatal(o.err)
+	}
+	if err := d.Submit(c, newOutcome().done); codeOfErr(err) != reasons.InvalidRequest {
+		t.Fatalf("a second submission of an accepted call: %v; want invalid_request", err)
+	}
+	if b.runs.Load() != 1 {
+		t.Fatalf("%d runs; want 1", b.runs.Load())
 	}
 }

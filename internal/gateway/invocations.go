@@ -40,9 +40,12 @@ type invocation struct {
 
 	done chan struct{} // closed when the outcome is recorded
 
+	// call is the call submitted to the module's dispatcher, its state
+	// there included: the dispatcher's part of this one record.
+	call dispatch.Call
 	// handle is the call's dispatcher handle: whether and where it runs,
-	// its cancellation, a package runtime's state of it (dispatch.Handle
-	// for a submitted call, which Stop withdraws while it is queued;
+	// its cancellation, a package runtime's state of it (&call for a
+	// submitted call, which Stop withdraws while it is queued;
 	// dispatch.PackageWatch for a package runtime's Watch, in the table
 	// only while it is open; survivedCall for one known only from the
 	// survivor). nil while the call is being submitted, or when it was

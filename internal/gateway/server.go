@@ -271,7 +271,7 @@ func (s *Server) Stop(ctx context.Context) {
 	// queued are withdrawn (they never ran: interrupted), the running ones
 	// are waited for.
 	for _, inv := range s.table.pending() {
-		if h, ok := inv.callHandle().(*dispatch.Handle); ok {
+		if h, ok := inv.callHandle().(*dispatch.Call); ok {
 			h.Withdraw(&dispatch.CallError{Code: reasons.Interrupted, Message: "the gateway stopped before the call ran"})
 		}
 	}
@@ -565,7 +565,9 @@ func (s *Server) beginAuthorized(ctx context.Context, req callRequest, streaming
 	if req.pinned != nil {
 		pinned = *req.pinned
 	}
-	call := dispatch.Call{
+	// The dispatcher's record of the call is part of the invocation's: one
+	// record per invocation, from the table to the call's end.
+	inv.call = dispatch.Call{
 		ID: inv.runID, Input: payload, Deadline: deadline, PinnedLineage: pinned,
 		OnStart: func(r dispatch.Route) { s.started(inv, r) },
 		Invocation: &survivor.Invocation{Namespace: inv.namespace, InvocationID: inv.id, Fingerprint: hex.EncodeToString(fp[:]),
@@ -585,19 +587,18 @@ func (s *Server) beginAuthorized(ctx context.Context, req callRequest, streaming
 		// Only a Watch needs the run's observations (an Invoke gets the
 		// terminal one as the result, and the dispatcher drops the output
 		// of a generation it no longer routes to).
-		call.Observe = func(o dispatch.Observation) { s.observe(inv, o) }
+		inv.call.Observe = func(o dispatch.Observation) { s.observe(inv, o) }
 	}
 	s.calls.Add(1)
 	// No goroutine waits for the call: the dispatcher hands its outcome to
 	// ended from whatever ends it (its run, its deadline, a withdrawal).
-	h, err := d.Submit(call, func(res dispatch.Result, err error) { s.ended(inv, res, err) })
-	if err != nil {
+	if err := d.Submit(&inv.call, func(res dispatch.Result, err error) { s.ended(inv, res, err) }); err != nil {
 		s.ended(inv, dispatch.Result{}, err)
 		return inv, false, nil
 	}
-	if early := inv.setHandle(h); early != "" {
+	if early := inv.setHandle(&inv.call); early != "" {
 		// CancelInvocation came while the call was being submitted.
-		h.Cancel(context.Background(), early)
+		inv.call.Cancel(context.Background(), early)
 	}
 	return inv, false, nil
 }
