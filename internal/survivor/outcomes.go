@@ -24,39 +24,63 @@ const (
 // bound.
 const outcomeOverhead = 512
 
+// outcomeTable keeps one record per invocation, keyed by its invocation
+// key (namespace and invocation ID: the gateway's key of it too); only runs
+// that carry an invocation are recorded. runs maps the run ID the gateway
+// gave the invocation to that key, for the run's end and its
+// acknowledgement, which name the run.
 type outcomeTable struct {
 	now func() time.Time
 
 	mu     sync.Mutex
-	byRun  map[string]*Outcome
+	byKey  map[string]*Outcome
+	runs   map[string]string
 	acked  []*Outcome // acknowledged, in the order they were acknowledged
 	bytes  int64
 	active int
 }
 
 func newOutcomeTable(now func() time.Time) *outcomeTable {
-	return &outcomeTable{now: now, byRun: map[string]*Outcome{}}
+	return &outcomeTable{now: now, byKey: map[string]*Outcome{}, runs: map[string]string{}}
 }
 
-// begin records a run in progress.
+// invocationKey is an invocation's key: its namespace and invocation ID.
+func invocationKey(call *Invocation) string { return call.Namespace + "\x00" + call.InvocationID }
+
+// begin records the run of an invocation in progress; it replaces the
+// invocation's earlier record (a run of it that ended and was forgotten by
+// the gateway, which then ran it again).
 func (t *outcomeTable) begin(runID string, call *Invocation) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if old, ok := t.byRun[runID]; ok && old.Done {
+	if old, ok := t.byKey[invocationKey(call)]; ok {
 		t.dropLocked(old)
 	}
-	t.byRun[runID] = &Outcome{RunID: runID, Call: call}
+	o := &Outcome{RunID: runID, Call: call}
+	t.byKey[invocationKey(call)] = o
+	t.runs[runID] = invocationKey(call)
 	t.active++
 }
 
-// end records a run's outcome (unacknowledged) and returns a copy.
-func (t *outcomeTable) end(runID string, seq uint64, body []byte, err *wireError) (Outcome, []string) {
+// end records the outcome of an invocation's run (unacknowledged) and
+// returns a copy.
+func (t *outcomeTable) end(runID string, call *Invocation, seq uint64, body []byte, err *wireError) (Outcome, []string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	o, ok := t.byRun[runID]
-	if !ok {
-		o = &Outcome{RunID: runID}
-		t.byRun[runID] = o
+	o, ok := t.byKey[invocationKey(call)]
+	if ok && o.RunID != runID && !o.Done {
+		// Another run of the invocation is in progress (the gateway
+		// never runs one twice at once): that one keeps the record.
+		return Outcome{RunID: runID, Call: call, Done: true, Sequence: seq, Body: body, Err: err, EndedNs: t.now().UnixNano()}, nil
+	}
+	if !ok || o.RunID != runID {
+		// Its record went (it cannot while it runs): recorded anew.
+		if ok {
+			t.dropLocked(o)
+		}
+		o = &Outcome{RunID: runID, Call: call}
+		t.byKey[invocationKey(call)] = o
+		t.runs[runID] = invocationKey(call)
 	} else if !o.Done {
 		t.active--
 	}
@@ -74,7 +98,7 @@ func (t *outcomeTable) ack(runIDs []string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for _, id := range runIDs {
-		if o, ok := t.byRun[id]; ok && o.Done && !o.Acked {
+		if o, ok := t.byKey[t.runs[id]]; ok && o.RunID == id && o.Done && !o.Acked {
 			o.Acked = true
 			t.acked = append(t.acked, o)
 		}
@@ -87,8 +111,8 @@ func (t *outcomeTable) list() []Outcome {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.evictLocked()
-	out := make([]Outcome, 0, len(t.byRun))
-	for _, o := range t.byRun {
+	out := make([]Outcome, 0, len(t.byKey))
+	for _, o := range t.byKey {
 		out = append(out, *o)
 	}
 	return out
@@ -98,7 +122,7 @@ func (t *outcomeTable) list() []Outcome {
 func (t *outcomeTable) counts() (unacked, acked, active int) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	for _, o := range t.byRun {
+	for _, o := range t.byKey {
 		switch {
 		case !o.Done:
 			active++
@@ -119,20 +143,20 @@ func (t *outcomeTable) evictLocked() []string {
 	cutoff := t.now().Add(-OutcomeTTL).UnixNano()
 	for len(t.acked) > 0 {
 		o := t.acked[0]
-		if t.byRun[o.RunID] != o {
+		if t.byKey[invocationKey(o.Call)] != o {
 			t.acked = t.acked[1:] // replaced or dropped already
 			continue
 		}
-		if o.EndedNs >= cutoff && len(t.byRun) <= MaxOutcomes && t.bytes <= MaxOutcomeBytes {
+		if o.EndedNs >= cutoff && len(t.byKey) <= MaxOutcomes && t.bytes <= MaxOutcomeBytes {
 			break
 		}
 		t.acked = t.acked[1:]
 		t.dropLocked(o)
 	}
 	var dropped []string
-	for len(t.byRun) > MaxOutcomes {
+	for len(t.byKey) > MaxOutcomes {
 		var oldest *Outcome
-		for _, o := range t.byRun {
+		for _, o := range t.byKey {
 			if o.Done && !o.Acked && (oldest == nil || o.EndedNs < oldest.EndedNs) {
 				oldest = o
 			}
@@ -147,8 +171,9 @@ func (t *outcomeTable) evictLocked() []string {
 }
 
 func (t *outcomeTable) dropLocked(o *Outcome) {
-	if t.byRun[o.RunID] == o {
-		delete(t.byRun, o.RunID)
+	if t.byKey[invocationKey(o.Call)] == o {
+		delete(t.byKey, invocationKey(o.Call))
+		delete(t.runs, o.RunID)
 		if o.Done {
 			t.bytes -= size(o)
 		} else {

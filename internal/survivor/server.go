@@ -602,7 +602,7 @@ func (s *Server) run(sess *session, e *entry, f *frame) {
 	}
 	werr := toWire(err)
 	if record {
-		o, dropped := s.outcomes.end(h.RunID, seq, body, werr)
+		o, dropped := s.outcomes.end(h.RunID, h.Run.Call, seq, body, werr)
 		for _, id := range dropped {
 			s.log.Info("an unacknowledged outcome was dropped: more than MaxOutcomes unacknowledged", "run", id)
 		}
