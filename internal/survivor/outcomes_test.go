@@ -8,7 +8,9 @@ import (
 func TestTheOutcomeTableKeepsOneRecordPerInvocation(t *testing.T) {
 	now := time.Unix(1_700_000_000, 0)
 	tab := newOutcomeTable(func() time.Time { return now })
-	inv := func(ns, id string) *Invocation { return &Invocation{Namespace: ns, InvocationID: id, Activation: "a", Module: "m"} }
+	inv := func(ns, id string) *Invocation {
+		return &Invocation{Namespace: ns, InvocationID: id, Activation: "a", Module: "m"}
+	}
 
 	tab.begin("gw-1-1", inv("team-a", "call-1"))
 	tab.begin("gw-1-2", inv("team-b", "call-1")) // the same ID in another namespace is another invocation
