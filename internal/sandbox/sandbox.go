@@ -334,6 +334,10 @@ func (l *Launch) Group() *cgroups.Group { return l.group }
 // startTimeout bounds building a sandbox and executing the provider.
 const startTimeout = 30 * time.Second
 
+// statusDrain bounds how long Finish waits for the launcher's last
+// messages (its violations) once its group is gone.
+const statusDrain = 5 * time.Second
+
 // Spawn starts a provider in its sandbox. attr is what the caller would
 // have used without one (fds 0..n-1 the provider's, fd 3 its sealed
 // executable, its Dir, Credential, Setpgid and Pdeathsig); uid is the
@@ -614,6 +618,14 @@ func (l *Launch) Finish(exit spawn.Exit) (spawn.Exit, string) {
 	}
 	if l.evidence.Mode != ModeOff {
 		exit = ProviderExit(exit)
+	}
+	// The launcher's messages end with it: every violation it reported is
+	// counted once its control socket is read to the end, which a reader
+	// behind on a loaded machine may not have done yet (bounded: nothing
+	// else should hold the socket, but nothing here waits for good).
+	select {
+	case <-l.statusDone:
+	case <-time.After(statusDrain):
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
