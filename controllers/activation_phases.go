@@ -479,8 +479,13 @@ func generationLabels(act *iteronv1.ImplementationActivation, module string) map
 // ownedGenerations lists the Generations of an activation (by owner, never
 // by label).
 func (r *ActivationReconciler) ownedGenerations(ctx context.Context, act *iteronv1.ImplementationActivation) ([]iteronv1.Generation, error) {
+	return ownedGenerations(ctx, r.Client, act)
+}
+
+// ownedGenerations lists the Generations act controls, through c.
+func ownedGenerations(ctx context.Context, c client.Reader, act *iteronv1.ImplementationActivation) ([]iteronv1.Generation, error) {
 	var list iteronv1.GenerationList
-	if err := r.Client.List(ctx, &list, client.InNamespace(act.Namespace)); err != nil {
+	if err := c.List(ctx, &list, client.InNamespace(act.Namespace)); err != nil {
 		return nil, err
 	}
 	var out []iteronv1.Generation

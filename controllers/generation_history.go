@@ -6,7 +6,6 @@ import (
 	"slices"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -58,15 +57,9 @@ func (r *GenerationHistoryReconciler) Reconcile(ctx context.Context, req ctrl.Re
 		// the ledger): what the plan keeps is not known.
 		return ctrl.Result{}, nil
 	}
-	var list iteronv1.GenerationList
-	if err := r.Client.List(ctx, &list, client.InNamespace(act.Namespace)); err != nil {
+	gens, err := ownedGenerations(ctx, r.Client, &act)
+	if err != nil {
 		return ctrl.Result{}, apiRefusal("list Generations", err)
-	}
-	var gens []iteronv1.Generation
-	for _, g := range list.Items {
-		if metav1.IsControlledBy(&g, &act) {
-			gens = append(gens, g)
-		}
 	}
 	limit := int(ptr.Deref(act.Spec.GenerationHistoryLimit, 10))
 	for _, g := range beyondHistoryLimit(gens, st, limit) {

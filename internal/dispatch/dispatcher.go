@@ -313,8 +313,8 @@ func (d *Dispatcher) Invoke(ctx context.Context, call Call) (Result, error) {
 	ended := make(chan struct{})
 	var res Result
 	var resErr error
-	c := &Call{ID: call.ID, Input: call.Input, Deadline: call.Deadline, PinnedLineage: call.PinnedLineage, Observe: call.Observe,
-		OnStart: call.OnStart, Invocation: call.Invocation, Package: call.Package, Background: call.Background}
+	c := &call
+	c.state = pendingCall{} // a copy of a submitted call is not that call
 	err := d.Submit(c, func(r Result, err error) {
 		res, resErr = r, err
 		close(ended)
