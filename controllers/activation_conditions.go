@@ -193,6 +193,13 @@ func summarizeActivation(s *activationScope, reconcileErr error) summary {
 		if known && rt.Active != "" && !rt.Serving && (rt.Phase == iteronv1.PhaseFailed || ms.Reason == reasons.LedgerUnwritable) {
 			p.severity, p.stalled = severityNotServing, true
 			p.message = fmt.Sprintf("module %s serves nothing: %s", ms.Module, ms.Message)
+			if t, ok := s.targets[ms.Module]; ok && rt.Phase == iteronv1.PhaseFailed && replacesGivenUp(s, ms.Module, t, rt.Active) {
+				// A new target replaces a given-up generation (a cold
+				// replace): the spec change is the progress a stall waits
+				// for, so this is Reconciling until the target ends.
+				p.stalled = false
+				p.message = fmt.Sprintf("module %s serves nothing until %s replaces it: %s", ms.Module, t.GenerationName, ms.Message)
+			}
 		}
 		if ms.Reason == reasons.LedgerCorrupt {
 			continue // reported once, for the activation
@@ -215,6 +222,20 @@ func summarizeActivation(s *activationScope, reconcileErr error) summary {
 		}
 	}
 	return sum
+}
+
+// replacesGivenUp reports whether target t of module is a new generation
+// that will replace the given-up active one: not kept, not the active
+// generation, and not a target that has already failed.
+func replacesGivenUp(s *activationScope, module string, t hotswap.ModuleTarget, active string) bool {
+	if t.Keep || t.GenerationName == "" || t.GenerationName == active {
+		return false
+	}
+	if f := failureFor(s.status, module); f != nil && f.GenerationName == t.GenerationName {
+		return false
+	}
+	_, kept := s.stalled[module]
+	return !kept
 }
 
 // restingState reports whether the spec generation has been handled to a

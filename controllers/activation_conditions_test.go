@@ -133,6 +133,14 @@ func servesNothing(module, code string) func(*activationScope) {
 	}
 }
 
+// replacedByANewTarget: prompt_system's active generation (g2) is given up
+// (its relaunch refused) and the spec changed to a new target (g3), which
+// the coordinator will cold-replace it with: progress, not a stall.
+func replacedByANewTarget(s *activationScope) {
+	servesNothing("prompt_system", reasons.VerificationFailed)(s)
+	s.targets["prompt_system"] = hotswap.ModuleTarget{Module: "prompt_system", GenerationName: sysG3, Lineage: 3, Attempt: 1}
+}
+
 // endedWhileUnwritable: the module's process reached its lifetime bound
 // while no renewal could be recorded: it serves nothing until the ledger
 // heals (its generation is not Failed).
@@ -332,6 +340,12 @@ func TestTheFirstProblemIsTheMostSevereOne(t *testing.T) {
 		{"a module whose process ended while the ledger is unwritable serves nothing, for that reason",
 			world(endedWhileUnwritable("prompt_system")), nil,
 			&want{severityNotServing, iteronv1.ReasonLedgerUnwritable, true, "module prompt_system serves nothing: its process ended"}},
+		{"a module serving nothing until a new target replaces it is not stalled",
+			world(replacedByANewTarget, notApplied), nil,
+			&want{severityNotServing, iteronv1.ReasonVerificationFailed, false, "module prompt_system serves nothing until " + sysG3 + " replaces it"}},
+		{"a module serving nothing whose replacement failed too stalls",
+			world(replacedByANewTarget, swapFailed(reasons.ProviderFailed, false)), nil,
+			&want{severityNotServing, iteronv1.ReasonVerificationFailed, true, "module prompt_system serves nothing: relaunch"}},
 		{"a module serving nothing outranks a reconcile error",
 			world(servesNothing("prompt_system", reasons.UnsupportedVersion)), errDenied,
 			&want{severityNotServing, iteronv1.ReasonUnsupportedVersion, true, "module prompt_system serves nothing"}},
@@ -467,6 +481,8 @@ func TestStalledIsTrueOnlyWhenNothingProgressesWithoutAChange(t *testing.T) {
 			wantCondition{metav1.ConditionTrue, iteronv1.ReasonLedgerCorrupt, []string{"until an operator resolves it"}}},
 		{"a module serving nothing is Stalled with its reason", world(servesNothing("prompt_system", reasons.VerificationFailed)), nil,
 			wantCondition{metav1.ConditionTrue, iteronv1.ReasonVerificationFailed, []string{"module prompt_system serves nothing"}}},
+		{"a module serving nothing that a new target replaces is not Stalled (the spec change is the progress)",
+			world(replacedByANewTarget, notApplied), nil, notStalled},
 		{"an unwritable ledger is Stalled with LedgerUnwritable", world(ledgerUnwritable), nil,
 			wantCondition{metav1.ConditionTrue, iteronv1.ReasonLedgerUnwritable, []string{"no space left on device"}}},
 		{"a denial by an admission policy is Stalled with Forbidden", world(), errDenied,
@@ -503,6 +519,8 @@ func TestReconcilingIsTrueWhileSomethingIsLeftToDo(t *testing.T) {
 		{"a spec not yet handed to the coordinator is Reconciling", world(notApplied), nil,
 			wantCondition{metav1.ConditionTrue, iteronv1.ReasonProgressing, nil}},
 		{"a module not serving its target yet is Reconciling and names it", world(notYetActive), nil,
+			wantCondition{metav1.ConditionTrue, iteronv1.ReasonProgressing, []string{"module prompt_system is not serving its desired generation yet"}}},
+		{"a module serving nothing that a new target replaces is Reconciling", world(replacedByANewTarget, notApplied), nil,
 			wantCondition{metav1.ConditionTrue, iteronv1.ReasonProgressing, []string{"module prompt_system is not serving its desired generation yet"}}},
 		{"a module waiting for its dependency is Reconciling", world(waitsForDependency), nil,
 			wantCondition{metav1.ConditionTrue, iteronv1.ReasonProgressing, []string{"module context_assembly is not serving"}}},
@@ -637,6 +655,8 @@ func TestObservedGenerationAdvancesOnlyAtARestingState(t *testing.T) {
 		{"Stalled by a corrupt ledger is resting", world(corruptLedger), nil, true, 0},
 		{"Stalled by an unwritable ledger is resting", world(ledgerUnwritable), nil, true, 0},
 		{"a module serving nothing is resting", world(servesNothing("prompt_system", reasons.VerificationFailed)), nil, true, 0},
+		{"a module serving nothing that a new target replaces is not resting", world(replacedByANewTarget, notApplied), nil, false, 10 * time.Second},
+		{"a module serving nothing that a new target replaces is not resting once the coordinator has the plan either", world(replacedByANewTarget), nil, false, 0},
 		{"a paused activation is resting", world(paused, notApplied), nil, true, 0},
 		{"a retried API error is not resting", world(), errConflict, false, 0},
 		{"a retried error of no phase is not resting", world(), errPlain, false, 0},

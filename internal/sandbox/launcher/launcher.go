@@ -8,6 +8,7 @@ import (
 	"os/signal"
 	"runtime"
 	"strconv"
+	"sync"
 	"syscall"
 	"time"
 	"unsafe"
@@ -182,8 +183,20 @@ func Main() {
 		report(Status{Error: "dropping the launcher's capabilities: " + err.Error()})
 		os.Exit(ExitSetupFailed)
 	}
-	os.Exit(waitFor(s.pid, sigs, children))
+	status := waitFor(s.pid, sigs, children)
+	// A violation is reported after its answer let the syscall proceed, so
+	// the provider can end between the two: its last violation is reported
+	// before the launcher exits (bounded: a reader that stopped reading
+	// must not hold the exit).
+	for deadline := time.Now().Add(time.Second); !answering.TryLock() && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+	}
+	os.Exit(status)
 }
+
+// answering is held by supervise from a notification's receipt until its
+// violation is reported, and taken by the launcher before it exits.
+var answering sync.Mutex
 
 // starter is the thread that starts the provider. Everything the provider
 // inherits is set on this thread only, and the thread is never given back
@@ -503,8 +516,15 @@ func supervise(listener int, names map[int]string, report func(Status)) {
 			}
 			return
 		}
+		answering.Lock()
 		resp := seccompNotifResp{ID: n.ID, Flags: unix.SECCOMP_USER_NOTIF_FLAG_CONTINUE}
-		if _, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(listener), unix.SECCOMP_IOCTL_NOTIF_SEND, uintptr(unsafe.Pointer(&resp))); errno != 0 {
+		errno := unix.EINTR
+		for errno == unix.EINTR {
+			// EINTR: the answer was not taken (the syscall still waits).
+			_, _, errno = unix.Syscall(unix.SYS_IOCTL, uintptr(listener), unix.SECCOMP_IOCTL_NOTIF_SEND, uintptr(unsafe.Pointer(&resp)))
+		}
+		if errno != 0 {
+			answering.Unlock()
 			continue
 		}
 		name := names[int(n.Nr)]
@@ -516,6 +536,7 @@ func supervise(listener int, names map[int]string, report func(Status)) {
 		} else {
 			report(Status{Violation: name})
 		}
+		answering.Unlock()
 	}
 }
 
