@@ -230,7 +230,25 @@ done
 [ "${#missing[@]}" -eq 0 ] || [ "$status" -ne 0 ] || status=1
 if [ "$status" -ne 0 ]; then
   echo
-  echo "go test failed (exit $status); the log without passing-test noise follows (whole log: $log):"
+  echo "go test failed (exit $status)."
+  # First what each failing test printed itself (its last 150 lines: a
+  # timed-out wait prints the status it saw), so that a reader of only the
+  # head of this output sees why.
+  awk '
+    /^=== (RUN|CONT|NAME) / { cur = $3; next }
+    /^ *--- FAIL: / {
+      name = $3
+      if (name in n && n[name] > 0 && shown < 8) {
+        shown++
+        print "== what " name " printed (its last " (n[name] < 150 ? n[name] : 150) " lines):"
+        for (i = (n[name] > 150 ? n[name] - 150 : 0); i < n[name]; i++) print lines[name, i % 150]
+      }
+      next
+    }
+    cur != "" { lines[cur, n[cur] % 150] = $0; n[cur]++ }
+  ' "$log"
+  echo
+  echo "the log without passing-test noise follows (whole log: $log):"
   grep -v -E '^\s*(=== (RUN|PAUSE|CONT|NAME)|--- (PASS|SKIP)|PASS$)' "$log" | tail -400
 fi
 echo

@@ -298,6 +298,9 @@ func lfRun(t *testing.T, c lfCell) lfRow {
 			t.Logf("failed writes: %v", fsys.Failures())
 			t.Logf("provider groups seen: %v", groups.all(t))
 			t.Logf("ledger: %v", lfRecords(t, n, a, ""))
+			if m != nil {
+				t.Logf("the first manager's output (its end):\n%s", tail(m.out.String(), 6000))
+			}
 		}
 	}
 	t.Cleanup(dump)
