@@ -193,7 +193,7 @@ func summarizeActivation(s *activationScope, reconcileErr error) summary {
 		if known && rt.Active != "" && !rt.Serving && (rt.Phase == iteronv1.PhaseFailed || ms.Reason == reasons.LedgerUnwritable) {
 			p.severity, p.stalled = severityNotServing, true
 			p.message = fmt.Sprintf("module %s serves nothing: %s", ms.Module, ms.Message)
-			if t, ok := s.targets[ms.Module]; ok && rt.Phase == iteronv1.PhaseFailed && replacesGivenUp(s, ms.Module, t, rt.Active) {
+			if t := s.targets[ms.Module]; rt.Phase == iteronv1.PhaseFailed && replacesGivenUp(s, ms.Module, t, rt.Active) {
 				// A new target replaces a given-up generation (a cold
 				// replace): the spec change is the progress a stall waits
 				// for, so this is Reconciling until the target ends.
@@ -226,7 +226,8 @@ func summarizeActivation(s *activationScope, reconcileErr error) summary {
 
 // replacesGivenUp reports whether target t of module is a new generation
 // that will replace the given-up active one: not kept, not the active
-// generation, and not a target that has already failed.
+// generation, and not a target that has already failed. A module without a
+// target has the zero target, which replaces nothing.
 func replacesGivenUp(s *activationScope, module string, t hotswap.ModuleTarget, active string) bool {
 	if t.Keep || t.GenerationName == "" || t.GenerationName == active {
 		return false

@@ -188,8 +188,11 @@ func Main() {
 	// the provider can end between the two: its last violation is reported
 	// before the launcher exits (bounded: a reader that stopped reading
 	// must not hold the exit).
-	for deadline := time.Now().Add(time.Second); !answering.TryLock() && time.Now().Before(deadline); {
-		time.Sleep(time.Millisecond)
+	reported := make(chan struct{})
+	go func() { answering.Lock(); close(reported) }()
+	select {
+	case <-reported:
+	case <-time.After(time.Second):
 	}
 	os.Exit(status)
 }
