@@ -722,6 +722,28 @@ func (a *activationRuntime) shutdown(ctx context.Context) error {
 
 // status builds a consistent snapshot.
 func (a *activationRuntime) status() ActivationStatus {
+	st, led := a.statusLocked()
+	// The ledger's and the receipts' summaries are read after a.mu is let
+	// go: each waits for its store's lock, which an append holds across its
+	// fsync, and a status read holding a.mu meanwhile would make every
+	// call's dispatcher lookup (and the transaction's next step) wait for
+	// the disk too.
+	if led != nil {
+		sum := led.Summary()
+		st.Ledger = &sum
+	}
+	for name, gs := range st.Generations {
+		sum := a.receipts.Summary(name)
+		gs.Receipts = ReceiptCounts{Total: int32(sum.Total), Irreversible: int32(sum.Irreversible), Truncated: sum.Truncated,
+			IncompleteReason: sum.IncompleteReason, ReversibleRuns: sum.ReversibleRuns}
+		st.Generations[name] = gs
+	}
+	return st
+}
+
+// statusLocked is the status but for the ledger's and the receipts'
+// summaries, and the ledger to read the first from.
+func (a *activationRuntime) statusLocked() (ActivationStatus, *ledger.Ledger) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.setActiveGauge()
@@ -746,10 +768,7 @@ func (a *activationRuntime) status() ActivationStatus {
 		}
 	}
 	if a.led != nil {
-		sum := a.led.Summary()
-		st.Ledger = &sum
 		st.LedgerFile = a.led.Dir()
-
 	}
 	if a.ledgerErr != nil {
 		st.LedgerError = a.ledgerErr.Error()
@@ -789,7 +808,7 @@ func (a *activationRuntime) status() ActivationStatus {
 			st.Generations[g.name] = a.generationStatus(g)
 		}
 	}
-	return st
+	return st, a.led
 }
 
 func (a *activationRuntime) generationStatus(g *generationRuntime) GenerationStatus {
@@ -813,9 +832,6 @@ func (a *activationRuntime) generationStatus(g *generationRuntime) GenerationSta
 		gs.Resources = g.scope.Resources()
 	}
 	gs.Sandbox = g.sandboxStatus()
-	sum := a.receipts.Summary(g.name)
-	gs.Receipts = ReceiptCounts{Total: int32(sum.Total), Irreversible: int32(sum.Irreversible), Truncated: sum.Truncated,
-		IncompleteReason: sum.IncompleteReason, ReversibleRuns: sum.ReversibleRuns}
 	if g.cleanupErr != "" && gs.Reason == "" {
 		gs.Reason, gs.Message = reasons.CleanupFailed, g.cleanupErr
 	}
