@@ -65,6 +65,9 @@ type ActivationReconciler struct {
 	// APIReader reads a Generation past the cache when the cache shows it
 	// behind the coordinator (nil: the cache is all there is).
 	APIReader client.Reader
+	// Records take the Generations a plan names to the generation
+	// controller, which creates them.
+	Records *GenerationRecords
 
 	// verified keeps each activation's last resolution while its spec and
 	// the files it read are unchanged (verification_cache.go).
@@ -141,6 +144,7 @@ func (r *ActivationReconciler) reconcileDelete(ctx context.Context, s *activatio
 	if !controllerutil.ContainsFinalizer(s.act, iteronv1.FinalizerActivation) {
 		return ctrl.Result{}, nil
 	}
+	r.Records.forget(s.act.UID)
 	unknown, err := r.Coordinator.Remove(s.key)
 	if err != nil {
 		return ctrl.Result{}, err

@@ -7,11 +7,9 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -39,6 +37,9 @@ type activationScope struct {
 	stalled map[string]hotswap.Failure
 	// retryHandled is the retry annotation value acted on.
 	retryHandled string
+	// recordRequests are the Generations of the plan the generation
+	// controller is asked to create once the coordinator has the plan.
+	recordRequests []string
 	// plan is the RuntimePlan of the spec against what ran before Apply.
 	plan *iteronv1.PlanStatus
 
@@ -209,43 +210,31 @@ func (r *ActivationReconciler) reconcileGenerations(ctx context.Context, s *acti
 			d.create = newGeneration(s.act, d.rm, d.target.Lineage, d.target.Attempt, "")
 			d.create.Spec.Implementation = implementationOf(d.target.Plan, d.rm.CatalogPath)
 		}
+		t := *d.target
 		if d.create != nil {
 			creates = append(creates, d)
+			t.Unrecorded = true
 		}
-		s.targets[d.rm.Module] = *d.target
+		s.targets[d.rm.Module] = t
 	}
-	// The Generations are created together (a first activation of 28
-	// modules waited for 28 round trips one after the other), at most
-	// createParallel at a time; their events follow in plan order.
-	errs := make([]error, len(creates))
-	sem := make(chan struct{}, createParallel)
-	var wg sync.WaitGroup
-	for i, d := range creates {
-		sem <- struct{}{}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			if err := r.Client.Create(ctx, d.create); err != nil && !apierrors.IsAlreadyExists(err) {
-				errs[i] = apiRefusal("create Generation "+d.create.Name, err)
-			}
-		}()
+	// The generation controller creates the Generations the plan names
+	// (GenerationRecords); the coordinator starts nothing of the plan
+	// before they exist.
+	records := make([]*generationRecord, 0, len(creates))
+	for _, d := range creates {
+		records = append(records, &generationRecord{object: d.create, owner: s.act,
+			note: fmt.Sprintf("module %s: generation %d attempt %d (%s)", d.rm.Module, d.target.Lineage, d.target.Attempt, d.rm.Plan.ImplementationID())})
 	}
-	wg.Wait()
-	for i, d := range creates {
-		if errs[i] != nil {
-			return errs[i]
-		}
-		r.Recorder.Eventf(s.act, d.create, corev1.EventTypeNormal, "GenerationCreated", "Plan", "module %s: generation %d attempt %d (%s)", d.rm.Module, d.target.Lineage, d.target.Attempt, d.rm.Plan.ImplementationID())
+	fresh, refusal := r.Records.plan(s.act, records)
+	if refusal != nil {
+		return refusal
 	}
+	s.recordRequests = fresh
 	if retry != "" {
 		s.retryHandled = retry
 	}
 	return nil
 }
-
-// createParallel bounds the Generation creations of one reconcile in flight.
-const createParallel = 8
 
 // desiredGeneration picks the target generation of one module: the active
 // one when its epoch and authority are unchanged; else the next lineage,
@@ -535,6 +524,9 @@ func (r *ActivationReconciler) reconcileApply(ctx context.Context, s *activation
 	s.plan = planStatus(s)
 	if err := r.Coordinator.Apply(d); err != nil {
 		return &phaseError{reason: "CoordinatorError", err: fmt.Errorf("hand the plan to the node's coordinator: %w", err)}
+	}
+	if err := r.Records.request(ctx, s.act.Namespace, s.recordRequests); err != nil {
+		return err
 	}
 	s.status, s.haveStatus = r.Coordinator.Status(s.key.UID)
 	return nil

@@ -8,13 +8,19 @@ import (
 	"strings"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
@@ -27,9 +33,11 @@ type GenerationStatusSource interface {
 	Status(uid string) (hotswap.ActivationStatus, bool)
 }
 
-// GenerationReconciler mirrors the coordinator's state of each generation
-// into its Generation object's status. It never blocks on a process: the
-// coordinator reports changes through Notifications.
+// GenerationReconciler runs the Generation objects' lifecycle: it creates
+// the ones an activation's plan names (Records), and mirrors the
+// coordinator's state of each generation into its object's status. It
+// never blocks on a process: the coordinator reports changes through
+// Notifications.
 type GenerationReconciler struct {
 	// Client reads and writes objects (through the node-scoped cache).
 	Client client.Client
@@ -40,6 +48,14 @@ type GenerationReconciler struct {
 	// Mirrored is told of each Generation whose reconcile ended, patched
 	// or not (Notifier.Mirrored; nil: no one is told).
 	Mirrored func(namespace, name string)
+	// Records are the Generations plans wait for; their requests queue
+	// the creations.
+	Records *GenerationRecords
+	// Recorded tells the coordinator a planned Generation was created, or
+	// why not (hotswap.Coordinator.Recorded).
+	Recorded func(uid, generation string, err error)
+	// Recorder emits the creation events.
+	Recorder events.EventRecorder
 }
 
 // Reconcile copies the coordinator's view of one generation into status.
@@ -48,8 +64,10 @@ func (r *GenerationReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 		defer r.Mirrored(req.Namespace, req.Name)
 	}
 	var gen iteronv1.Generation
-	if err := r.Client.Get(ctx, req.NamespacedName, &gen); err != nil {
-		return ctrl.Result{}, client.IgnoreNotFound(err)
+	if err := r.Client.Get(ctx, req.NamespacedName, &gen); apierrors.IsNotFound(err) {
+		return ctrl.Result{}, r.create(ctx, req.NamespacedName)
+	} else if err != nil {
+		return ctrl.Result{}, err
 	}
 	owner := metav1.GetControllerOf(&gen)
 	if owner == nil {
@@ -103,6 +121,37 @@ func (r *GenerationReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 		res.RequeueAfter = auditRecheck
 	}
 	return res, err
+}
+
+// create makes the Generation key that a plan waits for, if one does, and
+// tells the coordinator; a refusal is kept for the activation's conditions
+// and retried with the controller's backoff.
+func (r *GenerationReconciler) create(ctx context.Context, key types.NamespacedName) error {
+	rec, ok := r.Records.get(key)
+	if !ok {
+		return nil
+	}
+	uid := string(rec.owner.UID)
+	r.Records.creating(key, true)
+	err := r.Client.Create(ctx, rec.object.DeepCopy())
+	if err != nil {
+		r.Records.creating(key, false)
+	}
+	switch {
+	case err == nil:
+		r.Recorder.Eventf(rec.owner, rec.object, corev1.EventTypeNormal, "GenerationCreated", "Plan", "%s", rec.note)
+	case apierrors.IsAlreadyExists(err):
+		// Created by an earlier attempt whose answer was lost, or seen
+		// late by the cache.
+	default:
+		refusal := apiRefusal("create Generation "+key.Name, err)
+		r.Records.refused(key, refusal)
+		r.Recorded(uid, key.Name, refusal)
+		return refusal
+	}
+	r.Records.created(key)
+	r.Recorded(uid, key.Name, nil)
+	return nil
 }
 
 // auditRecheck is how often an audited provider's Generation is mirrored
@@ -241,12 +290,24 @@ func (r *GenerationReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	// (a slow status write of one activation's Generation does not hold up
 	// the rest). Each reconcile only reads the coordinator and patches.
 	r.Client = countWrites(r.Client)
+	r.Recorder = countEvents(r.Recorder)
 	b := ctrl.NewControllerManagedBy(mgr).
-		For(&iteronv1.Generation{}).
+		// A Generation this controller created is mirrored when the
+		// coordinator reports what it does with it, not on its creation.
+		For(&iteronv1.Generation{}, builder.WithPredicates(predicate.Funcs{
+			CreateFunc: func(e event.CreateEvent) bool {
+				return r.Records == nil || !r.Records.madeHereSeen(client.ObjectKeyFromObject(e.Object))
+			},
+		})).
 		Named("generation").
-		WithOptions(controller.Options{MaxConcurrentReconciles: 4})
+		// Eight: a first activation of many modules has its Generations
+		// created eight at a time.
+		WithOptions(controller.Options{MaxConcurrentReconciles: 8})
 	if r.Notifications != nil {
 		b = b.WatchesRawSource(source.Channel(r.Notifications, &handler.EnqueueRequestForObject{}))
+	}
+	if r.Records != nil {
+		b = b.WatchesRawSource(source.Channel(r.Records.Requests(), &handler.EnqueueRequestForObject{}))
 	}
 	return b.Complete(r)
 }

@@ -126,6 +126,12 @@ type ModuleTarget struct {
 	// while nothing serves the module, calls fail at once with it instead
 	// of waiting for a recovery that will not come.
 	Refused *Failure
+	// Unrecorded says the target's Generation object does not exist yet:
+	// nothing of the plan starts until the generation controller reports
+	// it created (Coordinator.Recorded), so that every generation that
+	// runs has its object before its first ledger record, and an object
+	// the API refuses (an admission policy) starts nothing.
+	Unrecorded bool
 }
 
 // Desired is what the activation controller wants for one activation.
@@ -224,6 +230,23 @@ func (c *Coordinator) Apply(d Desired) error {
 	}
 	a.setDesired(d)
 	return nil
+}
+
+// Recorded reports that the Generation object of target generation of
+// activation uid was created (err nil), or why the API refused it: the
+// plan that waits for it goes on, or halts (not busy) until a later report
+// says it was created.
+func (c *Coordinator) Recorded(uid, generation string, err error) {
+	c.mu.Lock()
+	a, ok := c.activations[uid]
+	c.mu.Unlock()
+	if !ok {
+		return
+	}
+	a.mu.Lock()
+	a.records[generation] = err == nil
+	a.mu.Unlock()
+	a.poke()
 }
 
 // Prepare registers an activation and opens its ledger at once, replaying

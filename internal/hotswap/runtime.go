@@ -122,7 +122,12 @@ type activationRuntime struct {
 	removing bool
 	removed  bool
 	busy     bool
-	led      *ledger.Ledger
+	// records maps each Generation the plan waits for (Unrecorded) to
+	// whether its object was created (true) or refused (false), as
+	// Recorded reported; awaitingRecords is set while one is unreported.
+	records         map[string]bool
+	awaitingRecords bool
+	led             *ledger.Ledger
 	// opened is set once the ledger was opened and replayed: a later open
 	// (after an append failed) only closes the interrupted transaction.
 	opened bool
@@ -159,7 +164,7 @@ func newActivationRuntime(c *Coordinator, key ActivationKey) *activationRuntime 
 	log := c.cfg.Log.WithValues("activation", key.Namespace+"/"+key.Name, "uid", key.UID)
 	a := &activationRuntime{
 		c: c, key: key, log: func(msg string, kv ...any) { log.Info(msg, kv...) },
-		modules: map[string]*moduleRuntime{}, failed: map[string]Failure{}, rCounts: map[string]uint64{}, ahead: map[string]*aheadLaunch{},
+		modules: map[string]*moduleRuntime{}, failed: map[string]Failure{}, records: map[string]bool{}, rCounts: map[string]uint64{}, ahead: map[string]*aheadLaunch{},
 		wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}), hold: make(chan chan struct{}),
 	}
 	a.openReceipts()
@@ -216,6 +221,11 @@ func (a *activationRuntime) setDesired(d Desired) {
 		}
 	}
 	a.desired = &d
+	for name := range a.records {
+		if !slices.ContainsFunc(d.Modules, func(t ModuleTarget) bool { return t.GenerationName == name }) {
+			delete(a.records, name)
+		}
+	}
 	if !a.removing {
 		a.busy = true
 	}
@@ -298,6 +308,9 @@ func (a *activationRuntime) run() {
 				return
 			default:
 			}
+			a.mu.Lock()
+			a.awaitingRecords = false // the step says again
+			a.mu.Unlock()
 			did, n := a.step()
 			next = n
 			if writable, probeAt := a.ledgerWritable(); !writable {
@@ -311,8 +324,13 @@ func (a *activationRuntime) run() {
 		}
 		a.mu.Lock()
 		wasBusy := a.busy
-		a.busy = false
+		// A plan waiting for its Generation objects is still in progress:
+		// it goes on by itself (Recorded), so it neither rests nor reports.
+		a.busy = a.busy && a.awaitingRecords
 		a.mu.Unlock()
+		if a.busy {
+			wasBusy = false
+		}
 		if worked || wasBusy {
 			// Only a change is reported: an idle wake-up must not requeue
 			// the controllers (that would make them flap).
@@ -384,6 +402,10 @@ func (a *activationRuntime) step() (bool, time.Time) {
 	// providers.
 	if a.retireNext(desired) {
 		return true, relaunchNext
+	}
+	if !a.plansRecorded(desired) {
+		// What serves meanwhile keeps its checkpoints and renewals.
+		return a.durabilityWork(desired, false)
 	}
 	targets := map[string]ModuleTarget{}
 	for _, t := range desired.Modules {
@@ -464,6 +486,28 @@ func (a *activationRuntime) step() (bool, time.Time) {
 		return true, time.Time{}
 	}
 	return a.durabilityWork(desired, false)
+}
+
+// plansRecorded reports whether every Generation object the plan names
+// exists: until then nothing of it starts (ModuleTarget.Unrecorded). It
+// notes whether the plan waits for a report still to come (awaitingRecords)
+// or for a refused object to be created after all.
+func (a *activationRuntime) plansRecorded(d *Desired) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.awaitingRecords = false
+	recorded := true
+	for _, t := range d.Modules {
+		if t.Keep || !t.Unrecorded {
+			continue
+		}
+		created, reported := a.records[t.GenerationName]
+		if !created {
+			recorded = false
+			a.awaitingRecords = a.awaitingRecords || !reported
+		}
+	}
+	return recorded
 }
 
 // sameEpochAndAuthority reports whether a target would change nothing.

@@ -307,8 +307,11 @@ func New(cfg *rest.Config, o Options) (*Manager, error) {
 	if err := mgr.Add(&controllers.StartupRecovery{Client: mgr.GetClient(), Cache: mgr.GetCache(), Coordinator: coord, Log: log.WithName("startup")}); err != nil {
 		return nil, err
 	}
+	// The activation controller plans Generations; the generation
+	// controller creates them.
+	records := controllers.NewGenerationRecords()
 	activations := &controllers.ActivationReconciler{
-		Client: mgr.GetClient(), NodeName: o.NodeName, Coordinator: coord,
+		Client: mgr.GetClient(), NodeName: o.NodeName, Coordinator: coord, Records: records,
 		Resolve:       controllers.NewResolver(verify),
 		Recorder:      mgr.GetEventRecorder("iteron-manager"),
 		Notifications: notifier.Activations(),
@@ -322,7 +325,10 @@ func New(cfg *rest.Config, o Options) (*Manager, error) {
 	if err := mgr.Add(&artifactGC{a: arts, c: mgr.GetClient(), interval: ao.GCInterval, log: log.WithName("artifact-gc")}); err != nil {
 		return nil, err
 	}
-	generations := &controllers.GenerationReconciler{Client: mgr.GetClient(), Coordinator: coord, Notifications: notifier.Generations(), Mirrored: notifier.Mirrored}
+	generations := &controllers.GenerationReconciler{
+		Client: mgr.GetClient(), Coordinator: coord, Notifications: notifier.Generations(), Mirrored: notifier.Mirrored,
+		Records: records, Recorded: coord.Recorded, Recorder: mgr.GetEventRecorder("iteron-manager"),
+	}
 	if err := generations.SetupWithManager(mgr); err != nil {
 		return nil, fmt.Errorf("set up the generation controller: %w", err)
 	}
