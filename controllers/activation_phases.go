@@ -225,11 +225,11 @@ func (r *ActivationReconciler) reconcileGenerations(ctx context.Context, s *acti
 		records = append(records, &generationRecord{object: d.create, owner: s.act,
 			note: fmt.Sprintf("module %s: generation %d attempt %d (%s)", d.rm.Module, d.target.Lineage, d.target.Attempt, d.rm.Plan.ImplementationID())})
 	}
-	fresh, refusal := r.Records.plan(s.act, records)
+	unrequested, refusal := r.Records.plan(s.act, records)
 	if refusal != nil {
 		return refusal
 	}
-	s.recordRequests = fresh
+	s.recordRequests = unrequested
 	if retry != "" {
 		s.retryHandled = retry
 	}

@@ -42,6 +42,8 @@ type generationRecord struct {
 	note string
 	// refusal is the last creation's error (nil: none failed yet).
 	refusal error
+	// requested is set once the generation controller was asked for it.
+	requested bool
 }
 
 // NewGenerationRecords returns an empty set.
@@ -54,27 +56,30 @@ func NewGenerationRecords() *GenerationRecords {
 func (g *GenerationRecords) Requests() <-chan event.GenericEvent { return g.requests }
 
 // plan makes records the Generations owner's plan waits for, replacing
-// what an earlier plan of it named. It returns the names that were not
-// pending already (to request once the coordinator has the plan) and the
-// refusal of one that was, if any: the plan waits on it.
-func (g *GenerationRecords) plan(owner *iteronv1.ImplementationActivation, records []*generationRecord) (fresh []string, refusal error) {
+// what an earlier plan of it named. It returns the names the generation
+// controller has not been asked for yet (to request once the coordinator
+// has the plan) and the refusal of one it was, if any: the plan waits on
+// it.
+func (g *GenerationRecords) plan(owner *iteronv1.ImplementationActivation, records []*generationRecord) (unrequested []string, refusal error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	named := map[types.NamespacedName]bool{}
 	for _, rec := range records {
 		key := types.NamespacedName{Namespace: rec.object.Namespace, Name: rec.object.Name}
 		named[key] = true
-		if old, ok := g.pending[key]; ok {
-			if refusal == nil {
-				refusal = old.refusal
-			}
-			continue
+		old, ok := g.pending[key]
+		if !ok {
+			g.pending[key], old = rec, rec
 		}
-		g.pending[key] = rec
-		fresh = append(fresh, rec.object.Name)
+		if refusal == nil {
+			refusal = old.refusal
+		}
+		if !old.requested {
+			unrequested = append(unrequested, rec.object.Name)
+		}
 	}
 	g.forgetLocked(owner.UID, named)
-	return fresh, refusal
+	return unrequested, refusal
 }
 
 // request asks the generation controller to create the named Generations
@@ -87,6 +92,11 @@ func (g *GenerationRecords) request(ctx context.Context, namespace string, names
 		if err := send(ctx, g.requests, e); err != nil {
 			return err
 		}
+		g.mu.Lock()
+		if rec, ok := g.pending[types.NamespacedName{Namespace: namespace, Name: name}]; ok {
+			rec.requested = true
+		}
+		g.mu.Unlock()
 	}
 	return nil
 }

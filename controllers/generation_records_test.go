@@ -1,6 +1,7 @@
 package controllers
 
 import (
+	"context"
 	"errors"
 	"slices"
 	"testing"
@@ -24,6 +25,16 @@ func TestGenerationRecordsKeepWhatThePlanNamesAndItsRefusal(t *testing.T) {
 	fresh, refusal := g.plan(stack, []*generationRecord{recordOf(stack, "stack-a-g1-1"), recordOf(stack, "stack-b-g1-1")})
 	if !slices.Equal(fresh, []string{"stack-a-g1-1", "stack-b-g1-1"}) || refusal != nil {
 		t.Fatalf("a first plan: fresh %v, refusal %v; want both names, none", fresh, refusal)
+	}
+	fresh, _ = g.plan(stack, []*generationRecord{recordOf(stack, "stack-a-g1-1"), recordOf(stack, "stack-b-g1-1")})
+	if !slices.Equal(fresh, []string{"stack-a-g1-1", "stack-b-g1-1"}) {
+		t.Fatalf("the same plan before its requests were sent (the coordinator refused it): %v; want both names again", fresh)
+	}
+	if err := g.request(context.Background(), "team", fresh); err != nil {
+		t.Fatal(err)
+	}
+	for range fresh {
+		<-g.Requests()
 	}
 	g.plan(other, []*generationRecord{recordOf(other, "other-a-g1-1")})
 
