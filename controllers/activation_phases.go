@@ -222,7 +222,7 @@ func (r *ActivationReconciler) reconcileGenerations(ctx context.Context, s *acti
 	// before they exist.
 	records := make([]*generationRecord, 0, len(creates))
 	for _, d := range creates {
-		records = append(records, &generationRecord{object: d.create, owner: s.act,
+		records = append(records, &generationRecord{object: d.create, owner: ownerOf(s.act),
 			note: fmt.Sprintf("module %s: generation %d attempt %d (%s)", d.rm.Module, d.target.Lineage, d.target.Attempt, d.rm.Plan.ImplementationID())})
 	}
 	unrequested, refusal := r.Records.plan(s.act, records)

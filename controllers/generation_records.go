@@ -36,7 +36,9 @@ type GenerationRecords struct {
 type generationRecord struct {
 	// object is the Generation to create.
 	object *iteronv1.Generation
-	// owner is its activation, which the creation's event is about.
+	// owner is its activation (name, namespace and UID only: a copy, since
+	// the reconcile's own object changes after it), which the creation's
+	// event is about.
 	owner *iteronv1.ImplementationActivation
 	// note is the creation event's message.
 	note string
@@ -44,6 +46,14 @@ type generationRecord struct {
 	refusal error
 	// requested is set once the generation controller was asked for it.
 	requested bool
+}
+
+// ownerOf is the owner of a record planned for act: a copy of what
+// identifies it.
+func ownerOf(act *iteronv1.ImplementationActivation) *iteronv1.ImplementationActivation {
+	owner := &iteronv1.ImplementationActivation{}
+	owner.Name, owner.Namespace, owner.UID = act.Name, act.Namespace, act.UID
+	return owner
 }
 
 // NewGenerationRecords returns an empty set.

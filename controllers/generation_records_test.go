@@ -13,7 +13,7 @@ import (
 )
 
 func recordOf(owner *iteronv1.ImplementationActivation, name string) *generationRecord {
-	return &generationRecord{owner: owner, object: &iteronv1.Generation{ObjectMeta: metav1.ObjectMeta{Namespace: owner.Namespace, Name: name}}}
+	return &generationRecord{owner: ownerOf(owner), object: &iteronv1.Generation{ObjectMeta: metav1.ObjectMeta{Namespace: owner.Namespace, Name: name}}}
 }
 
 func TestGenerationRecordsKeepWhatThePlanNamesAndItsRefusal(t *testing.T) {
@@ -82,5 +82,18 @@ func TestACreationMadeHereIsSeenOnceAndAFailedOneNever(t *testing.T) {
 	}
 	if g.madeHereSeen(failed) {
 		t.Errorf("the creation event of a Generation whose creation here failed is taken for one made here")
+	}
+}
+
+func TestARecordKeepsItsOwnerAfterTheReconcilesObjectChanges(t *testing.T) {
+	act := &iteronv1.ImplementationActivation{ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "stack", UID: "uid-stack"}}
+	g := NewGenerationRecords()
+	g.plan(act, []*generationRecord{{owner: ownerOf(act), object: &iteronv1.Generation{ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "stack-a-g1-1"}}}})
+	// The reconcile's object is reused for the next read (a status patch's
+	// answer, a conflict's re-read): what the record says must not change.
+	*act = iteronv1.ImplementationActivation{}
+	rec, ok := g.get(types.NamespacedName{Namespace: "team", Name: "stack-a-g1-1"})
+	if !ok || rec.owner.UID != "uid-stack" || rec.owner.Name != "stack" {
+		t.Fatalf("record after the reconcile's object changed: %+v (pending %v); want its owner stack, uid-stack", rec.owner, ok)
 	}
 }
