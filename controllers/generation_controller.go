@@ -65,6 +65,11 @@ func (r *GenerationReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 	}
 	var gen iteronv1.Generation
 	if err := r.Client.Get(ctx, req.NamespacedName, &gen); apierrors.IsNotFound(err) {
+		if r.Records.madeHereUnseen(req.NamespacedName) {
+			// Created here, not in the cache yet, and its creation event
+			// will not bring it back: look again shortly.
+			return ctrl.Result{RequeueAfter: madeHereRecheck}, nil
+		}
 		return ctrl.Result{}, r.create(ctx, req.NamespacedName)
 	} else if err != nil {
 		return ctrl.Result{}, err
@@ -132,7 +137,11 @@ func (r *GenerationReconciler) create(ctx context.Context, key types.NamespacedN
 		return nil
 	}
 	uid := string(rec.owner.UID)
-	r.Records.creating(key, true)
+	// A Generation the coordinator runs already (one re-created after it
+	// was deleted) gets no notification: its creation event mirrors it.
+	st, _ := r.Coordinator.Status(uid)
+	_, running := st.Generations[key.Name]
+	r.Records.creating(key, !running)
 	err := r.Client.Create(ctx, rec.object.DeepCopy())
 	if err != nil {
 		r.Records.creating(key, false)
@@ -153,6 +162,10 @@ func (r *GenerationReconciler) create(ctx context.Context, key types.NamespacedN
 	r.Recorded(uid, key.Name, nil)
 	return nil
 }
+
+// madeHereRecheck is how soon a Generation created here and not yet in the
+// cache is looked at again.
+const madeHereRecheck = 100 * time.Millisecond
 
 // auditRecheck is how often an audited provider's Generation is mirrored
 // again, for the violations it counted since (status.sandbox.violations).

@@ -160,6 +160,17 @@ func (g *GenerationRecords) madeHereSeen(key types.NamespacedName) bool {
 	return made
 }
 
+// madeHereUnseen reports whether Generation key was created here and its
+// creation event was not seen yet.
+func (g *GenerationRecords) madeHereUnseen(key types.NamespacedName) bool {
+	if g == nil {
+		return false
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.madeHere[key]
+}
+
 // created records that the Generation key exists now.
 func (g *GenerationRecords) created(key types.NamespacedName) {
 	g.mu.Lock()
