@@ -62,7 +62,6 @@ worktree() { # side commit
     git -C "$wt" checkout -q --detach "$2"
   fi
   [ -e "$wt/bin" ] || ln -s "$root/bin" "$wt/bin"
-  echo "$wt"
 }
 
 # pkgdir side name: the package directory that declares Benchmark<name>.
@@ -82,10 +81,10 @@ binary() {
   echo "$bin"
 }
 
+declare -A dirs bins # by "<side> <name>": the package directory and its test binary
+
 run() { # side name benchtime
-  local dir bin
-  dir=$(pkgdir "$1" "$2")
-  bin=$(binary "$1" "$dir")
+  local dir=${dirs[$1 $2]} bin=${bins[$1 $2]}
   echo "$(date -u +%T) $1 $2" >&2
   (cd "$out/wt-$1/$dir" && "$bin" -test.run='^$' -test.bench="^Benchmark$2\$" -test.benchtime="$3" \
     -test.benchmem -test.count=1 -test.timeout=15m) >>"$out/$1-$2.txt" 2>>"$out/$1-$2.err" || {
@@ -95,8 +94,8 @@ run() { # side name benchtime
   }
 }
 
-worktree old "$old" >/dev/null
-worktree new "$new" >/dev/null
+worktree old "$old"
+worktree new "$new"
 rm -f "$out"/old-*.test "$out"/new-*.test
 echo "old $old, new $new, $runs runs each, $(nproc) CPUs, load average $(cut -d' ' -f1-3 /proc/loadavg)" | tee "$out/summary.txt"
 
@@ -106,6 +105,10 @@ for b in "${benchmarks[@]}"; do
   if [[ $name =~ $filter ]]; then
     selected+=("$b")
     rm -f "$out"/{old,new}-"$name".{txt,err}
+    for side in old new; do
+      dirs[$side $name]=$(pkgdir "$side" "$name")
+      bins[$side $name]=$(binary "$side" "${dirs[$side $name]}")
+    done
   fi
 done
 [ ${#selected[@]} -gt 0 ] || { echo "sidebyside: no benchmark matches $filter" >&2; exit 2; }

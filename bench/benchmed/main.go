@@ -71,6 +71,14 @@ func median(v []float64) float64 {
 	return s[len(s)/2]
 }
 
+// medianCell is v's median as a table cell, "-" for no values.
+func medianCell(v []float64) string {
+	if len(v) == 0 {
+		return "-"
+	}
+	return strconv.FormatFloat(median(v), 'f', 3, 64)
+}
+
 func readFile(name string) (*runs, error) {
 	f, err := os.Open(name)
 	if err != nil {
@@ -144,19 +152,11 @@ func compare(w io.Writer, oldFile, newFile string) error {
 			last = k.bench
 		}
 		o, n := old.values[k], cur.values[k]
-		switch {
-		case len(o) == 0:
-			fmt.Fprintf(w, "  %-22s old %12s   new %12.3f   new÷old %6s   (n=0/%d)\n", k.unit, "-", median(n), "-", len(n))
-		case len(n) == 0:
-			fmt.Fprintf(w, "  %-22s old %12.3f   new %12s   new÷old %6s   (n=%d/0)\n", k.unit, median(o), "-", "-", len(o))
-		default:
-			mo, mn := median(o), median(n)
-			ratio := "-"
-			if mo != 0 {
-				ratio = strconv.FormatFloat(mn/mo, 'f', 3, 64)
-			}
-			fmt.Fprintf(w, "  %-22s old %12.3f   new %12.3f   new÷old %6s   (n=%d/%d)\n", k.unit, mo, mn, ratio, len(o), len(n))
+		ratio := "-"
+		if len(o) > 0 && len(n) > 0 && median(o) != 0 {
+			ratio = strconv.FormatFloat(median(n)/median(o), 'f', 3, 64)
 		}
+		fmt.Fprintf(w, "  %-22s old %12s   new %12s   new÷old %6s   (n=%d/%d)\n", k.unit, medianCell(o), medianCell(n), ratio, len(o), len(n))
 	}
 	return nil
 }
