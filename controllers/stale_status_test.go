@@ -122,6 +122,13 @@ func TestOneRetryValueStartsOneAttemptEvenWhenItsStatusEchoIsLost(t *testing.T) 
 	if err := env.Client.Status().Patch(context.Background(), lost, client.MergeFrom(got)); err != nil {
 		t.Fatal(err)
 	}
+	// A status write alone does not reconcile the activation (its watch
+	// passes spec, label and annotation changes): its next reconcile is
+	// whatever comes next, here an annotation it does not read, as a
+	// periodic resync or a notification from the coordinator makes one.
+	// (Without it the next one came with the provider's lifetime renewal,
+	// a minute later.)
+	updateSpec(t, act, func(a *iteronv1.ImplementationActivation) { a.Annotations["test.iteron.dev/resync"] = "1" })
 	waitFor(t, act, "the echo written again", func(a *iteronv1.ImplementationActivation) bool {
 		return a.Status.LastHandledRetryAt == retry && stalled(a)
 	})
