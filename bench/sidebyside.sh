@@ -8,7 +8,8 @@
 # in the rest (the second run of a pair tends to be the slower one). REGEX
 # (an extended regular expression) keeps only the benchmarks whose name
 # matches it. At the end it prints, per benchmark, each metric's median at
-# both commits and new ÷ old (bench/benchmed -old -new).
+# both commits, new ÷ old, and the p-value of a rank test over the runs
+# (bench/benchmed -old -new: above 0.05, not told apart from noise).
 #
 #   bench/sidebyside.sh 8680f4f HEAD 5
 #   bench/sidebyside.sh 8680f4f HEAD 5 'SwapPause|CallRoundTrip'

@@ -10,7 +10,10 @@
 //
 // With -old and -new it compares two files of such output instead (the
 // runs of one commit and of another, as bench/sidebyside.sh writes them):
-// each metric's median in both and new ÷ old.
+// each metric's median in both, new ÷ old, and the two-sided p-value of a
+// Mann–Whitney U test over the runs (the chance that runs of one and the
+// same code differ at least this much by their order alone: a ratio whose p
+// is above 0.05 is not told apart from the runs' noise).
 //
 //	go run ./bench/benchmed -old old.txt -new new.txt
 package main
@@ -20,6 +23,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"slices"
 	"strconv"
@@ -152,11 +156,101 @@ func compare(w io.Writer, oldFile, newFile string) error {
 			last = k.bench
 		}
 		o, n := old.values[k], cur.values[k]
-		ratio := "-"
+		ratio, p := "-", "-"
 		if len(o) > 0 && len(n) > 0 && median(o) != 0 {
 			ratio = strconv.FormatFloat(median(n)/median(o), 'f', 3, 64)
 		}
-		fmt.Fprintf(w, "  %-22s old %12s   new %12s   new÷old %6s   (n=%d/%d)\n", k.unit, medianCell(o), medianCell(n), ratio, len(o), len(n))
+		if len(o) > 0 && len(n) > 0 {
+			p = strconv.FormatFloat(mannWhitneyP(o, n), 'f', 3, 64)
+		}
+		fmt.Fprintf(w, "  %-22s old %12s   new %12s   new÷old %6s   p %5s   (n=%d/%d)\n", k.unit, medianCell(o), medianCell(n), ratio, p, len(o), len(n))
 	}
 	return nil
+}
+
+// mannWhitneyP is the two-sided p-value of the Mann–Whitney U test of x
+// against y: exact (every way of splitting the ranks into groups of len(x)
+// and len(y) counted) when no two values tie, else the normal
+// approximation with its correction for ties and for continuity. Runs of
+// a benchmark are not normally distributed (a run on a busy machine is far
+// slower, never far faster), which a rank test does not assume.
+func mannWhitneyP(x, y []float64) float64 {
+	n1, n2 := len(x), len(y)
+	all := make([]float64, 0, n1+n2)
+	all = append(append(all, x...), y...)
+	slices.Sort(all)
+	// rank is a value's rank in all, 1-based, ties given their mean rank.
+	rank := func(v float64) float64 {
+		lo, _ := slices.BinarySearch(all, v)
+		hi := lo
+		for hi < len(all) && all[hi] == v {
+			hi++
+		}
+		return float64(lo+1+hi) / 2
+	}
+	var r1 float64
+	for _, v := range x {
+		r1 += rank(v)
+	}
+	u := r1 - float64(n1*(n1+1))/2
+	ties, tieTerm := false, 0.0
+	for i := 0; i < len(all); {
+		j := i
+		for j < len(all) && all[j] == all[i] {
+			j++
+		}
+		if t := float64(j - i); t > 1 {
+			ties = true
+			tieTerm += t*t*t - t
+		}
+		i = j
+	}
+	if !ties && n1+n2 <= 100 {
+		return exactUP(n1, n2, int(math.Round(u)))
+	}
+	nn := float64(n1 + n2)
+	mu := float64(n1*n2) / 2
+	sigma := math.Sqrt(float64(n1*n2) / 12 * ((nn + 1) - tieTerm/(nn*(nn-1))))
+	if sigma == 0 {
+		return 1
+	}
+	z := (math.Abs(u-mu) - 0.5) / sigma
+	return min(1, math.Erfc(max(z, 0)/math.Sqrt2))
+}
+
+// exactUP is the two-sided p-value of U = u for groups of n1 and n2 values
+// without ties: the share of the C(n1+n2, n1) splittings whose U is at
+// least as far from its mean, counted by the number of ways to pick k of
+// the first m ranks with a given sum.
+func exactUP(n1, n2, u int) float64 {
+	n := n1 + n2
+	maxSum := n * (n + 1) / 2
+	// ways[k][s]: the ways to pick k of the ranks seen so far summing to s.
+	ways := make([][]float64, n1+1)
+	for k := range ways {
+		ways[k] = make([]float64, maxSum+1)
+	}
+	ways[0][0] = 1
+	for r := 1; r <= n; r++ {
+		for k := min(r, n1); k >= 1; k-- {
+			for s := maxSum; s >= r; s-- {
+				ways[k][s] += ways[k-1][s-r]
+			}
+		}
+	}
+	base := n1 * (n1 + 1) / 2 // U = rank sum − base
+	var total, low, high float64
+	for s, w := range ways[n1] {
+		if w == 0 {
+			continue
+		}
+		total += w
+		if s-base <= u {
+			low += w
+		}
+		if s-base >= u {
+			high += w
+		}
+	}
+	return min(1, 2*min(low, high)/total)
 }
