@@ -15,9 +15,10 @@
 #   bench/sidebyside.sh 8680f4f HEAD 5 'SwapPause|CallRoundTrip'
 #
 # The runs' output stays in $SIDEBYSIDE_DIR (default bin/sidebyside): <side>-
-# <benchmark>.txt, with each run's stderr in .err beside it. The worktrees
-# share this checkout's bin/ (the control plane that test/applyscale and
-# test/sandbox start). The sandbox benchmarks and ApplyScale need root.
+# <benchmark>.txt, with each run's stderr in .err beside it. The two
+# worktrees share this checkout's bin/ (the control plane that
+# test/applyscale and test/sandbox start) and are removed at the end. The
+# sandbox benchmarks and ApplyScale need root.
 set -euo pipefail
 
 if [ $# -lt 2 ]; then
@@ -55,14 +56,21 @@ benchmarks=(
   "ApplyScale 1x"
 )
 
+# The worktrees are this run's: removed (and unregistered) however it ends.
+remove_worktrees() {
+  local side
+  for side in old new; do
+    [ ! -d "$out/wt-$side" ] || git worktree remove --force "$out/wt-$side" || true
+  done
+}
+trap remove_worktrees EXIT
+
 worktree() { # side commit
   local wt=$out/wt-$1
-  if [ ! -d "$wt" ]; then
-    git worktree add --detach "$wt" "$2" >/dev/null
-  else
-    git -C "$wt" checkout -q --detach "$2"
-  fi
-  [ -e "$wt/bin" ] || ln -s "$root/bin" "$wt/bin"
+  [ ! -d "$wt" ] || git worktree remove --force "$wt" 2>/dev/null || rm -rf "$wt"
+  git worktree prune
+  git worktree add --detach "$wt" "$2" >/dev/null
+  ln -s "$root/bin" "$wt/bin"
 }
 
 # pkgdir side name: the package directory that declares Benchmark<name>.
