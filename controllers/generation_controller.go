@@ -46,8 +46,9 @@ type GenerationReconciler struct {
 	// Notifications requeues Generations the coordinator changed.
 	Notifications <-chan event.GenericEvent
 	// Mirrored is told of each Generation whose reconcile ended, patched
-	// or not (Notifier.Mirrored; nil: no one is told).
-	Mirrored func(namespace, name string)
+	// or not, and when that reconcile began (Notifier.Mirrored; nil: no
+	// one is told).
+	Mirrored func(namespace, name string, began time.Time)
 	// Records are the Generations plans wait for; their requests queue
 	// the creations.
 	Records *GenerationRecords
@@ -61,7 +62,8 @@ type GenerationReconciler struct {
 // Reconcile copies the coordinator's view of one generation into status.
 func (r *GenerationReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	if r.Mirrored != nil {
-		defer r.Mirrored(req.Namespace, req.Name)
+		began := time.Now()
+		defer func() { r.Mirrored(req.Namespace, req.Name, began) }()
 	}
 	var gen iteronv1.Generation
 	if err := r.Client.Get(ctx, req.NamespacedName, &gen); apierrors.IsNotFound(err) {

@@ -21,7 +21,9 @@ import (
 // An activation's requeue waits until the Generations the coordinator
 // reported for it were mirrored (Mirrored, or MirrorWait at most): the
 // activation is Ready only once its Generations show what happened, and a
-// requeue that ran ahead of their mirror would only have to run again.
+// requeue that ran ahead of their mirror would only have to run again. A
+// mirror counts only if its reconcile began after the notification: one
+// that began before read the coordinator before the change it reports.
 type Notifier struct {
 	activations chan event.GenericEvent
 	generations chan event.GenericEvent
@@ -29,8 +31,9 @@ type Notifier struct {
 	mu      sync.Mutex
 	pending map[objectKey]bool // true for an activation, false for a generation
 	// unmirrored maps each Generation delivered to the generation
-	// controller, and not yet mirrored, to its activation.
-	unmirrored map[objectKey]objectKey
+	// controller, and not yet mirrored, to its activation and the time of
+	// its latest notification.
+	unmirrored map[objectKey]unmirrored
 	// held are the activations whose requeue waits for unmirrored
 	// Generations, with the time it is delivered regardless.
 	held map[objectKey]time.Time
@@ -40,6 +43,13 @@ type Notifier struct {
 }
 
 type objectKey struct{ namespace, name string }
+
+// unmirrored is a Generation's activation and when the coordinator last
+// reported a change of it.
+type unmirrored struct {
+	activation objectKey
+	notedAt    time.Time
+}
 
 // NotifyCoalesce is how long the notifier gathers notifications after the
 // first one before it delivers them: a module's first activation records
@@ -59,7 +69,7 @@ func NewNotifier() *Notifier {
 		activations: make(chan event.GenericEvent, 256),
 		generations: make(chan event.GenericEvent, 256),
 		pending:     map[objectKey]bool{},
-		unmirrored:  map[objectKey]objectKey{},
+		unmirrored:  map[objectKey]unmirrored{},
 		held:        map[objectKey]time.Time{},
 		signal:      make(chan struct{}, 1),
 		release:     make(chan struct{}, 1),
@@ -74,6 +84,7 @@ func (n *Notifier) Generations() <-chan event.GenericEvent { return n.generation
 
 // Notify records a coordinator notification (hotswap.Config.Notify).
 func (n *Notifier) Notify(note hotswap.Notification) {
+	now := time.Now()
 	n.mu.Lock()
 	act := objectKey{note.Namespace, note.Name}
 	if !note.GenerationsOnly {
@@ -84,19 +95,25 @@ func (n *Notifier) Notify(note hotswap.Notification) {
 		if _, isActivation := n.pending[k]; !isActivation {
 			n.pending[k] = false
 		}
-		n.unmirrored[k] = act
+		n.unmirrored[k] = unmirrored{activation: act, notedAt: now}
 	}
 	n.mu.Unlock()
 	poke(n.signal)
 }
 
 // Mirrored records that the generation controller finished a reconcile of
-// the Generation namespace/name (GenerationReconciler.Mirrored): an
-// activation requeue held for it may go.
-func (n *Notifier) Mirrored(namespace, name string) {
+// the Generation namespace/name that began at began
+// (GenerationReconciler.Mirrored): an activation requeue held for it may go,
+// unless the coordinator reported a change of it after began, which that
+// reconcile may have missed (the notification's own reconcile follows).
+func (n *Notifier) Mirrored(namespace, name string, began time.Time) {
+	k := objectKey{namespace, name}
 	n.mu.Lock()
-	_, was := n.unmirrored[objectKey{namespace, name}]
-	delete(n.unmirrored, objectKey{namespace, name})
+	u, was := n.unmirrored[k]
+	was = was && !began.Before(u.notedAt)
+	if was {
+		delete(n.unmirrored, k)
+	}
 	n.mu.Unlock()
 	if was {
 		poke(n.release)
@@ -164,8 +181,8 @@ func (n *Notifier) due(now time.Time) (generations, activations []event.GenericE
 	}
 	n.pending = map[objectKey]bool{}
 	waiting := map[objectKey]bool{}
-	for _, act := range n.unmirrored {
-		waiting[act] = true
+	for _, u := range n.unmirrored {
+		waiting[u.activation] = true
 	}
 	for act, deadline := range n.held {
 		if waiting[act] && now.Before(deadline) {
@@ -178,8 +195,8 @@ func (n *Notifier) due(now time.Time) (generations, activations []event.GenericE
 		if waiting[act] {
 			// Waited long enough: what was not mirrored by now is left
 			// to the generation controller's own retries.
-			for g, a := range n.unmirrored {
-				if a == act {
+			for g, u := range n.unmirrored {
+				if u.activation == act {
 					delete(n.unmirrored, g)
 				}
 			}

@@ -43,7 +43,7 @@ func TestAnActivationWhoseGenerationsChangedIsRequeuedOnceTheyAreMirrored(t *tes
 	if got := receive(n.Activations(), 4*NotifyCoalesce); got != "" {
 		t.Fatalf("the activation was requeued (%s) before its Generation was mirrored", got)
 	}
-	n.Mirrored("ns", "act-m-2-1")
+	n.Mirrored("ns", "act-m-2-1", time.Now())
 	if got := receive(n.Activations(), 5*time.Second); got != "ns/act" {
 		t.Fatalf("after the mirror the activation controller got %q; want ns/act", got)
 	}
@@ -92,11 +92,33 @@ func TestAMirroredGenerationOfAnotherActivationReleasesNothing(t *testing.T) {
 			t.Fatal("a Generation event did not come")
 		}
 	}
-	n.Mirrored("ns", "b-m-1-1")
+	n.Mirrored("ns", "b-m-1-1", time.Now())
 	if got := receive(n.Activations(), 5*time.Second); got != "ns/b" {
 		t.Fatalf("got %q; want ns/b, whose Generation was mirrored", got)
 	}
 	if got := receive(n.Activations(), 4*NotifyCoalesce); got != "" {
 		t.Fatalf("%s was requeued though its Generation was not mirrored", got)
+	}
+}
+
+func TestAMirrorThatBeganBeforeTheLatestNotificationReleasesNothing(t *testing.T) {
+	n := startNotifier(t)
+	// A reconcile of the Generation is under way when the coordinator
+	// reports another change of it (the swap's last step): that reconcile
+	// read the coordinator before the change.
+	began := time.Now()
+	n.Notify(hotswap.Notification{Namespace: "ns", Name: "act", Generations: []string{"act-m-2-1"}, GenerationsOnly: true})
+	n.Notify(hotswap.Notification{Namespace: "ns", Name: "act"})
+	if got := receive(n.Generations(), 5*time.Second); got != "ns/act-m-2-1" {
+		t.Fatalf("the generation controller got %q; want ns/act-m-2-1", got)
+	}
+	n.Mirrored("ns", "act-m-2-1", began)
+	if got := receive(n.Activations(), 4*NotifyCoalesce); got != "" {
+		t.Fatalf("the activation was requeued (%s) by a mirror that began before its Generation's last change", got)
+	}
+	// The reconcile the notification brought mirrors it.
+	n.Mirrored("ns", "act-m-2-1", time.Now())
+	if got := receive(n.Activations(), 5*time.Second); got != "ns/act" {
+		t.Fatalf("after the later mirror the activation controller got %q; want ns/act", got)
 	}
 }
