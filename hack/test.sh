@@ -202,12 +202,13 @@ while read -r timeout count; do
 done < <(printf '%s\n' "${!light[@]}" | sort -V)
 [ "${#first[@]}" -eq 0 ] || wait "${first[@]}"
 # append_light appends each light part that is done and not yet appended.
+declare -A appended=()
 append_light() {
   local part
   for part in "$parts"/light*.rc; do
-    [ -e "$part" ] && [ ! -e "$part.appended" ] || continue
+    [ -e "$part" ] && [ -z "${appended[$part]:-}" ] || continue
     cat "${part%.rc}" >>"$log"
-    : >"$part.appended"
+    appended[$part]=1
   done
 }
 append_light

@@ -179,33 +179,26 @@ func mannWhitneyP(x, y []float64) float64 {
 	all := make([]float64, 0, n1+n2)
 	all = append(append(all, x...), y...)
 	slices.Sort(all)
-	// rank is a value's rank in all, 1-based, ties given their mean rank.
-	rank := func(v float64) float64 {
-		lo, _ := slices.BinarySearch(all, v)
-		hi := lo
-		for hi < len(all) && all[hi] == v {
-			hi++
-		}
-		return float64(lo+1+hi) / 2
-	}
-	var r1 float64
-	for _, v := range x {
-		r1 += rank(v)
-	}
-	u := r1 - float64(n1*(n1+1))/2
-	ties, tieTerm := false, 0.0
+	// One pass over the sorted values: each value's rank (1-based, tied
+	// values given their mean rank) and the ties' share of the variance.
+	rank := map[float64]float64{}
+	tieTerm := 0.0
 	for i := 0; i < len(all); {
 		j := i
 		for j < len(all) && all[j] == all[i] {
 			j++
 		}
-		if t := float64(j - i); t > 1 {
-			ties = true
-			tieTerm += t*t*t - t
-		}
+		rank[all[i]] = float64(i+1+j) / 2
+		t := float64(j - i)
+		tieTerm += t*t*t - t
 		i = j
 	}
-	if !ties && n1+n2 <= 100 {
+	var r1 float64
+	for _, v := range x {
+		r1 += rank[v]
+	}
+	u := r1 - float64(n1*(n1+1))/2
+	if tieTerm == 0 && n1+n2 <= 100 {
 		return exactUP(n1, n2, int(math.Round(u)))
 	}
 	nn := float64(n1 + n2)
