@@ -43,7 +43,8 @@ type PackageRuntimeDeadlines struct {
 	HandshakeMs uint64 `json:"handshake_ms"`
 	// InvokeMs bounds each Invoke (and GetInvocationStatus): 1..3,600,000.
 	InvokeMs uint64 `json:"invoke_ms"`
-	// CancelMs bounds CancelInvocation, and a cancelled Watch's end: 1..300,000.
+	// CancelMs bounds CancelInvocation, and a cancelled call's and Watch's
+	// end: 1..300,000.
 	CancelMs uint64 `json:"cancel_ms"`
 }
 

@@ -182,6 +182,10 @@ type pendingCall struct {
 	route           *Route
 	startedAt       time.Time
 	cancelRequested bool
+	// cut ends its run's context with a CallError as the cause: the host
+	// ends a package runtime's call that the runtime did not end after a
+	// cancel (set with route).
+	cut context.CancelCauseFunc
 }
 
 // inFlight describes the call's run. Caller holds the dispatcher's mu.
@@ -380,7 +384,8 @@ func (c *Call) CancelRequested() bool {
 // Cancel ends the call at its submitter's request. A queued call is
 // withdrawn: it ends (cancelled) before Cancel returns and never runs. A
 // run on a package runtime is cancelled by the runtime, whose state is
-// returned (cancellation-requested while the run winds down). A run on a
+// returned (cancellation-requested while the run winds down), and ended by
+// the host if the runtime has not ended it within its cancel_ms. A run on a
 // line-protocol provider is asked to cancel in the background (Background):
 // the acknowledgement may take up to the cancellation deadline. A call
 // that ended is left as it ended.
@@ -400,7 +405,9 @@ func (c *Call) Cancel(ctx context.Context, reason string) (runtimeState string, 
 		return "", nil
 	}
 	if route.Package != nil {
-		return route.Package.CancelInvocation(ctx, c.ID)
+		state, err := route.Package.CancelInvocation(ctx, c.ID)
+		c.cutUnlessEnded(route.Package, state, err)
+		return state, err
 	}
 	job := func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -414,6 +421,34 @@ func (c *Call) Cancel(ctx context.Context, reason string) (runtimeState string, 
 		go func() { _ = job() }()
 	}
 	return "", nil
+}
+
+// cutUnlessEnded bounds a cancelled package run: the runtime had
+// cancel_ms to end it, after which the host ends the call itself (the
+// runtime's handler sees its request cancelled). A runtime that answered
+// unknown has not read the run's request yet (it is on its way), so it
+// has nothing to wind down and the call is ended at once: waiting for it
+// would hold the slot until invoke_ms.
+func (c *Call) cutUnlessEnded(runtime PackageBackend, state string, cancelErr error) {
+	d, p := c.state.d, &c.state
+	d.mu.Lock()
+	cut := p.cut
+	d.mu.Unlock()
+	wait := runtime.CancellationDeadline()
+	why := &CallError{Code: reasons.Cancelled, Message: fmt.Sprintf("%s of module %s was cancelled and its runtime had not ended it within deadlines.cancel_ms (%v): the manager ended the call", c.describe(), d.module, wait)}
+	if cancelErr == nil && state == "unknown" {
+		wait = 0
+		why.Message = fmt.Sprintf("%s of module %s was cancelled before its runtime had read it: the manager ended the call", c.describe(), d.module)
+	}
+	time.AfterFunc(wait, func() { cut(why) })
+}
+
+// describe names the call as its caller knows it, and its run.
+func (c *Call) describe() string {
+	if c.Invocation != nil && c.Invocation.InvocationID != "" && c.Invocation.InvocationID != c.ID {
+		return fmt.Sprintf("invocation %s (run %s)", c.Invocation.InvocationID, c.ID)
+	}
+	return "run " + c.ID
 }
 
 // RuntimeStatus is a package runtime's own state of the call's run ("" with
@@ -575,20 +610,21 @@ func (d *Dispatcher) dispatchOne() bool {
 	if len(d.running) == 0 {
 		d.idle = make(chan struct{})
 	}
-	p.route, p.startedAt = &route, time.Now()
+	runCtx, cut := context.WithCancelCause(context.Background())
+	p.route, p.startedAt, p.cut = &route, time.Now(), cut
 	d.running[p.call.ID] = p
 	d.mu.Unlock()
 
-	go d.run(p, route, remaining)
+	go d.run(runCtx, p, route, remaining)
 	return true
 }
 
-func (d *Dispatcher) run(p *pendingCall, route Route, deadline time.Duration) {
+func (d *Dispatcher) run(runCtx context.Context, p *pendingCall, route Route, deadline time.Duration) {
 	started := time.Now()
 	if p.call.OnStart != nil {
 		p.call.OnStart(route)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), deadline+time.Second)
+	ctx, cancel := context.WithTimeout(runCtx, deadline+time.Second)
 	req := RunRequest{ID: p.call.ID, Input: p.call.Input, Deadline: deadline, Package: p.call.Package}
 	if p.call.Invocation != nil {
 		inv := *p.call.Invocation
@@ -603,6 +639,13 @@ func (d *Dispatcher) run(p *pendingCall, route Route, deadline time.Duration) {
 		terminal, err = route.Backend.Run(ctx, req, p.call.Observe)
 	}
 	cancel()
+	var cutWhy *CallError
+	if err != nil && errors.As(context.Cause(runCtx), &cutWhy) {
+		// The host ended the call after a cancel: its error says so
+		// rather than the transport's.
+		err = cutWhy
+	}
+	p.cut(nil)
 	var ns interface{ NotStarted() bool }
 	if err != nil && errors.As(err, &ns) && ns.NotStarted() && time.Until(p.call.Deadline) > 0 {
 		// The run never reached a provider (its owner, the survivor, went

@@ -2,6 +2,7 @@ package dispatch
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -29,9 +30,10 @@ func (*fakeRuntime) Status(context.Context, string) (string, error) { return "",
 func (*fakeRuntime) CancelInvocation(context.Context, string) (string, error) {
 	return "", nil
 }
-func (*fakeRuntime) Exports() []string         { return nil }
-func (r *fakeRuntime) Exited() <-chan struct{} { return r.exited }
-func (*fakeRuntime) Pid() int                  { return 1 }
+func (*fakeRuntime) Exports() []string                   { return nil }
+func (*fakeRuntime) CancellationDeadline() time.Duration { return time.Second }
+func (r *fakeRuntime) Exited() <-chan struct{}           { return r.exited }
+func (*fakeRuntime) Pid() int                            { return 1 }
 
 func runtimeRoute(lineage int64, r *fakeRuntime) Route {
 	return Route{Lineage: lineage, Name: r.name, Backend: r, Package: r}
@@ -145,5 +147,41 @@ func TestARuntimeIsRoutedAwayWhenItExitsOrTheRouteMoves(t *testing.T) {
 	}()
 	if !d.RoutedAway(route2, time.Minute) {
 		t.Fatal("a runtime the module switched away from still serves")
+	}
+}
+
+// unreadRuntime is a runtime that has not read a run's request when it is
+// asked to cancel it: it answers unknown and cancels nothing.
+type unreadRuntime struct{ *fakeRuntime }
+
+func (unreadRuntime) CancelInvocation(context.Context, string) (string, error) {
+	return "unknown", nil
+}
+
+func TestACancelThatReachesTheRuntimeBeforeItsRunEndsTheCallAtOnce(t *testing.T) {
+	r := unreadRuntime{newFakeRuntime("g1")}
+	r.hold = make(chan struct{}) // the run ends only when its context does
+	d := startedDispatcher(t, r, 1)
+	switchTo(t, d, Route{Lineage: 1, Name: "g1", Backend: r, Package: r})
+	c := call("early", time.Minute)
+	ended := make(chan error, 1)
+	if err := d.Submit(&c, func(_ Result, err error) { ended <- err }); err != nil {
+		t.Fatal(err)
+	}
+	for _, started := c.Started(); !started; _, started = c.Started() {
+		time.Sleep(time.Millisecond)
+	}
+	state, err := c.Cancel(context.Background(), "test")
+	if err != nil || state != "unknown" {
+		t.Fatalf("Cancel = %q, %v; want the runtime's unknown", state, err)
+	}
+	select {
+	case err := <-ended:
+		var ce *CallError
+		if !errors.As(err, &ce) || ce.Code != reasons.Cancelled || !strings.Contains(ce.Message, "before its runtime had read it") {
+			t.Fatalf("the call ended with %v; want cancelled, ended by the manager before the runtime read it", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the cancelled call did not end: it would hold its slot until its deadline (a minute)")
 	}
 }

@@ -2,6 +2,7 @@ package dispatch
 
 import (
 	"context"
+	"time"
 
 	quixospb "iteron.dev/operator/api/quixos/quixos"
 	"iteron.dev/operator/internal/pkgruntime"
@@ -56,6 +57,9 @@ type PackageBackend interface {
 	Status(ctx context.Context, invocationID string) (string, error)
 	// Cancel asks the runtime to cancel an invocation and returns its state.
 	CancelInvocation(ctx context.Context, invocationID string) (string, error)
+	// CancellationDeadline is the runtime's deadlines.cancel_ms: how long
+	// a run it was asked to cancel has to end before the host ends it.
+	CancellationDeadline() time.Duration
 	// Exports are the runtime's export IDs.
 	Exports() []string
 	// Exited is closed once the runtime's process has exited.

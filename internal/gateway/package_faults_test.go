@@ -607,3 +607,46 @@ func TestARuntimeThatNeverClosesACancelledWatchHasItCutWithinCancelMs(t *testing
 		})
 	}
 }
+
+func TestARuntimeThatIgnoresTheCancelOfARunningCallHasItEndedAfterCancelMs(t *testing.T) {
+	h := newHarness(t, withPackageRuntimes(t))
+	a := newActivation("default", "ignore-cancel")
+	_, pid := h.serveFaulty(a, faultModule, "hang-invoke-ignore-cancel", func(m *catalog.PackageRuntimeManifest) {
+		m.Deadlines.CancelMs = 300
+		m.Deadlines.InvokeMs = 120_000
+		m.Limits.MaxConcurrentInvocations = 1
+	})
+	// Each call holds the runtime's only slot until it is ended: the
+	// second one running shows that the first one's slot was freed.
+	for _, id := range []string{"stubborn-1", "stubborn-2"} {
+		ended := make(chan error, 1)
+		go func() {
+			_, err := h.invoke(nil, &gatewayv1.InvokeRequest{Namespace: a.key.Namespace, Activation: a.key.Name, Module: faultModule,
+				InvocationId: id, Export: "get", InputJson: `{"key":"k"}`, DeadlineMs: 120_000})
+			ended <- err
+		}()
+		waitFor(t, id+"'s runtime_state running", func() bool { return h.status(a, id).GetRuntimeState() == "running" })
+		start := time.Now()
+		st, err := h.client.CancelInvocation(ctxT(t), &gatewayv1.InvocationControlRequest{Namespace: a.key.Namespace, InvocationId: id})
+		if err != nil || st.GetState() != gatewayv1.InvocationState_INVOCATION_STATE_CANCELLATION_REQUESTED || st.GetRuntimeState() != "cancellation-requested" {
+			t.Fatalf("cancel %s: %+v %v; want CANCELLATION_REQUESTED, the runtime's cancellation-requested", id, st, err)
+		}
+		var end error
+		select {
+		case end = <-ended:
+		case <-time.After(30 * time.Second):
+			t.Fatalf("%s did not end within 30 s of its cancellation (cancel_ms 300ms, invoke_ms 120s)", id)
+		}
+		took := time.Since(start)
+		expectFailure(t, end, codes.Canceled, "cancelled", id, "deadlines.cancel_ms (300ms)", "the manager ended the call")
+		// The manager gave the runtime its cancel_ms before ending the call.
+		if took < 300*time.Millisecond {
+			t.Fatalf("%s ended %v after its cancellation; want no sooner than cancel_ms (300ms)", id, took)
+		}
+		if got := h.status(a, id); got.GetState() != gatewayv1.InvocationState_INVOCATION_STATE_FAILED || got.GetReason() != "cancelled" {
+			t.Fatalf("status of %s after it ended: %+v; want FAILED, reason cancelled", id, got)
+		}
+		t.Logf("%s: the runtime ignored the cancellation; the call ended %v later: %v", id, took.Round(time.Millisecond), end)
+	}
+	expectOnly(t, pid)
+}

@@ -69,6 +69,9 @@ func (p *packageProvider) StartedAt() time.Time    { return p.r.StartedAt() }
 func (p *packageProvider) Exited() <-chan struct{} { return p.r.Exited() }
 func (p *packageProvider) Exports() []string       { return p.exports }
 
+// CancellationDeadline is the manifest's deadlines.cancel_ms.
+func (p *packageProvider) CancellationDeadline() time.Duration { return p.plan.CancellationDeadline() }
+
 // SetRenewalMargin does nothing: a runtime has no lifetime budget to renew
 // before.
 func (p *packageProvider) SetRenewalMargin(time.Duration) {}

@@ -37,7 +37,8 @@ func Install(tb testing.TB, root, binary string) string {
 // without verification, the launch plan of a package runtime filling
 // module and answering the handshake as revision: exports get, put and
 // watch, no capabilities, generous deadlines; edit adjusts the manifest
-// before its digest is taken.
+// before its digest is taken. The plan's deadlines are the manifest's, as
+// the verifier mints them.
 func Plan(tb testing.TB, module, binary, revision string, edit ...func(*catalog.PackageRuntimeManifest)) verifier.LaunchPlan {
 	tb.Helper()
 	root := providertest.Dir(tb)
@@ -64,8 +65,9 @@ func Plan(tb testing.TB, module, binary, revision string, edit ...func(*catalog.
 		Module: module, ImplementationID: revision, ProtocolVersion: 1,
 		ManifestSHA256: manifestDigest, ArtifactSHA256: "sha256:" + digest, ArtifactRoot: root, Executable: filepath.Join(root, "runtime"),
 		CandidateSHA256: providertest.CandidateSHA256, AdmittedCapabilities: []string{}, AuthoritySHA256: authority,
-		RuntimeDeadline: 10 * time.Second, CancellationDeadline: 500 * time.Millisecond,
-		EvidenceLimits: verifier.EvidenceLimits{StderrBytes: 64 << 10},
-		Contracts:      protocol.BuiltinContracts(module), FailurePolicy: "fail_closed", PackageRuntime: &m,
+		RuntimeDeadline:      time.Duration(m.Deadlines.InvokeMs) * time.Millisecond,
+		CancellationDeadline: time.Duration(m.Deadlines.CancelMs) * time.Millisecond,
+		EvidenceLimits:       verifier.EvidenceLimits{StderrBytes: 64 << 10},
+		Contracts:            protocol.BuiltinContracts(module), FailurePolicy: "fail_closed", PackageRuntime: &m,
 	})
 }

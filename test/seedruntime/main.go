@@ -7,8 +7,8 @@
 // -fault=<name> makes it misbehave in one way, for the host's fault tests:
 // wrong-proof, no-proof, other-revision, other-exports, extra-capability,
 // reused-instance, hang-handshake, hang-invoke, hang-watch, bad-state,
-// big-result, flood-watch, ignore-cancel, crash-invoke, crash-watch,
-// not-initial.
+// big-result, flood-watch, ignore-cancel, hang-invoke-ignore-cancel,
+// crash-invoke, crash-watch, not-initial.
 package main
 
 import (
@@ -115,7 +115,9 @@ func (s *server) Invoke(ctx context.Context, req *runtimepb.InvokeRequest) (*run
 	s.cancels[req.GetInvocationId()] = cancel
 	s.mu.Unlock()
 	switch *fault {
-	case "hang-invoke":
+	case "hang-invoke", "hang-invoke-ignore-cancel":
+		// Ends only when cancelled: by CancelInvocation, or (ignoring
+		// that) when the host ends the call.
 		<-ctx.Done()
 		s.setState(req.GetInvocationId(), "failed")
 		return nil, ctx.Err()
@@ -217,7 +219,7 @@ func (s *server) CancelInvocation(_ context.Context, req *runtimepb.InvocationCo
 	if st == "running" {
 		st = "cancellation-requested"
 		s.states[req.GetInvocationId()] = st
-		if *fault != "ignore-cancel" {
+		if *fault != "ignore-cancel" && *fault != "hang-invoke-ignore-cancel" {
 			s.cancels[req.GetInvocationId()]()
 		}
 	}
