@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -39,20 +41,56 @@ func BenchmarkNeighbourLatencyBesideACPUSpinner(b *testing.B) {
 	}
 	measure(20) // warm
 	b.ResetTimer()
+	stealAlone := stealDuring(b)
 	alone := measure(b.N)
+	stealAloneRate := stealAlone()
 	done := make(chan answer, 1)
 	spin := fmt.Sprintf("%dms", max(1000, int(3*time.Duration(b.N)*p(alone, 50)/time.Millisecond)))
 	go func() { done <- call(b, spinner, "spin", spin, 60*time.Second) }()
 	time.Sleep(300 * time.Millisecond)
+	stealBeside := stealDuring(b)
 	beside := measure(b.N)
+	stealBesideRate := stealBeside()
 	b.StopTimer()
 	a := <-done
 	pa, pb := p(alone, 99), p(beside, 99)
 	b.ReportMetric(float64(pa.Microseconds()), "alone-p99-µs")
 	b.ReportMetric(float64(pb.Microseconds()), "beside-p99-µs")
 	b.ReportMetric(float64(pb)/float64(pa), "ratio")
-	fmt.Fprintf(os.Stderr, "neighbour p50 alone %v, beside the spinner %v; p99 %v and %v; the spinner got %s CPU per second\n",
-		p(alone, 50), p(beside, 50), pa, pb, a.Detail)
+	b.ReportMetric(stealAloneRate, "alone-steal-ms/s")
+	b.ReportMetric(stealBesideRate, "beside-steal-ms/s")
+	fmt.Fprintf(os.Stderr, "neighbour p50 alone %v, beside the spinner %v; p99 %v and %v; the spinner got %s CPU per second; the hypervisor took %.1f and %.1f ms of CPU per second from this machine (steal)\n",
+		p(alone, 50), p(beside, 50), pa, pb, a.Detail, stealAloneRate, stealBesideRate)
+}
+
+// stealDuring starts measuring the CPU time the hypervisor took from this
+// machine's CPUs (steal, /proc/stat): on a virtual machine the vCPUs wait
+// their host's scheduler once they are all busy, a wait the guest kernel
+// cannot see. The function it returns gives milliseconds of steal per
+// second of wall-clock since the start.
+func stealDuring(tb testing.TB) func() float64 {
+	tb.Helper()
+	read := func() time.Duration {
+		b, err := os.ReadFile("/proc/stat")
+		if err != nil {
+			tb.Fatal(err)
+		}
+		// cpu  user nice system idle iowait irq softirq steal ...
+		line, _, _ := strings.Cut(string(b), "\n")
+		f := strings.Fields(line)
+		if len(f) < 9 || f[0] != "cpu" {
+			tb.Fatalf("/proc/stat's first line %q: want the cpu line with a steal field", line)
+		}
+		ticks, err := strconv.ParseInt(f[8], 10, 64)
+		if err != nil {
+			tb.Fatalf("/proc/stat steal %q: %v", f[8], err)
+		}
+		return time.Duration(ticks) * 10 * time.Millisecond // USER_HZ is 100 on Linux
+	}
+	start, t0 := read(), time.Now()
+	return func() float64 {
+		return float64(read()-start) / float64(time.Millisecond) / time.Since(t0).Seconds()
+	}
 }
 
 func p(ds []time.Duration, pct int) time.Duration {
