@@ -610,7 +610,12 @@ func (d *Dispatcher) dispatchOne() bool {
 	if len(d.running) == 0 {
 		d.idle = make(chan struct{})
 	}
-	runCtx, cut := context.WithCancelCause(context.Background())
+	// Only a package runtime's run is ever cut (cutUnlessEnded): a
+	// line-protocol run's context costs nothing more than its deadline.
+	runCtx, cut := context.Background(), context.CancelCauseFunc(func(error) {})
+	if route.Package != nil {
+		runCtx, cut = context.WithCancelCause(runCtx)
+	}
 	p.route, p.startedAt, p.cut = &route, time.Now(), cut
 	d.running[p.call.ID] = p
 	d.mu.Unlock()
