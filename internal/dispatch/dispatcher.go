@@ -644,11 +644,15 @@ func (d *Dispatcher) run(runCtx context.Context, p *pendingCall, route Route, de
 		terminal, err = route.Backend.Run(ctx, req, p.call.Observe)
 	}
 	cancel()
-	var cutWhy *CallError
-	if err != nil && errors.As(context.Cause(runCtx), &cutWhy) {
-		// The host ended the call after a cancel: its error says so
-		// rather than the transport's.
-		err = cutWhy
+	if err != nil {
+		// Declared here, not above: errors.As moves it to the heap, and a
+		// run that succeeded should not pay for it.
+		var cutWhy *CallError
+		if errors.As(context.Cause(runCtx), &cutWhy) {
+			// The host ended the call after a cancel: its error says so
+			// rather than the transport's.
+			err = cutWhy
+		}
 	}
 	p.cut(nil)
 	var ns interface{ NotStarted() bool }
