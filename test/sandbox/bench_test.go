@@ -8,10 +8,10 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
-	"unsafe"
+
+	"golang.org/x/sys/unix"
 
 	"iteron.dev/operator/internal/gateway"
 )
@@ -48,24 +48,24 @@ func BenchmarkNeighbourLatencyBesideACPUSpinner(b *testing.B) {
 		}
 		return ds
 	}
+	// phase measures b.N calls and the hypervisor's steal meanwhile.
+	phase := func() ([]time.Duration, float64) {
+		steal := stealDuring(b)
+		ds := measure(b.N)
+		return ds, steal()
+	}
 	measure(20) // warm
 	b.ResetTimer()
-	stealAlone := stealDuring(b)
-	alone := measure(b.N)
-	stealAloneRate := stealAlone()
+	alone, stealAloneRate := phase()
 	done := make(chan answer, 1)
 	spin := fmt.Sprintf("%dms", max(1000, int(3*time.Duration(b.N)*p(alone, 50)/time.Millisecond)))
 	go func() { done <- call(b, spinner, "spin", spin, 60*time.Second) }()
 	time.Sleep(300 * time.Millisecond)
-	stealBeside := stealDuring(b)
-	beside := measure(b.N)
-	stealBesideRate := stealBeside()
+	beside, stealBesideRate := phase()
 	a := <-done
 	stopLoops := idleLoops(b, runtime.NumCPU())
 	time.Sleep(300 * time.Millisecond)
-	stealBusy := stealDuring(b)
-	busy := measure(b.N)
-	stealBusyRate := stealBusy()
+	busy, stealBusyRate := phase()
 	stopLoops()
 	b.StopTimer()
 	pa, pb := p(alone, 99), p(beside, 99)
@@ -101,11 +101,9 @@ func idleLoops(tb testing.TB, n int) (stop func()) {
 			tb.Fatal(err)
 		}
 		loops = append(loops, c)
-		const schedIdle = 5
-		param := struct{ priority int32 }{0}
-		if _, _, e := syscall.RawSyscall(syscall.SYS_SCHED_SETSCHEDULER, uintptr(c.Process.Pid), schedIdle, uintptr(unsafe.Pointer(&param))); e != 0 {
+		if err := unix.SchedSetAttr(c.Process.Pid, &unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_IDLE}, 0); err != nil {
 			stop()
-			tb.Fatalf("sched_setscheduler(%d, SCHED_IDLE): %v", c.Process.Pid, e)
+			tb.Fatalf("sched_setattr(%d, SCHED_IDLE): %v", c.Process.Pid, err)
 		}
 	}
 	tb.Cleanup(stop)
