@@ -8,10 +8,13 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	runtimepb "iteron.dev/operator/api/quixos/quixos/runtime"
 	"iteron.dev/operator/internal/effects"
 	"iteron.dev/operator/internal/reasons"
 	"iteron.dev/operator/internal/survivor"
+	"iteron.dev/operator/internal/tracing"
 	"iteron.dev/operator/pkg/protocol"
 )
 
@@ -67,6 +70,10 @@ type RunRequest struct {
 	// Package is what the call asks of a package runtime besides its input
 	// (nil for a plain call).
 	Package *PackageCall
+	// Span is the run's span (invalid when the call is not traced): a
+	// backend puts what it does for the run below it (the survivor hop)
+	// and passes it on to a package runtime.
+	Span trace.SpanContext
 }
 
 // Route is what the dispatcher sends calls to: one generation's backend.
@@ -124,6 +131,9 @@ type Call struct {
 	// acknowledgement (Cancel), so that the submitter can wait for it and
 	// report its error (nil: a goroutine of its own, the error dropped).
 	Background func(job func() error)
+	// Span, when valid and sampled, is the call's span (the gateway's): its
+	// queueing and its run are traced below it (docs/tracing.md).
+	Span trace.SpanContext
 
 	// state is the dispatcher's part of the call's record, from Submit to
 	// its end: a submitted call is one record, its submitter's (the
@@ -186,6 +196,10 @@ type pendingCall struct {
 	// ends a package runtime's call that the runtime did not end after a
 	// cancel (set with route).
 	cut context.CancelCauseFunc
+	// swap is the transaction the call waited for while it was queued
+	// (its quiesce paused the dispatcher), for the queue span's link;
+	// under the dispatcher's mu.
+	swap trace.SpanContext
 }
 
 // inFlight describes the call's run. Caller holds the dispatcher's mu.
@@ -198,6 +212,10 @@ func (p *pendingCall) inFlight() InFlight {
 func (p *pendingCall) end() {
 	if p.expire != nil {
 		p.expire.Stop()
+	}
+	if p.route == nil && p.call.Span.IsSampled() && tracing.Enabled() {
+		// It never ran: its queueing is all there is to trace.
+		p.traceQueue(time.Now(), p.err)
 	}
 	p.done(p.result, p.err)
 }
@@ -241,8 +259,11 @@ type Dispatcher struct {
 	mu     sync.Mutex
 	route  *Route
 	paused bool
-	closed bool
-	queue  []*pendingCall
+	// pausedBy is the transaction whose quiesce paused dispatching (its
+	// root span; invalid when tracing is off or no transaction paused it).
+	pausedBy trace.SpanContext
+	closed   bool
+	queue    []*pendingCall
 	// running are the calls in a run slot, by call ID: the same record as
 	// when they were queued.
 	running map[string]*pendingCall
@@ -499,7 +520,7 @@ func (d *Dispatcher) Submit(call *Call, done func(Result, error)) error {
 	// Accepted: from here on the call's state is the dispatcher's (a call
 	// refused above keeps none, and may be submitted again).
 	p := &call.state
-	*p = pendingCall{call: call, d: d, enqueued: enqueued, done: done}
+	*p = pendingCall{call: call, d: d, enqueued: enqueued, done: done, swap: d.pausedBy}
 	d.queue = append(d.queue, p)
 	p.expire = time.AfterFunc(time.Until(call.Deadline), func() { d.expire(p) })
 	d.mu.Unlock()
@@ -631,6 +652,11 @@ func (d *Dispatcher) run(runCtx context.Context, p *pendingCall, route Route, de
 	}
 	ctx, cancel := context.WithTimeout(runCtx, deadline+time.Second)
 	req := RunRequest{ID: p.call.ID, Input: p.call.Input, Deadline: deadline, Package: p.call.Package}
+	var runSpan trace.Span
+	if p.call.Span.IsSampled() && tracing.Enabled() {
+		runSpan = p.traceRun(started, route)
+		req.Span = runSpan.SpanContext()
+	}
 	if p.call.Invocation != nil {
 		inv := *p.call.Invocation
 		inv.Generation, inv.GenerationName = route.Lineage, route.Name
@@ -682,6 +708,9 @@ func (d *Dispatcher) run(runCtx context.Context, p *pendingCall, route Route, de
 	if err != nil {
 		p.err = Classify(err, route.Lineage)
 	}
+	if runSpan != nil {
+		endSpan(runSpan, p.err)
+	}
 	p.end()
 
 	d.mu.Lock()
@@ -705,6 +734,9 @@ func (d *Dispatcher) endRunLocked(callID string) {
 func (d *Dispatcher) Pause(ctx context.Context, timeout time.Duration) ([]InFlight, error) {
 	d.mu.Lock()
 	d.paused = true
+	if tracing.Enabled() {
+		d.pauseForLocked(trace.SpanContextFromContext(ctx))
+	}
 	idle := d.idle
 	d.mu.Unlock()
 
@@ -906,6 +938,7 @@ func (d *Dispatcher) Unavailable() *CallError {
 func (d *Dispatcher) Resume() {
 	d.mu.Lock()
 	d.paused = false
+	d.pausedBy = trace.SpanContext{}
 	d.mu.Unlock()
 	d.poke()
 }

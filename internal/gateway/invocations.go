@@ -5,6 +5,8 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	gatewayv1 "iteron.dev/operator/api/gateway/v1"
 	"iteron.dev/operator/internal/dispatch"
 )
@@ -54,6 +56,9 @@ type invocation struct {
 	// cancelEarly is the reason of a CancelInvocation that came before
 	// the handle did; begin cancels the call as it submits it.
 	cancelEarly string
+	// span is the call's span (nil while tracing is off), ended with its
+	// outcome.
+	span trace.Span
 
 	mu             sync.Mutex
 	started        bool

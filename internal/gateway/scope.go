@@ -33,7 +33,7 @@ func (s *Server) bindStream(inv *invocation, r dispatch.Route) {
 	inv.mu.Unlock()
 	cancel := func() { s.cancelRunning(inv, "its generation "+r.Name+" was disposed past its drain deadline") }
 	if err := r.Scope.TrackWork(context.Background(), b.id, cancel, inv.done); err != nil {
-		s.cfg.Log.Info("a call's stream was not bound to its generation", "invocation", inv.id, "generation", r.Name, "error", err.Error())
+		s.cfg.Log.Info("a call's stream was not bound to its generation", append([]any{"invocation", inv.id, "generation", r.Name, "error", err.Error()}, inv.logValues()...)...)
 	}
 }
 
@@ -58,7 +58,7 @@ func (s *Server) cancelRunning(inv *invocation, reason string) {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		if _, err := inv.dispatcher.CancelRunning(ctx, inv.runID, reason); err != nil {
-			s.cfg.Log.Info("cancelling a run failed", "invocation", inv.id, "run", inv.runID, "error", err.Error())
+			s.cfg.Log.Info("cancelling a run failed", append([]any{"invocation", inv.id, "run", inv.runID, "error", err.Error()}, inv.logValues()...)...)
 		}
 	}()
 }

@@ -24,6 +24,7 @@ import (
 	"iteron.dev/operator/internal/dispatch"
 	"iteron.dev/operator/internal/reasons"
 	"iteron.dev/operator/internal/survivor"
+	"iteron.dev/operator/internal/tracing"
 	"iteron.dev/operator/pkg/protocol"
 )
 
@@ -578,10 +579,14 @@ func (s *Server) beginAuthorized(ctx context.Context, req callRequest, streaming
 			go func() {
 				defer s.calls.Done()
 				if err := job(); err != nil {
-					s.cfg.Log.Info("cancelling a run failed", "invocation", inv.id, "run", inv.runID, "error", err.Error())
+					s.cfg.Log.Info("cancelling a run failed", append([]any{"invocation", inv.id, "run", inv.runID, "error", err.Error()}, inv.logValues()...)...)
 				}
 			}()
 		},
+	}
+	if tracing.Enabled() {
+		inv.span = startCallSpan(ctx, inv, arrived)
+		inv.call.Span = inv.span.SpanContext()
 	}
 	if streaming {
 		// Only a Watch needs the run's observations (an Invoke gets the
@@ -756,6 +761,9 @@ func (s *Server) finish(inv *invocation, res dispatch.Result, err error) {
 	inv.finished = s.cfg.Now()
 	inv.size = int64(invocationOverhead + len(res.Terminal.Body) + len(inv.message))
 	outcome, revision, started := inv.err, inv.revision, inv.started
+	if inv.span != nil {
+		endCallSpan(inv)
+	}
 	inv.mu.Unlock()
 	countCall(inv.namespace, inv.activation, inv.module, revision, outcome)
 	if started {

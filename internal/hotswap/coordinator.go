@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"go.opentelemetry.io/otel/trace"
 
 	"iteron.dev/operator/internal/dispatch"
 	"iteron.dev/operator/internal/ledger"
@@ -62,6 +63,11 @@ type Config struct {
 	// other in activate order (prelaunch.go). 0 is the CPU count; 1 starts
 	// every process inside its own transaction.
 	MaxParallelActivations int
+	// Pulled, when set, says when the artifact of a plan's source was
+	// pulled into the node's store by this manager (false for a path
+	// source, or one already there): a transaction's trace opens with the
+	// pull (docs/tracing.md).
+	Pulled func(plan verifier.LaunchPlan) (PullTiming, bool)
 }
 
 // OldStopped is the AfterPhase point between stopping a swap's old process
@@ -156,6 +162,10 @@ type Desired struct {
 	// DrainOrder is the reverse; modules no longer desired are retired in
 	// the reverse of their last known activation order.
 	DrainOrder []string
+	// RolloutSpan is the ActivationSet rollout's span for this node, from
+	// the stamp's iteron.dev/traceparent annotation (invalid when none):
+	// the activation's transactions link to it.
+	RolloutSpan trace.SpanContext
 }
 
 // Coordinator is the node-local coordinator. Safe for concurrent use.

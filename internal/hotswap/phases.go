@@ -248,7 +248,7 @@ func (r *txnRun) markFailed(pf *phaseFailure, what string) {
 	r.a.failed[g.name] = Failure{Module: r.m.name, GenerationName: g.name, Code: string(pf.code), Message: g.message,
 		Retryable: pf.code == reasons.LedgerUnwritable}
 	r.a.mu.Unlock()
-	r.a.log("transaction rolled back", "module", r.m.name, "generation", g.name, "phase", pf.phase, "reason", pf.code, "message", pf.message)
+	r.log("transaction rolled back", "module", r.m.name, "generation", g.name, "phase", pf.phase, "reason", pf.code, "message", pf.message)
 }
 
 // route is the dispatcher route of a generation. Runs of a provider

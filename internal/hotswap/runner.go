@@ -128,6 +128,8 @@ type txnRun struct {
 	desired *Desired
 	ctx     context.Context
 	cancel  context.CancelFunc
+	// trace is the transaction's trace (nil while tracing is off).
+	trace *txnTrace
 }
 
 // begin opens a ledger transaction. A ledger that refuses is reported to
@@ -154,7 +156,12 @@ func (a *activationRuntime) begin(kind ledger.Kind, m *moduleRuntime, gen *gener
 	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithDeadline(context.Background(), a.c.cfg.Now().Add(d.Swap.Deadline))
+	tr := a.startTxnTrace(kind, id.String(), gen, d)
+	parent := context.Background()
+	if tr != nil {
+		parent = tr.ctx
+	}
+	ctx, cancel := context.WithDeadline(parent, a.c.cfg.Now().Add(d.Swap.Deadline))
 	dl, _ := ctx.Deadline()
 	a.mu.Lock()
 	gen.txnID = id.String()
@@ -164,7 +171,7 @@ func (a *activationRuntime) begin(kind ledger.Kind, m *moduleRuntime, gen *gener
 		a.busy = true
 	}
 	a.mu.Unlock()
-	return &txnRun{a: a, m: m, txn: txn, gen: gen, deadline: dl, lastAt: a.c.cfg.Now(), desired: d, ctx: ctx, cancel: cancel,
+	return &txnRun{a: a, m: m, txn: txn, gen: gen, deadline: dl, lastAt: a.c.cfg.Now(), desired: d, ctx: ctx, cancel: cancel, trace: tr,
 		fresh: func() *effects.EffectScope { return nil }, serving: func() *dispatch.Route { return nil }}, nil
 }
 
@@ -172,6 +179,7 @@ func (a *activationRuntime) begin(kind ledger.Kind, m *moduleRuntime, gen *gener
 // reports whether the transaction committed.
 func (r *txnRun) run(t *transaction) bool {
 	defer r.cancel()
+	defer func() { r.trace.end(r.txn.Outcome(), r.txn.Last()) }()
 	final := false
 	for i := range t.phases {
 		p := &t.phases[i]
@@ -180,18 +188,24 @@ func (r *txnRun) run(t *transaction) bool {
 		}
 		if !t.noDeadline && !r.txn.Switched() && !final {
 			if !r.a.c.cfg.Now().Before(r.deadline) {
-				r.fail(t, &phaseFailure{p.name, reasons.DeadlineExceeded, "the transaction deadline passed before " + string(p.name)})
+				pf := &phaseFailure{p.name, reasons.DeadlineExceeded, "the transaction deadline passed before " + string(p.name)}
+				r.trace.failed(pf)
+				r.fail(t, pf)
 				return false
 			}
 		}
 		r.markStep(p.name)
+		r.trace.startPhase(p.name)
 		if p.work != nil {
 			err := p.work()
 			if errors.Is(err, errSkipPhase) {
+				r.trace.endPhase()
 				continue
 			}
 			if err != nil {
-				r.fail(t, fail(p.name, err, p.fallback))
+				pf := fail(p.name, err, p.fallback)
+				r.trace.failed(pf)
+				r.fail(t, pf)
 				return false
 			}
 		}
@@ -204,6 +218,7 @@ func (r *txnRun) run(t *transaction) bool {
 			r.unwritable(t, p, final, err)
 			return false
 		}
+		r.trace.recorded(r.txn.Last())
 		if p.durable != nil {
 			p.durable()
 		}
@@ -253,8 +268,14 @@ func (r *txnRun) fail(t *transaction, pf *phaseFailure) {
 		}
 		if err := r.txn.Block(pf.phase, pf.code, pf.message); err != nil {
 			r.a.closeLater(err, rolledBack(id, pf, false, nil))
-		} else if err := r.txn.RollBack(); err != nil {
-			r.a.closeLater(err, rolledBack(id, pf, false, nil))
+		} else {
+			r.trace.recorded(r.txn.Last())
+			r.trace.startPhase(ledger.PhaseRolledBack)
+			if err := r.txn.RollBack(); err != nil {
+				r.a.closeLater(err, rolledBack(id, pf, false, nil))
+			} else {
+				r.trace.recorded(r.txn.Last())
+			}
 		}
 		t.failed(pf, false, nil)
 		r.recorded(ledger.PhaseRolledBack)
@@ -262,6 +283,10 @@ func (r *txnRun) fail(t *transaction, pf *phaseFailure) {
 	}
 	// After the switch: the kind's rollback returns to what served before.
 	blockErr := r.txn.Block(pf.phase, pf.code, pf.message)
+	if blockErr == nil {
+		r.trace.recorded(r.txn.Last())
+	}
+	r.trace.startPhase(ledger.PhaseRolledBack)
 	rbErr := t.rollback(pf)
 	end := r.txn.RollBack
 	if rbErr != nil {
@@ -273,6 +298,8 @@ func (r *txnRun) fail(t *transaction, pf *phaseFailure) {
 	default:
 		if err := end(); err != nil {
 			r.a.closeLater(err, rolledBack(id, pf, true, rbErr))
+		} else {
+			r.trace.recorded(r.txn.Last())
 		}
 	}
 	t.failed(pf, true, rbErr)
@@ -286,6 +313,7 @@ func (r *txnRun) fail(t *transaction, pf *phaseFailure) {
 // before the disk is freed — closes it as it truly ended.
 func (r *txnRun) unwritable(t *transaction, p *phase, final bool, err error) {
 	pf := &phaseFailure{p.name, reasons.LedgerUnwritable, "the " + string(p.name) + " record could not be appended: " + firstLine(err.Error())}
+	r.trace.failed(pf)
 	r.blocked = string(pf.code)
 	id := r.txn.Identity().TransactionID
 	switched := r.txn.Switched()
@@ -300,7 +328,7 @@ func (r *txnRun) unwritable(t *transaction, p *phase, final bool, err error) {
 			t.forward()
 		}
 		r.a.closeLater(err, &pendingClose{TransactionID: id, Close: closeForwardHow})
-		r.a.log("ledger append failed: the transaction stands and is closed forward once the ledger is writable", "module", r.m.name, "phase", p.name, "why", why, "error", err.Error())
+		r.log("ledger append failed: the transaction stands and is closed forward once the ledger is writable", "module", r.m.name, "phase", p.name, "why", why, "error", err.Error())
 	}
 	switch {
 	case p.name == ledger.PhaseCommitted || (switched || final) && t.rollback == nil:

@@ -271,11 +271,11 @@ func (r *txnRun) rollbackAfterSwitch(old *generationRuntime) error {
 		r.a.mu.Unlock()
 		_, _ = m.dispatcher.Switch(dispatch.Route{})
 		m.dispatcher.SetUnavailable(reasons.RollbackFailed, msg)
-		r.a.log("post-switch rollback failed", "module", m.name, "generation", r.gen.name, "error", err.Error())
+		r.log("post-switch rollback failed", "module", m.name, "generation", r.gen.name, "error", err.Error())
 		return err
 	}
 	m.dispatcher.Resume()
-	r.a.log("rolled back to the old generation after a post-switch fault", "module", m.name, "old", old.name, "failed", r.gen.name)
+	r.log("rolled back to the old generation after a post-switch fault", "module", m.name, "old", old.name, "failed", r.gen.name)
 	return nil
 }
 

@@ -12,6 +12,7 @@ import (
 	"iteron.dev/operator/internal/dispatch"
 	"iteron.dev/operator/internal/pkgruntime"
 	"iteron.dev/operator/internal/reasons"
+	"iteron.dev/operator/internal/tracing"
 	"iteron.dev/operator/internal/verifier"
 	"iteron.dev/operator/pkg/protocol"
 )
@@ -149,6 +150,8 @@ func (p *packageProvider) Run(ctx context.Context, req dispatch.RunRequest, obse
 	}
 	ctx, cancel := context.WithTimeout(ctx, req.Deadline)
 	defer cancel()
+	// The runtime continues the call's trace (gRPC metadata).
+	ctx = tracing.ToOutgoing(ctx, req.Span)
 	resp, _, err := p.r.Conn().Invoke(ctx, call)
 	if err != nil {
 		return dispatch.Observation{}, runtimeCallError(err)

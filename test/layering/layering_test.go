@@ -29,6 +29,7 @@ const module = "iteron.dev/operator"
 var internalOrder = [][]string{
 	{"internal/statedir"},
 	{"internal/reasons"},
+	{"internal/tracing"},
 	{"internal/catalog"},
 	{"internal/artifacts"},
 	{"internal/verifier"},
@@ -123,13 +124,13 @@ var table = func() []rule {
 			onlyWhy:  "internal/doctor is imported only by cmd/... (and the suites under test/)",
 			why:      "internal/doctor may read any internal package of the order, api/..., pkg/strictjson and pkg/protocol, nothing else"},
 		rule{pkgs: "controllers",
-			imports: append(slices.Clone(leaves), "internal/reasons", "internal/catalog", "internal/verifier", "internal/graph", "internal/dispatch", "internal/hotswap", "internal/fleet"),
+			imports: append(slices.Clone(leaves), "internal/reasons", "internal/tracing", "internal/catalog", "internal/verifier", "internal/graph", "internal/dispatch", "internal/hotswap", "internal/fleet"),
 			never:   []string{"internal/ledger", "internal/procexec", "internal/pkgruntime"},
 			neverWhy: "controllers never imports internal/ledger, internal/procexec or internal/pkgruntime: " +
 				"reconcilers reach processes and the ledger only through internal/hotswap",
 			onlyBy:  []string{"cmd/manager", "test"},
 			onlyWhy: "nothing imports controllers but cmd/manager (and the test support and suites under test/)",
-			why: "controllers imports only api/..., pkg/strictjson, pkg/protocol, internal/reasons, " +
+			why: "controllers imports only api/..., pkg/strictjson, pkg/protocol, internal/reasons, internal/tracing, " +
 				"the verification packages (internal/catalog, internal/verifier, internal/graph), internal/dispatch, internal/hotswap and internal/fleet"},
 		rule{pkgs: "cmd/manager", imports: []string{"api", "pkg", "internal", "controllers"},
 			why: "cmd/manager imports only api/..., pkg/..., internal/... and controllers; never hack/, test/, examples/ or bench/"},
