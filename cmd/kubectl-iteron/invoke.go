@@ -24,7 +24,7 @@ func newInvokeCmd() *cobra.Command {
 		socket, namespace, activation, module, input, invocationID string
 		export, objectID, sessionID                                string
 		pin                                                        int64
-		watch                                                      bool
+		watch, traced                                              bool
 		timeout                                                    time.Duration
 	)
 	cmd := &cobra.Command{
@@ -44,10 +44,15 @@ result value as JSON, and fails (exit 1) when the runtime answers ok=false. With
 --watch it prints each event's value as it comes, the runtime's initial event
 first, and again after the module's runtime was replaced (the watch moves).
 
+The call carries the caller's W3C trace context when there is one: invoke's own
+span when the OTEL_* variables configure tracing, else TRACEPARENT from the
+environment; --trace starts a sampled trace when neither does, and prints its
+trace_id on stderr.
+
 Exit status: 0 the call completed, 1 it failed (the reason on stderr, e.g.
 "stale_generation: …"), 2 usage.`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
+		RunE: func(cmd *cobra.Command, _ []string) (callErr error) {
 			switch {
 			case activation == "":
 				return usage(errors.New("--activation is required"))
@@ -90,6 +95,12 @@ Exit status: 0 the call completed, 1 it failed (the reason on stderr, e.g.
 			// guards against a gateway that does not answer.
 			ctx, cancel := context.WithTimeout(ctx, timeout+2*time.Second)
 			defer cancel()
+			tr, err := startInvokeTrace(ctx, traced, cmd.ErrOrStderr())
+			if err != nil {
+				return usage(err)
+			}
+			ctx = tr.ctx
+			defer func() { tr.end(callErr) }()
 			var pinned *int64
 			if cmd.Flags().Changed("pin-generation") {
 				pinned = &pin
@@ -129,6 +140,7 @@ Exit status: 0 the call completed, 1 it failed (the reason on stderr, e.g.
 	f.StringVar(&invocationID, "invocation-id", "", "an ID of your choice that makes the call idempotent")
 	f.Int64Var(&pin, "pin-generation", 0, "run only on this generation; fails with stale_generation after a cutover")
 	f.BoolVar(&watch, "watch", false, "print every observation of the run, one JSON per line")
+	f.BoolVar(&traced, "trace", false, "have the node trace this call: send a sampled W3C trace context (a new trace unless TRACEPARENT or the OTEL_* variables give one) and print its trace_id on stderr")
 	f.StringVar(&export, "export", "", "package runtimes: the export to call (default: the runtime's only export)")
 	f.StringVar(&objectID, "object-id", "", "package runtimes: the object the call is about")
 	f.StringVar(&sessionID, "session-id", "", "package runtimes: the caller's session")

@@ -116,6 +116,12 @@ func runFleet(args []string, stderr io.Writer) int {
 		return exitUsage
 	}
 	ctrl.SetLogger(zap.New(zap.WriteTo(stderr)))
+	flush, err := startTracing("iteron-fleet", stderr)
+	if err != nil {
+		fmt.Fprintln(stderr, "manager:", err)
+		return exitUsage
+	}
+	defer flush()
 	cfg, err := restConfig(opts.kubeconfig)
 	if err != nil {
 		fmt.Fprintln(stderr, "manager: kubeconfig:", err)

@@ -59,6 +59,12 @@ func run(args []string, stderr io.Writer) int {
 	}
 	ctrl.SetLogger(zap.New(zap.WriteTo(stderr)))
 	log := ctrl.Log.WithName("setup")
+	flush, err := startTracing("iteron-manager", stderr)
+	if err != nil {
+		fmt.Fprintln(stderr, "manager:", err)
+		return exitUsage
+	}
+	defer flush()
 
 	lock, err := lockStateDir(opts.stateDir)
 	if err != nil {

@@ -105,3 +105,29 @@ func TestStateDirLockFencesASecondManager(t *testing.T) {
 	}
 	_ = again.Release()
 }
+
+func TestAnOTELVariableTheManagerCannotUseStopsItAtStartNamingTheVariable(t *testing.T) {
+	launcher := filepath.Join(t.TempDir(), "iteron-sandbox")
+	os.WriteFile(launcher, []byte("x"), 0o755)
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4317")
+	for _, tc := range []struct{ name, key, value string }{
+		{"an unknown protocol", "OTEL_EXPORTER_OTLP_PROTOCOL", "carrier-pigeon"},
+		{"an unknown sampler", "OTEL_TRACES_SAMPLER", "sometimes"},
+		{"a ratio above 1", "OTEL_TRACES_SAMPLER_ARG", "1.5"},
+		{"an exporter other than otlp", "OTEL_TRACES_EXPORTER", "zipkin"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv(tc.key, tc.value)
+			if tc.key == "OTEL_TRACES_SAMPLER_ARG" {
+				t.Setenv("OTEL_TRACES_SAMPLER", "traceidratio")
+			}
+			var stderr strings.Builder
+			for _, role := range [][]string{{"--sandbox-launcher=" + launcher, "--state-dir=" + t.TempDir()}, {"--role=fleet"}} {
+				stderr.Reset()
+				if code := run(role, &stderr); code != exitUsage || !strings.Contains(stderr.String(), tc.key+`="`+tc.value+`"`) {
+					t.Fatalf("%v: exit %d, stderr %q; want a usage error naming %s=%q", role, code, stderr.String(), tc.key, tc.value)
+				}
+			}
+		})
+	}
+}

@@ -678,3 +678,46 @@ func TestResolvesWhileTheSourceAppearsNeverLoseThePull(t *testing.T) {
 		}
 	}
 }
+
+func TestTheFirstTransactionOfAPulledSourceTakesItsPullOnceAndASourceAlreadyThereHasNone(t *testing.T) {
+	r := registry(t)
+	res, err := artifacts.Push(context.Background(), artifacts.RegistryOptions{CAFile: r.CAFile}, providerDir(t, "counter.pulltiming"), r.Host+"/providers/pulltiming")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, _ := newPuller(t, r, artifacts.RegistryOptions{})
+	rs := artifacts.NewResolver(p, 10*time.Millisecond, 50*time.Millisecond)
+	done := make(chan struct{}, 1)
+	rs.OnDone = func(string) { done <- struct{}{} }
+	before := time.Now()
+	if _, err := rs.Resolve(res.Ref, "spec"); codeOf(err) != reasons.ArtifactUnavailable {
+		t.Fatalf("the first resolve answered %v; want the pull pending", err)
+	}
+	<-done
+	l, err := rs.Resolve(res.Ref, "spec")
+	if err != nil {
+		t.Fatal(err)
+	}
+	root := ""
+	for _, dir := range l.Roots {
+		root = dir
+	}
+	if _, ok := rs.TakePull(l.Dir + "-elsewhere/x"); ok {
+		t.Fatal("a directory that only shares the source's prefix took its pull")
+	}
+	pr, ok := rs.TakePull(root)
+	if !ok || pr.Digest != l.Digest || pr.Dir != l.Dir || pr.Start.Before(before) || pr.End.Before(pr.Start) {
+		t.Fatalf("TakePull(%s) = %+v, %v; want the pull of %s into %s, started after %s", root, pr, ok, l.Digest, l.Dir, before)
+	}
+	if _, ok := rs.TakePull(root); ok {
+		t.Fatal("the pull was taken twice: a later transaction would show a pull it did not wait for")
+	}
+	// A new resolver over the same store finds the source laid out: no pull.
+	rs2 := artifacts.NewResolver(p, 10*time.Millisecond, 50*time.Millisecond)
+	if _, err := rs2.Resolve(res.Ref, "spec"); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := rs2.TakePull(root); ok {
+		t.Fatal("a source already in the store has a pull record")
+	}
+}

@@ -3,6 +3,7 @@ package artifacts
 import (
 	"context"
 	"fmt"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -40,6 +41,20 @@ type Resolver struct {
 	mu     sync.Mutex
 	states map[string]*pullState
 	used   map[string]time.Time
+	// pulls are the pulls that laid a source out, by its directory, until
+	// the first transaction that runs it takes the record (TakePull) or it
+	// is older than recentlyUsed.
+	pulls map[string]PullRecord
+}
+
+// PullRecord is a pull that laid a source out in the store.
+type PullRecord struct {
+	// Digest is the reference's manifest digest.
+	Digest string
+	// Dir is the source's directory in the store.
+	Dir string
+	// Start and End bound the pull.
+	Start, End time.Time
 }
 
 type pullState struct {
@@ -59,7 +74,7 @@ func NewResolver(p *Puller, retryBase, retryMax time.Duration) *Resolver {
 	if retryMax <= 0 {
 		retryMax = DefaultRetryMax
 	}
-	return &Resolver{p: p, retryBase: retryBase, retryMax: retryMax, now: time.Now, states: map[string]*pullState{}, used: map[string]time.Time{}}
+	return &Resolver{p: p, retryBase: retryBase, retryMax: retryMax, now: time.Now, states: map[string]*pullState{}, used: map[string]time.Time{}, pulls: map[string]PullRecord{}}
 }
 
 // Store is the store the resolver pulls into.
@@ -127,11 +142,19 @@ func (r *Resolver) pending(ref string) *Error {
 // laid out (this pull's own layout, visible before this goroutine takes the
 // lock) drops the digest's state: then only the use is recorded.
 func (r *Resolver) pull(st *pullState, refString, digest, token, creds string) {
-	_, err := r.p.Pull(context.Background(), refString)
+	start := r.now()
+	l, err := r.p.Pull(context.Background(), refString)
 	r.mu.Lock()
 	st.inFlight = false
 	current := r.states[digest] == st
 	if err == nil {
+		end := r.now()
+		for dir, p := range r.pulls {
+			if end.Sub(p.End) > recentlyUsed {
+				delete(r.pulls, dir)
+			}
+		}
+		r.pulls[l.Dir] = PullRecord{Digest: l.Digest, Dir: l.Dir, Start: start, End: end}
 		if current {
 			delete(r.states, digest)
 		}
@@ -157,6 +180,22 @@ func (r *Resolver) pull(st *pullState, refString, digest, token, creds string) {
 	if r.OnDone != nil {
 		r.OnDone(refString)
 	}
+}
+
+// TakePull returns, once, the pull that laid out the source whose
+// directory holds artifactRoot (false when it was laid out before, or the
+// record was taken already): the first transaction that runs a pulled
+// source opens its trace with the pull.
+func (r *Resolver) TakePull(artifactRoot string) (PullRecord, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for dir, p := range r.pulls {
+		if artifactRoot == dir || strings.HasPrefix(artifactRoot, dir+string(filepath.Separator)) {
+			delete(r.pulls, dir)
+			return p, true
+		}
+	}
+	return PullRecord{}, false
 }
 
 // RecentlyUsed returns the digests resolved within the grace period; GC

@@ -71,9 +71,17 @@ type RunRequest struct {
 	// (nil for a plain call).
 	Package *PackageCall
 	// Span is the run's span (invalid when the call is not traced): a
-	// backend puts what it does for the run below it (the survivor hop)
-	// and passes it on to a package runtime.
+	// backend passes it on to a package runtime.
 	Span trace.SpanContext
+	// Hop, set with Span, is where a backend that relays the run through
+	// the survivor notes when the hop started and ended; the dispatcher
+	// makes its span below the run's.
+	Hop *HopTimes
+}
+
+// HopTimes bound a run's relay through the survivor, as the manager saw it.
+type HopTimes struct {
+	Start, End time.Time
 }
 
 // Route is what the dispatcher sends calls to: one generation's backend.
@@ -213,11 +221,12 @@ func (p *pendingCall) end() {
 	if p.expire != nil {
 		p.expire.Stop()
 	}
-	if p.route == nil && p.call.Span.IsSampled() && tracing.Enabled() {
-		// It never ran: its queueing is all there is to trace.
-		p.traceQueue(time.Now(), p.err)
-	}
 	p.done(p.result, p.err)
+	if p.route == nil && p.call.Span.IsSampled() && tracing.Enabled() {
+		// It never ran: its queueing is all there is to trace (made after
+		// the call was answered).
+		p.makeQueueSpan(time.Now(), p.err)
+	}
 }
 
 // InFlight describes a run occupying a slot (a copy, for its reader).
@@ -652,10 +661,10 @@ func (d *Dispatcher) run(runCtx context.Context, p *pendingCall, route Route, de
 	}
 	ctx, cancel := context.WithTimeout(runCtx, deadline+time.Second)
 	req := RunRequest{ID: p.call.ID, Input: p.call.Input, Deadline: deadline, Package: p.call.Package}
-	var runSpan trace.Span
+	var rt *runTrace
 	if p.call.Span.IsSampled() && tracing.Enabled() {
-		runSpan = p.traceRun(started, route)
-		req.Span = runSpan.SpanContext()
+		rt = &runTrace{run: tracing.PlanChild(p.call.Span, started), route: route}
+		req.Span, req.Hop = rt.run.SC, &rt.hop
 	}
 	if p.call.Invocation != nil {
 		inv := *p.call.Invocation
@@ -708,10 +717,14 @@ func (d *Dispatcher) run(runCtx context.Context, p *pendingCall, route Route, de
 	if err != nil {
 		p.err = Classify(err, route.Lineage)
 	}
-	if runSpan != nil {
-		endSpan(runSpan, p.err)
-	}
+	runErr := p.err
 	p.end()
+	if rt != nil {
+		// Answered: the call's queueing and run are traced now, off its
+		// path.
+		p.makeQueueSpan(started, nil)
+		rt.make(time.Now(), runErr)
+	}
 
 	d.mu.Lock()
 	d.endRunLocked(p.call.ID)

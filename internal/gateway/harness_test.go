@@ -22,6 +22,7 @@ import (
 	"iteron.dev/operator/internal/procexec"
 	"iteron.dev/operator/internal/providers"
 	"iteron.dev/operator/internal/verifier"
+	"iteron.dev/operator/test/otlptest"
 )
 
 // TestMain runs the tests, or one of the helper processes this test binary
@@ -33,6 +34,10 @@ func TestMain(m *testing.M) {
 	}
 	if os.Getenv(pluginEnv) != "" {
 		servePlugin()
+		os.Exit(0)
+	}
+	if os.Getenv(otlptest.ChildEnv) != "" {
+		otlptest.ServeChild()
 		os.Exit(0)
 	}
 	providertest.Main(m)

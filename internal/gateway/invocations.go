@@ -5,10 +5,9 @@ import (
 	"sync"
 	"time"
 
-	"go.opentelemetry.io/otel/trace"
-
 	gatewayv1 "iteron.dev/operator/api/gateway/v1"
 	"iteron.dev/operator/internal/dispatch"
+	"iteron.dev/operator/internal/tracing"
 )
 
 // The idempotency window: a client-chosen invocation_id is remembered, with
@@ -56,9 +55,9 @@ type invocation struct {
 	// cancelEarly is the reason of a CancelInvocation that came before
 	// the handle did; begin cancels the call as it submits it.
 	cancelEarly string
-	// span is the call's span (nil while tracing is off), ended with its
-	// outcome.
-	span trace.Span
+	// trace is the call's span, planned as it arrives and made once it is
+	// answered (not traced: a zero Planned).
+	trace tracing.Planned
 
 	mu             sync.Mutex
 	started        bool

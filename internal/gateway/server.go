@@ -585,8 +585,8 @@ func (s *Server) beginAuthorized(ctx context.Context, req callRequest, streaming
 		},
 	}
 	if tracing.Enabled() {
-		inv.span = startCallSpan(ctx, inv, arrived)
-		inv.call.Span = inv.span.SpanContext()
+		inv.trace = tracing.PlanCall(tracing.IncomingParent(ctx), inv.spanName(), arrived)
+		inv.call.Span = inv.trace.SC
 	}
 	if streaming {
 		// Only a Watch needs the run's observations (an Invoke gets the
@@ -761,9 +761,6 @@ func (s *Server) finish(inv *invocation, res dispatch.Result, err error) {
 	inv.finished = s.cfg.Now()
 	inv.size = int64(invocationOverhead + len(res.Terminal.Body) + len(inv.message))
 	outcome, revision, started := inv.err, inv.revision, inv.started
-	if inv.span != nil {
-		endCallSpan(inv)
-	}
 	inv.mu.Unlock()
 	countCall(inv.namespace, inv.activation, inv.module, revision, outcome)
 	if started {
@@ -773,6 +770,10 @@ func (s *Server) finish(inv *invocation, res dispatch.Result, err error) {
 	s.unbindStream(inv)
 	inv.signal()
 	s.table.markEnded(inv)
+	if inv.trace.Traced() {
+		// Answered: the call's span is made now, off its path.
+		makeCallSpan(inv)
+	}
 }
 
 // outcomeOf maps a dispatcher error to the invocation's reason, message

@@ -1,48 +1,47 @@
 package gateway
 
 import (
-	"context"
-	"time"
-
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
 	"iteron.dev/operator/internal/tracing"
 )
 
-// startCallSpan starts the span of a call through the gateway, continuing
-// the caller's W3C trace context from the request's metadata (a root span,
-// sampled by the call sampler, when the caller sent none).
-func startCallSpan(ctx context.Context, inv *invocation, arrived time.Time) trace.Span {
-	name := "invoke"
+// spanName names the call's span after its RPC.
+func (inv *invocation) spanName() string {
 	if inv.streaming {
-		name = "watch"
+		return "watch"
 	}
-	_, span := tracing.Tracer().Start(tracing.FromIncoming(ctx), name,
-		trace.WithSpanKind(trace.SpanKindServer), trace.WithTimestamp(arrived),
-		trace.WithAttributes(tracing.KindKey.String(tracing.KindCall),
-			tracing.ActivationKey.String(inv.namespace+"/"+inv.activation), tracing.ModuleKey.String(inv.module),
-			tracing.InvocationKey.String(inv.id)))
-	return span
+	return "invoke"
 }
 
-// endCallSpan ends the call's span with its outcome. Caller holds inv.mu.
-func endCallSpan(inv *invocation) {
-	if inv.started {
-		inv.span.SetAttributes(tracing.GenerationKey.String(inv.generationName), tracing.LineageKey.Int64(inv.generation))
-	}
-	if inv.err != nil {
-		tracing.Fail(inv.span, inv.reason, inv.message)
-	} else {
-		inv.span.SetStatus(codes.Ok, "")
-	}
-	inv.span.End()
+// makeCallSpan hands the making of a call's span to tracing.Later, once
+// the call was answered: planned as it arrived (continuing the caller's W3C
+// trace context from the request's metadata, or a root sampled by the call
+// sampler), ended with its outcome.
+func makeCallSpan(inv *invocation) {
+	inv.mu.Lock()
+	started, generation, name := inv.started, inv.generation, inv.generationName
+	failed, reason, message, finished := inv.err != nil, inv.reason, inv.message, inv.finished
+	inv.mu.Unlock()
+	planned, spanName := inv.trace, inv.spanName()
+	activation, module, id := inv.namespace+"/"+inv.activation, inv.module, inv.id
+	tracing.Later(func(m tracing.Maker) {
+		span := m.Make(planned, spanName, trace.WithSpanKind(trace.SpanKindServer),
+			trace.WithAttributes(tracing.ActivationKey.String(activation), tracing.ModuleKey.String(module), tracing.InvocationKey.String(id)))
+		if started {
+			span.SetAttributes(tracing.GenerationKey.String(name), tracing.LineageKey.Int64(generation))
+		}
+		if failed {
+			tracing.Fail(span, reason, message)
+		} else {
+			span.SetStatus(codes.Ok, "")
+		}
+		span.End(trace.WithTimestamp(finished))
+	})
 }
 
 // logValues are the trace and span IDs of the call, for its log lines.
 func (inv *invocation) logValues() []any {
-	if inv.span == nil {
-		return nil
-	}
-	return tracing.LogValues(inv.span.SpanContext())
+	return tracing.LogValues(inv.trace.SC)
 }

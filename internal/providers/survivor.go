@@ -11,13 +11,11 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
-	"go.opentelemetry.io/otel/trace"
 
 	"iteron.dev/operator/internal/dispatch"
 	"iteron.dev/operator/internal/procexec"
 	"iteron.dev/operator/internal/statedir"
 	"iteron.dev/operator/internal/survivor"
-	"iteron.dev/operator/internal/tracing"
 	"iteron.dev/operator/pkg/strictjson"
 )
 
@@ -260,17 +258,13 @@ func (p *remoteProvider) Run(ctx context.Context, req dispatch.RunRequest, obser
 			observe(dispatch.Observation{Sequence: seq, Terminal: terminal, Body: body})
 		}
 	}
-	var hop trace.Span
-	if req.Span.IsSampled() && tracing.Enabled() {
+	if req.Hop != nil {
 		// The survivor exports nothing: the manager times the hop.
-		_, hop = tracing.Tracer().Start(tracing.WithRemoteParent(context.Background(), req.Span), "survivor_hop")
+		req.Hop.Start = time.Now()
 	}
 	seq, body, err := p.rp.Run(ctx, req.ID, req.Input.Raw(), deadline, req.Invocation, ob)
-	if hop != nil {
-		if err != nil {
-			tracing.Fail(hop, "error", err.Error())
-		}
-		hop.End()
+	if req.Hop != nil {
+		req.Hop.End = time.Now()
 	}
 	if err != nil {
 		return dispatch.Observation{}, err

@@ -33,6 +33,8 @@ type Settings struct {
 	// Calls samples calls (and every span without a KindKey of transaction
 	// or rollout).
 	Calls sdktrace.Sampler
+	// Batch tunes the exporting batcher.
+	Batch BatchSettings
 }
 
 // ReadSettings reads the OTEL_* variables. Tracing is on when
@@ -80,6 +82,9 @@ func ReadSettings(env func(string) string) (Settings, error) {
 		return Settings{}, err
 	}
 	s.Calls = calls
+	if s.Batch, err = readBatchSettings(env); err != nil {
+		return Settings{}, err
+	}
 	return s, nil
 }
 
@@ -140,6 +145,24 @@ func (s kindSampler) Description() string {
 	return "iteron{transactions,rollouts:AlwaysOn;calls:" + s.calls.Description() + "}"
 }
 
+// NewProvider is the tracer provider of settings s exporting to exp: the
+// manager's batcher (NewBatcher) and sampler (Sampler), with opts added.
+func NewProvider(exp sdktrace.SpanExporter, s Settings, opts ...sdktrace.TracerProviderOption) *sdktrace.TracerProvider {
+	calls := s.Calls
+	if calls == nil {
+		calls = sdktrace.ParentBased(sdktrace.TraceIDRatioBased(DefaultCallRatio))
+	}
+	batch := s.Batch
+	if batch == (BatchSettings{}) {
+		batch = BatchSettings{DefaultScheduleDelay, DefaultExportTimeout, DefaultMaxQueueSize, DefaultMaxExportBatch}
+	}
+	return sdktrace.NewTracerProvider(append([]sdktrace.TracerProviderOption{
+		sdktrace.WithSpanProcessor(NewBatcher(exp, batch)),
+		sdktrace.WithSampler(Sampler(calls)),
+		sdktrace.WithIDGenerator(IDGenerator()),
+	}, opts...)...)
+}
+
 // FromEnvironment turns tracing on as the OTEL_* variables say, for the
 // process service (a default for service.name: OTEL_SERVICE_NAME and
 // OTEL_RESOURCE_ATTRIBUTES win). It returns the function that flushes and
@@ -168,13 +191,10 @@ func FromEnvironment(ctx context.Context, service string) (shutdown func(context
 	if err != nil && !errors.Is(err, resource.ErrPartialResource) {
 		return nil, fmt.Errorf("OTEL_RESOURCE_ATTRIBUTES: %w", err)
 	}
-	tp := sdktrace.NewTracerProvider(
-		sdktrace.WithBatcher(exp), // OTEL_BSP_* tune it
-		sdktrace.WithResource(res),
-		sdktrace.WithSampler(Sampler(s.Calls)),
-	)
-	uninstall := Install(tp)
+	tp := NewProvider(exp, s, sdktrace.WithResource(res))
+	uninstall := Install(tp, Sampler(s.Calls))
 	return func(ctx context.Context) error {
+		Flush()
 		uninstall()
 		return tp.Shutdown(ctx)
 	}, nil

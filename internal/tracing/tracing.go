@@ -17,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 )
 
@@ -61,14 +62,17 @@ const (
 var current atomic.Pointer[installed]
 
 type installed struct {
-	tracer trace.Tracer
+	tracer  trace.Tracer
+	sampler sdktrace.Sampler
 }
 
 // Install makes tp the process's tracer provider and turns tracing on; the
 // returned function turns it off again (tests and benchmarks use it to
-// compare; the manager calls FromEnvironment once).
-func Install(tp trace.TracerProvider) (uninstall func()) {
-	in := &installed{tracer: tp.Tracer(ScopeName)}
+// compare; the manager calls FromEnvironment once). sampler is tp's own:
+// a call's spans are decided with it as the call arrives and made after
+// it is answered (PlanCall). tp must generate IDs with IDGenerator.
+func Install(tp trace.TracerProvider, sampler sdktrace.Sampler) (uninstall func()) {
+	in := &installed{tracer: tp.Tracer(ScopeName), sampler: sampler}
 	current.Store(in)
 	return func() { current.CompareAndSwap(in, nil) }
 }

@@ -6,11 +6,17 @@
 package otlptest
 
 import (
+	"bufio"
 	"context"
 	"encoding/hex"
+	"fmt"
+	"io"
 	"net"
+	"os"
+	"os/exec"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -143,4 +149,87 @@ func (r *Receiver) WaitFor(tb testing.TB, what string, match func([]Span) bool) 
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// ChildEnv, set in a test binary's environment, makes its TestMain serve
+// as a receiver process (ServeChild) instead of running tests: a benchmark
+// then measures the manager's cost of exporting without the receiver's
+// own work in the same process.
+const ChildEnv = "ITERON_OTLPTEST_RECEIVER"
+
+// ServeChild serves a receiver on loopback, prints its endpoint on stdout,
+// and, when stdin closes, prints the number of spans received and returns.
+func ServeChild() {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		fmt.Fprintln(os.Stdout, "error:", err)
+		return
+	}
+	r := &Receiver{addr: lis.Addr().String(), srv: grpc.NewServer()}
+	collectortrace.RegisterTraceServiceServer(r.srv, r)
+	go r.srv.Serve(lis) //nolint:errcheck // ends with Stop
+	fmt.Fprintln(os.Stdout, r.addr)
+	io.Copy(io.Discard, os.Stdin) //nolint:errcheck // EOF is the signal
+	r.mu.Lock()
+	n := len(r.spans)
+	r.mu.Unlock()
+	fmt.Fprintln(os.Stdout, n)
+	r.srv.Stop()
+}
+
+// Child is a receiver in a process of its own (ServeChild).
+type Child struct {
+	endpoint string
+	stdin    io.WriteCloser
+	out      *bufio.Reader
+	cmd      *exec.Cmd
+}
+
+// StartChild re-executes the test binary as a receiver process; it is
+// stopped when the test ends.
+func StartChild(tb testing.TB) *Child {
+	tb.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), ChildEnv+"=1")
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		tb.Fatal(err)
+	}
+	c := &Child{stdin: stdin, out: bufio.NewReader(stdout), cmd: cmd}
+	tb.Cleanup(func() {
+		c.stdin.Close()
+		cmd.Wait() //nolint:errcheck // its output was read or is not wanted
+	})
+	line, err := c.out.ReadString('\n')
+	if err != nil || strings.HasPrefix(line, "error:") {
+		tb.Fatalf("the receiver process did not start: %q %v", line, err)
+	}
+	c.endpoint = strings.TrimSpace(line)
+	return c
+}
+
+// Endpoint is the receiver's host:port.
+func (c *Child) Endpoint() string { return c.endpoint }
+
+// Received stops the receiver and returns how many spans it got.
+func (c *Child) Received(tb testing.TB) int {
+	tb.Helper()
+	c.stdin.Close()
+	line, err := c.out.ReadString('\n')
+	if err != nil {
+		tb.Fatalf("the receiver process's count: %v", err)
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(line))
+	if err != nil {
+		tb.Fatalf("the receiver process's count %q: %v", line, err)
+	}
+	return n
 }

@@ -267,6 +267,7 @@ func New(cfg *rest.Config, o Options) (*Manager, error) {
 		ao = *o.Artifacts
 	}
 	arts := &lazyArtifacts{o: ao, log: log.WithName("artifacts")}
+	hcfg.Pulled = arts.pulled
 	verify, err := verifier.NewVerifier(verifier.Config{AllowedRoots: o.AllowedRoots, Ceiling: o.CapabilityCeiling, Graph: o.Graph, Artifacts: arts})
 	if err != nil {
 		return nil, fmt.Errorf("verifier: %w", err)

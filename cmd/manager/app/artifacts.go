@@ -11,7 +11,9 @@ import (
 
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
 	"iteron.dev/operator/internal/artifacts"
+	"iteron.dev/operator/internal/hotswap"
 	"iteron.dev/operator/internal/reasons"
+	"iteron.dev/operator/internal/verifier"
 )
 
 // DefaultArtifactGCInterval is how often unreferenced artifacts are
@@ -100,6 +102,17 @@ func (l *lazyArtifacts) opened() *artifacts.Resolver {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.resolver
+}
+
+// pulled is the pull that laid out plan's source, for the trace of the
+// first transaction that runs it (hotswap.Config.Pulled).
+func (l *lazyArtifacts) pulled(plan verifier.LaunchPlan) (hotswap.PullTiming, bool) {
+	r := l.opened()
+	if r == nil {
+		return hotswap.PullTiming{}, false
+	}
+	p, ok := r.TakePull(plan.ArtifactRoot())
+	return hotswap.PullTiming{Digest: p.Digest, Start: p.Start, End: p.End}, ok
 }
 
 // artifactGC collects, every interval, the sources and blobs no
