@@ -545,6 +545,10 @@ func desiredOf(s *activationScope) hotswap.Desired {
 			Discard:        spec.Swap.StateDisposition == iteronv1.StateDispositionDiscard,
 		},
 		CheckpointInterval: time.Duration(ptr.Deref(spec.Checkpoint.IntervalSeconds, 60)) * time.Second,
+		// Not part of what the coordinator compares (sameDesired): a stamp
+		// writes it with the spec it moves to, and it alone never starts
+		// a transaction.
+		RolloutSpan: rolloutSpan(s.act),
 	}
 }
 

@@ -21,6 +21,14 @@ const (
 	// a revert moved it back from: its swaps back use the set's
 	// revertStateDisposition.
 	AnnotationRevertedFrom = "iteron.dev/reverted-from"
+	// AnnotationTraceparent, on a stamped activation, is the W3C
+	// traceparent of the node's span in the set's rollout trace, written in
+	// the same update as the stamp (so it costs no write of its own) by a
+	// fleet controller that traces: the node's transactions link to it,
+	// which ties a node's swap to the wave that moved it. Absent when the
+	// fleet controller does not trace; a value that does not parse is
+	// ignored.
+	AnnotationTraceparent = "iteron.dev/traceparent"
 	// AnnotationResume, set on an ActivationSet to a timestamp (kubectl
 	// iteron rollout resume), resumes a halted or reverted rollout: the
 	// failed nodes are retried (iteron.dev/retry) and the rollout goes on.

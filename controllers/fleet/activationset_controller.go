@@ -72,6 +72,9 @@ type Reconciler struct {
 	HTTP *http.Client
 
 	expect *expectations
+	// traces are the rollouts' open spans while tracing is on (in memory
+	// only: a restart loses the open ones; see fleet.RolloutTraces).
+	traces *fleet.RolloutTraces
 }
 
 // Reconcile computes and carries out one step of a set's rollout.
@@ -81,6 +84,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if err := r.Client.Get(ctx, req.NamespacedName, &set); err != nil {
 		if apierrors.IsNotFound(err) {
 			r.expect.forget(key)
+			r.traces.Forget(req.NamespacedName, r.Now())
 		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
@@ -160,6 +164,11 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		return ctrl.Result{RequeueAfter: cacheWait}, err
 	}
 	r.announce(before, plan)
+	// The trace sees the reconcile's view before this plan's stamps start
+	// their nodes' spans: their traceparents go into the stamps' own
+	// writes, never a write of their own.
+	r.traces.Observe(&in, &plan)
+	r.traces.Stamp(&set, plan.Actions, now)
 	if err := r.carryOut(ctx, &set, acts, plan.Actions, now); err != nil {
 		return ctrl.Result{}, err
 	}
@@ -414,6 +423,7 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, set *iteronv1.Activati
 		return ctrl.Result{}, nil
 	}
 	key := client.ObjectKeyFromObject(set).String()
+	r.traces.Forget(client.ObjectKeyFromObject(set), r.Now())
 	var waiting []string
 	for _, a := range acts {
 		if !metav1.IsControlledBy(a, set) {
@@ -465,6 +475,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		r.Now = time.Now
 	}
 	r.expect = newExpectations()
+	r.traces = &fleet.RolloutTraces{}
 	if r.HTTP == nil {
 		r.HTTP = analysis.NewClient()
 	}

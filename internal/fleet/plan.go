@@ -58,6 +58,12 @@ type Action struct {
 	Retry string
 	// Why says why, for events and logs.
 	Why string
+	// Traceparent, when set, is the W3C traceparent of the node's span in
+	// the rollout's trace: a Create, Move or Restore writes it as the
+	// activation's iteron.dev/traceparent in the stamp's own request.
+	// Compute never sets it: the reconciler does (RolloutTraces.Stamp), so
+	// that the plan stays a function of its input.
+	Traceparent string
 }
 
 // Input is everything one reconcile decides from.

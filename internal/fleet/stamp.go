@@ -27,7 +27,10 @@ func NewActivation(set *iteronv1.ActivationSet, a Action) *iteronv1.Implementati
 }
 
 // Apply changes act as a Create, Move, Restore or Retry action says (the
-// update the reconciler then writes, in one request).
+// update the reconciler then writes, in one request). A stamp given a
+// traceparent writes it in the same request (a trace costs no write of
+// its own); one given none leaves the annotation as it is, so that a
+// controller that does not trace neither writes nor removes it.
 func Apply(act *iteronv1.ImplementationActivation, set *iteronv1.ActivationSet, a Action) {
 	if act.Annotations == nil {
 		act.Annotations = map[string]string{}
@@ -45,6 +48,9 @@ func Apply(act *iteronv1.ImplementationActivation, set *iteronv1.ActivationSet, 
 	}
 	act.Labels[iteronv1.LabelRevision] = a.Revision.Hash
 	act.Annotations[iteronv1.AnnotationWave] = strconv.Itoa(int(a.Wave))
+	if a.Traceparent != "" {
+		act.Annotations[iteronv1.AnnotationTraceparent] = a.Traceparent
+	}
 	if a.RevertedFrom != "" {
 		act.Annotations[iteronv1.AnnotationRevertedFrom] = a.RevertedFrom
 	} else {

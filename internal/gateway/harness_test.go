@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr/testr"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -206,6 +207,9 @@ type activationRef struct {
 	targets map[string]hotswap.ModuleTarget
 	// revision is the Revision of the targets deployed next.
 	revision string
+	// rollout is the rollout span the next deployments link to (as a
+	// stamp's iteron.dev/traceparent gives it).
+	rollout trace.SpanContext
 }
 
 var uidCounter struct {
@@ -259,7 +263,7 @@ func (h *harness) deployPlan(a *activationRef, plan verifier.LaunchPlan, swap ho
 	if swap.QuiesceTimeout == 0 {
 		swap.QuiesceTimeout = 5 * time.Second
 	}
-	d := hotswap.Desired{Key: a.key, SpecGeneration: lineage, CandidateSHA256: providertest.CandidateSHA256, Swap: swap}
+	d := hotswap.Desired{Key: a.key, SpecGeneration: lineage, CandidateSHA256: providertest.CandidateSHA256, Swap: swap, RolloutSpan: a.rollout}
 	for _, mod := range sortedKeys(a.targets) {
 		d.Modules = append(d.Modules, a.targets[mod])
 		d.ActivateOrder = append(d.ActivateOrder, mod)

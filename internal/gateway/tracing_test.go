@@ -196,6 +196,9 @@ func TestAHotSwapUnderACallerLoopIsOneTraceWithEveryPhaseInOrderAndTheCallsThatW
 		})
 	}
 	h.mu.Unlock()
+	// The swap is a rollout's stamp: its transaction links to the node's
+	// span.
+	a.rollout = callerContext(0x77)
 	next := h.deploy(a, counterImpl(t, module, "counter-b"), hotswap.SwapPolicy{})
 	h.settle(a, next)
 	quiesced.Wait()
@@ -234,6 +237,9 @@ func TestAHotSwapUnderACallerLoopIsOneTraceWithEveryPhaseInOrderAndTheCallsThatW
 	}
 	if root.Attr(string(tracing.ModuleKey)) != module || root.Attr(string(tracing.LineageKey)) != "2" {
 		t.Errorf("the transaction's span names module %q lineage %q; want %s and 2", root.Attr(string(tracing.ModuleKey)), root.Attr(string(tracing.LineageKey)), module)
+	}
+	if !root.LinksTo(a.rollout.SpanID().String()) {
+		t.Errorf("the transaction's span does not link to the rollout's node span %s", a.rollout.SpanID())
 	}
 	if root.Service != "iteron-manager-test" {
 		t.Errorf("the spans come from service %q; want OTEL_SERVICE_NAME's iteron-manager-test", root.Service)
