@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	gatewayv1 "iteron.dev/operator/api/gateway/v1"
@@ -40,7 +39,7 @@ func BenchmarkTracedCall(b *testing.B) {
 	h.counterActivation("default", "bench")
 	rcv := otlptest.StartChild(b)
 	ctx := context.Background()
-	exp, err := otlptracegrpc.New(ctx, otlptracegrpc.WithEndpoint(rcv.Endpoint()), otlptracegrpc.WithInsecure())
+	exp, err := tracing.NewExporter(ctx, tracing.ExporterSettings{Protocol: "grpc", Endpoint: rcv.Endpoint(), Insecure: true, Timeout: 10 * time.Second})
 	if err != nil {
 		b.Fatal(err)
 	}

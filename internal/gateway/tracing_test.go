@@ -350,3 +350,43 @@ func TestAFailedSwapsTraceNamesTheFailingPhaseAndReasonAndItsLogLinesCarryTheTra
 	}
 	t.Logf("trace %s: failed at %s with %s", root.TraceID(), root.Attr(string(tracing.PhaseKey)), reason)
 }
+
+func TestAPackageRuntimesCallCarriesTheRunsTraceContextOnToTheRuntime(t *testing.T) {
+	rcv := traceToReceiver(t)
+	h := newHarness(t, withPackageRuntimes(t))
+	a := newActivation("default", "stack")
+	target := h.deployPlan(a, seedPlan(t, module), hotswap.SwapPolicy{})
+	h.settle(a, target)
+	caller := callerContext(0x30)
+	get := func(ctx context.Context) string {
+		t.Helper()
+		resp, err := h.invoke(ctx, &gatewayv1.InvokeRequest{Namespace: a.key.Namespace, Activation: a.key.Name, Module: module,
+			Export: "get", InputJson: `{"key":"traceparent"}`})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.GetValueJson()
+	}
+	if got := get(context.Background()); got != "null" {
+		t.Fatalf("an untraced call (parentbased_always_off, no caller context) reached the runtime with traceparent %s", got)
+	}
+	cctx, cancel := context.WithTimeout(tracing.ToOutgoing(context.Background(), caller), time.Minute)
+	defer cancel()
+	got := get(cctx)
+	spans := rcv.WaitFor(t, "the call's run span", func(spans []otlptest.Span) bool {
+		for _, s := range spans {
+			if s.Name == "run" && s.TraceID() == caller.TraceID().String() {
+				return true
+			}
+		}
+		return false
+	})
+	for _, s := range spans {
+		if s.Name == "run" && s.TraceID() == caller.TraceID().String() {
+			if want := `"00-` + s.TraceID() + "-" + s.SpanID() + `-01"`; got != want {
+				t.Fatalf("the runtime got traceparent %s; want the run's span, %s", got, want)
+			}
+			return
+		}
+	}
+}

@@ -8,8 +8,6 @@ import (
 	"strconv"
 	"strings"
 
-	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
-	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	semconv "go.opentelemetry.io/otel/semconv/v1.37.0"
@@ -35,6 +33,8 @@ type Settings struct {
 	Calls sdktrace.Sampler
 	// Batch tunes the exporting batcher.
 	Batch BatchSettings
+	// Exporter is where and how spans are sent.
+	Exporter ExporterSettings
 }
 
 // ReadSettings reads the OTEL_* variables. Tracing is on when
@@ -83,6 +83,9 @@ func ReadSettings(env func(string) string) (Settings, error) {
 	}
 	s.Calls = calls
 	if s.Batch, err = readBatchSettings(env); err != nil {
+		return Settings{}, err
+	}
+	if s.Exporter, err = readExporterSettings(s.Protocol, env); err != nil {
 		return Settings{}, err
 	}
 	return s, nil
@@ -172,14 +175,7 @@ func FromEnvironment(ctx context.Context, service string) (shutdown func(context
 	if err != nil || !s.On {
 		return func(context.Context) error { return nil }, err
 	}
-	var exp sdktrace.SpanExporter
-	// The exporters read their endpoint, headers, certificates, compression
-	// and timeout from the same OTEL_EXPORTER_OTLP_* variables.
-	if s.Protocol == "grpc" {
-		exp, err = otlptracegrpc.New(ctx)
-	} else {
-		exp, err = otlptracehttp.New(ctx)
-	}
+	exp, err := NewExporter(ctx, s.Exporter)
 	if err != nil {
 		return nil, fmt.Errorf("the OTLP trace exporter (%s): %w", s.Protocol, err)
 	}

@@ -2,7 +2,8 @@
 // quixos.runtime.PackageRuntime proto and docs/reference/package-runtimes.md,
 // without pkg/packageruntime: a second, independent implementation that the
 // host side and `kubectl iteron conformance --kind package-runtime` are
-// tested against. It keeps one value per key (exports get, put, watch).
+// tested against. It keeps one value per key (exports get, put, watch); a
+// get of the key "traceparent" answers the call's W3C traceparent metadata.
 //
 // -fault=<name> makes it misbehave in one way, for the host's fault tests:
 // wrong-proof, no-proof, other-revision, other-exports, extra-capability,
@@ -27,6 +28,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	caminopb "iteron.dev/operator/api/quixos/camino"
@@ -41,6 +43,11 @@ var defaultFault string
 var fault = flag.String("fault", defaultFault, "misbehave this way (see the package doc)")
 
 const revision = "seed-kv-1"
+
+// traceparentKey is the key whose get answers the W3C traceparent of the
+// call's gRPC metadata (null without one): the host's tests check that a
+// traced call's context reaches the runtime.
+const traceparentKey = "traceparent"
 
 type server struct {
 	runtimepb.UnimplementedPackageRuntimeServer
@@ -133,6 +140,13 @@ func (s *server) Invoke(ctx context.Context, req *runtimepb.InvokeRequest) (*run
 	switch req.GetExport().GetExportId() {
 	case "get":
 		v := s.values[key]
+		if key == traceparentKey {
+			// What the host sent of the call's trace context.
+			v = nil
+			if tp := metadata.ValueFromIncomingContext(ctx, "traceparent"); len(tp) > 0 {
+				v = &caminopb.Value{Kind: &caminopb.Value_StringValue{StringValue: tp[0]}}
+			}
+		}
 		if v == nil {
 			v = &caminopb.Value{Kind: &caminopb.Value_NullValue{NullValue: true}}
 		}
