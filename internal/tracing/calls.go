@@ -98,12 +98,16 @@ var later struct {
 }
 
 // Later hands fn the making of a call's planned spans, to be done within
-// laterDelay on a goroutine of its own, never on the call's path. Nothing
-// when tracing is off.
+// laterDelay on a goroutine of its own, never on the call's path. A call
+// planned while tracing was on has its spans made even if tracing went
+// off since (with the tracer installed last; a provider shut down drops
+// them).
 func Later(fn func(Maker)) {
 	in := current.Load()
 	if in == nil {
-		return
+		if in = last.Load(); in == nil {
+			return
+		}
 	}
 	m := Maker{tracer: in.tracer}
 	later.mu.Lock()

@@ -58,8 +58,11 @@ const (
 	NodeKey          = attribute.Key("iteron.node")
 )
 
-// current is the installed tracer; nil while tracing is off.
-var current atomic.Pointer[installed]
+// current is the installed tracer; nil while tracing is off. last is the
+// tracer installed last, kept after it is uninstalled: a call planned
+// while tracing was on has its spans made with it (Later) even when
+// tracing went off before they were.
+var current, last atomic.Pointer[installed]
 
 type installed struct {
 	tracer  trace.Tracer
@@ -74,6 +77,7 @@ type installed struct {
 func Install(tp trace.TracerProvider, sampler sdktrace.Sampler) (uninstall func()) {
 	in := &installed{tracer: tp.Tracer(ScopeName), sampler: sampler}
 	current.Store(in)
+	last.Store(in)
 	return func() { current.CompareAndSwap(in, nil) }
 }
 
