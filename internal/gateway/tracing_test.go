@@ -20,6 +20,7 @@ import (
 	"iteron.dev/operator/internal/hotswap"
 	"iteron.dev/operator/internal/ledger"
 	"iteron.dev/operator/internal/tracing"
+	"iteron.dev/operator/internal/verifier"
 	"iteron.dev/operator/test/otlptest"
 )
 
@@ -143,7 +144,18 @@ func checkAgainstLedger(t *testing.T, stateDir, uid, txnID string, phases []otlp
 
 func TestAHotSwapUnderACallerLoopIsOneTraceWithEveryPhaseInOrderAndTheCallsThatWaitedLinkToIt(t *testing.T) {
 	rcv := traceToReceiver(t)
-	h := newHarness(t)
+	// counter-b's source was pulled for the swap (as the artifact
+	// resolver reports an OCI source's pull to the coordinator).
+	pullStart := time.Now().Add(-3 * time.Second).Truncate(time.Millisecond)
+	pullEnd := pullStart.Add(1200 * time.Millisecond)
+	h := newHarness(t, func(c *hotswap.Config, _ *Config) {
+		c.Pulled = func(plan verifier.LaunchPlan) (hotswap.PullTiming, bool) {
+			if plan.ImplementationID() != "counter-b" {
+				return hotswap.PullTiming{}, false
+			}
+			return hotswap.PullTiming{Digest: "sha256:" + strings.Repeat("b", 64), Start: pullStart, End: pullEnd}, true
+		}
+	})
 	a, _ := h.counterActivation("default", "stack")
 	d, _ := h.coord.Dispatcher("default", "stack", module)
 	caller := callerContext(0x10)
@@ -219,14 +231,22 @@ func TestAHotSwapUnderACallerLoopIsOneTraceWithEveryPhaseInOrderAndTheCallsThatW
 	})
 	rcv.WaitFor(t, "every phase of the hot swap", func(spans []otlptest.Span) bool {
 		root, phases = transactionTrace(t, spans, "hot_swap", next.GenerationName)
-		return len(phases) >= 10
+		return len(phases) >= 11
 	})
 	spans = rcv.Spans()
 	root, phases = transactionTrace(t, spans, "hot_swap", next.GenerationName)
-	want := []string{"verify", "shadow_load", "quiesce", "snapshot", "migrate", "restore", "readiness", "atomic_switch", "drain", "committed"}
+	want := []string{"pull", "verify", "shadow_load", "quiesce", "snapshot", "migrate", "restore", "readiness", "atomic_switch", "drain", "committed"}
 	if got := names(phases); !slices.Equal(got, want) {
 		t.Fatalf("the hot swap's phase spans, in start order, are %v; want %v", got, want)
 	}
+	// The trace opens with the pull of the new source, as it happened.
+	pull := phases[0]
+	if root.StartTimeUnixNano != uint64(pullStart.UnixNano()) || pull.StartTimeUnixNano != uint64(pullStart.UnixNano()) || pull.EndTimeUnixNano != uint64(pullEnd.UnixNano()) ||
+		pull.Attr("iteron.source.digest") != "sha256:"+strings.Repeat("b", 64) {
+		t.Errorf("the pull span runs %d–%d (the transaction from %d) for %q; want the pull's %d–%d and digest",
+			pull.StartTimeUnixNano, pull.EndTimeUnixNano, root.StartTimeUnixNano, pull.Attr("iteron.source.digest"), pullStart.UnixNano(), pullEnd.UnixNano())
+	}
+	phases = phases[1:]
 	for i := 1; i < len(phases); i++ {
 		if phases[i].StartTimeUnixNano < phases[i-1].EndTimeUnixNano {
 			t.Errorf("phase %s starts before phase %s ended", phases[i].Name, phases[i-1].Name)
