@@ -10,19 +10,8 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"iteron.dev/operator/internal/tracing"
+	"iteron.dev/operator/test/otlptest"
 )
-
-// recordNodeSpans turns the node's tracing on (in this process, where the
-// test's gateway runs) with calls sampled only when their caller's context
-// is, and records the spans it ends.
-func recordNodeSpans(t *testing.T) *tracetest.SpanRecorder {
-	t.Helper()
-	rec := tracetest.NewSpanRecorder()
-	sampler := tracing.Sampler(sdktrace.ParentBased(sdktrace.NeverSample()))
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec), sdktrace.WithSampler(sampler), sdktrace.WithIDGenerator(tracing.IDGenerator()))
-	t.Cleanup(tracing.Install(tp, sampler))
-	return rec
-}
 
 func TestInvokeSendsTheCallersTraceContextToTheGateway(t *testing.T) {
 	socket := liveGateway(t, nil)
@@ -46,7 +35,7 @@ func TestInvokeSendsTheCallersTraceContextToTheGateway(t *testing.T) {
 	}
 
 	t.Run("--trace starts a sampled trace, prints its ID, and the node's call span is in it", func(t *testing.T) {
-		rec := recordNodeSpans(t)
+		rec := otlptest.Record(t, sdktrace.ParentBased(sdktrace.NeverSample()))
 		code, _, stderr := runCLI(t, "", append(args, "--trace")...)
 		if code != exitOK {
 			t.Fatalf("exit %d: %s", code, stderr)
@@ -61,7 +50,7 @@ func TestInvokeSendsTheCallersTraceContextToTheGateway(t *testing.T) {
 		}
 	})
 	t.Run("TRACEPARENT is continued as it is, and nothing is printed", func(t *testing.T) {
-		rec := recordNodeSpans(t)
+		rec := otlptest.Record(t, sdktrace.ParentBased(sdktrace.NeverSample()))
 		t.Setenv("TRACEPARENT", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
 		code, _, stderr := runCLI(t, "", args...)
 		if code != exitOK || strings.Contains(stderr, "trace_id") {
@@ -73,7 +62,7 @@ func TestInvokeSendsTheCallersTraceContextToTheGateway(t *testing.T) {
 		}
 	})
 	t.Run("without a context nothing is sent and the node's sampler decides", func(t *testing.T) {
-		rec := recordNodeSpans(t)
+		rec := otlptest.Record(t, sdktrace.ParentBased(sdktrace.NeverSample()))
 		if code, _, stderr := runCLI(t, "", args...); code != exitOK {
 			t.Fatalf("exit %d: %s", code, stderr)
 		}

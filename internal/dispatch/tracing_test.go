@@ -7,11 +7,11 @@ import (
 	"time"
 
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
-	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
 	"iteron.dev/operator/internal/reasons"
 	"iteron.dev/operator/internal/tracing"
+	"iteron.dev/operator/test/otlptest"
 )
 
 // hopBackend relays its runs "through the survivor": it notes the hop's
@@ -30,9 +30,7 @@ func (b hopBackend) Run(ctx context.Context, req RunRequest, observe func(Observ
 // context says, and returns the spans made so far when asked.
 func recordSpans(t *testing.T) func() map[string]sdktrace.ReadOnlySpan {
 	t.Helper()
-	rec := tracetest.NewSpanRecorder()
-	s := tracing.Sampler(sdktrace.ParentBased(sdktrace.NeverSample()))
-	t.Cleanup(tracing.Install(sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec), sdktrace.WithSampler(s), sdktrace.WithIDGenerator(tracing.IDGenerator())), s))
+	rec := otlptest.Record(t, sdktrace.ParentBased(sdktrace.NeverSample()))
 	return func() map[string]sdktrace.ReadOnlySpan {
 		tracing.Flush()
 		out := map[string]sdktrace.ReadOnlySpan{}

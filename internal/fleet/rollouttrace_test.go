@@ -10,7 +10,6 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
-	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -18,18 +17,8 @@ import (
 
 	iteronv1 "iteron.dev/operator/api/v1alpha1"
 	"iteron.dev/operator/internal/tracing"
+	"iteron.dev/operator/test/otlptest"
 )
-
-// recordSpans turns tracing on for the test with the manager's sampler
-// (calls never sampled: what is recorded is what a rollout always is).
-func recordSpans(t *testing.T) *tracetest.SpanRecorder {
-	t.Helper()
-	sr := tracetest.NewSpanRecorder()
-	sampler := tracing.Sampler(sdktrace.ParentBased(sdktrace.NeverSample()))
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(sr), sdktrace.WithSampler(sampler), sdktrace.WithIDGenerator(tracing.IDGenerator()))
-	t.Cleanup(tracing.Install(tp, sampler))
-	return sr
-}
 
 // reconcile is one reconcile as the controller makes it: Compute, the
 // trace's view of it, the stamps' traceparents, and the writes (the
@@ -132,7 +121,7 @@ func stampsOf(p Plan, into map[string]string) {
 // last node's end, not at the soak's) once the next one starts, the rest
 // when the rollout completed.
 func TestARolloutIsATraceOfItsWavesWithASpanPerNodeStamped(t *testing.T) {
-	sr := recordSpans(t)
+	sr := otlptest.Record(t, sdktrace.ParentBased(sdktrace.NeverSample()))
 	w := newWorld(5, canary(1, 30)).allOn("v1")
 	w.set.Status.CurrentRevision = w.revs["v1"].Name
 	traces := &RolloutTraces{}
@@ -201,7 +190,7 @@ func TestARolloutIsATraceOfItsWavesWithASpanPerNodeStamped(t *testing.T) {
 // maxUnavailable 1 moves one node, then the other once the first is Ready;
 // both are below one span "wave 1", which ends with the second.
 func TestAWaveMovedInBatchesIsOneSpan(t *testing.T) {
-	sr := recordSpans(t)
+	sr := otlptest.Record(t, sdktrace.ParentBased(sdktrace.NeverSample()))
 	w := newWorld(3, iteronv1.RolloutStrategy{MaxUnavailable: ptr.To(intstr.FromInt32(1)),
 		Steps: []iteronv1.RolloutStep{waveStep(func(s *iteronv1.WaveStep) { s.Nodes = ptr.To[int32](2) })}}).allOn("v1")
 	w.set.Status.CurrentRevision = w.revs["v1"].Name
@@ -224,7 +213,7 @@ func TestAWaveMovedInBatchesIsOneSpan(t *testing.T) {
 // goes Stalled; its span fails with the condition's reason and the
 // rollout's with the halt's cause.
 func TestANodeThatStallsFailsItsSpanAndTheHaltFailsTheRollout(t *testing.T) {
-	sr := recordSpans(t)
+	sr := otlptest.Record(t, sdktrace.ParentBased(sdktrace.NeverSample()))
 	w := newWorld(3, canary(1, 0)).allOn("v1")
 	w.set.Status.CurrentRevision = w.revs["v1"].Name
 	traces := &RolloutTraces{}
@@ -251,7 +240,7 @@ func TestANodeThatStallsFailsItsSpanAndTheHaltFailsTheRollout(t *testing.T) {
 // while the canary of v2 is not Ready; the canary moves to v3 in a trace of
 // v3's, and v2's trace ends, its node superseded.
 func TestANewerTemplateSupersedesTheRolloutUnderWay(t *testing.T) {
-	sr := recordSpans(t)
+	sr := otlptest.Record(t, sdktrace.ParentBased(sdktrace.NeverSample()))
 	w := newWorld(3, canary(1, 0)).allOn("v1")
 	w.set.Status.CurrentRevision = w.revs["v1"].Name
 	traces := &RolloutTraces{}
@@ -288,7 +277,7 @@ func TestANewerTemplateSupersedesTheRolloutUnderWay(t *testing.T) {
 // is decided again from the newer copy; it carries the same traceparent
 // and the node has one span.
 func TestAStampDecidedAgainKeepsItsNodesSpan(t *testing.T) {
-	sr := recordSpans(t)
+	sr := otlptest.Record(t, sdktrace.ParentBased(sdktrace.NeverSample()))
 	w := newWorld(3, canary(1, 0)).allOn("v1")
 	w.set.Status.CurrentRevision = w.revs["v1"].Name
 	traces := &RolloutTraces{}

@@ -24,36 +24,6 @@ import (
 	"iteron.dev/operator/test/otlptest"
 )
 
-// traceToReceiver turns tracing on as a node's environment would, exporting
-// over OTLP/gRPC to a real receiver: calls are traced only when their
-// caller's context is sampled (parentbased_always_off), transactions always.
-// Tracing goes off again when the test ends.
-func traceToReceiver(t *testing.T) *otlptest.Receiver {
-	t.Helper()
-	rcv := otlptest.Start(t)
-	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://"+rcv.Endpoint())
-	t.Setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
-	t.Setenv("OTEL_EXPORTER_OTLP_INSECURE", "true")
-	t.Setenv("OTEL_TRACES_SAMPLER", "parentbased_always_off")
-	t.Setenv("OTEL_SERVICE_NAME", "iteron-manager-test")
-	t.Setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
-	shutdown, err := tracing.FromEnvironment(context.Background(), "iteron-manager")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !tracing.Enabled() {
-		t.Fatal("tracing is off with OTEL_EXPORTER_OTLP_ENDPOINT set")
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := shutdown(ctx); err != nil {
-			t.Errorf("tracing shutdown: %v", err)
-		}
-	})
-	return rcv
-}
-
 // callerContext is a caller's sampled W3C span context, as an instrumented
 // client would send it.
 func callerContext(seed byte) trace.SpanContext {
@@ -143,7 +113,8 @@ func checkAgainstLedger(t *testing.T, stateDir, uid, txnID string, phases []otlp
 }
 
 func TestAHotSwapUnderACallerLoopIsOneTraceWithEveryPhaseInOrderAndTheCallsThatWaitedLinkToIt(t *testing.T) {
-	rcv := traceToReceiver(t)
+	t.Setenv("OTEL_SERVICE_NAME", "iteron-manager-test")
+	rcv := otlptest.TraceTo(t, "iteron-manager")
 	// counter-b's source was pulled for the swap (as the artifact
 	// resolver reports an OCI source's pull to the coordinator).
 	pullStart := time.Now().Add(-3 * time.Second).Truncate(time.Millisecond)
@@ -305,7 +276,7 @@ func TestAHotSwapUnderACallerLoopIsOneTraceWithEveryPhaseInOrderAndTheCallsThatW
 }
 
 func TestAFailedSwapsTraceNamesTheFailingPhaseAndReasonAndItsLogLinesCarryTheTrace(t *testing.T) {
-	rcv := traceToReceiver(t)
+	rcv := otlptest.TraceTo(t, "iteron-manager")
 	var logMu sync.Mutex
 	var lines []string
 	h := newHarness(t, func(c *hotswap.Config, _ *Config) {
@@ -372,7 +343,7 @@ func TestAFailedSwapsTraceNamesTheFailingPhaseAndReasonAndItsLogLinesCarryTheTra
 }
 
 func TestAPackageRuntimesCallCarriesTheRunsTraceContextOnToTheRuntime(t *testing.T) {
-	rcv := traceToReceiver(t)
+	rcv := otlptest.TraceTo(t, "iteron-manager")
 	h := newHarness(t, withPackageRuntimes(t))
 	a := newActivation("default", "stack")
 	target := h.deployPlan(a, seedPlan(t, module), hotswap.SwapPolicy{})

@@ -125,14 +125,6 @@ func (t *txnTrace) end(outcome ledger.Outcome, last ledger.Appended) {
 	t.root.End()
 }
 
-// spanContext is the root span's context (invalid when off).
-func (t *txnTrace) spanContext() trace.SpanContext {
-	if t == nil {
-		return trace.SpanContext{}
-	}
-	return t.root.SpanContext()
-}
-
 // logValues are the trace's key-values for a log line of the transaction.
 func (t *txnTrace) logValues() []any {
 	if t == nil {

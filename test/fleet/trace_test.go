@@ -9,7 +9,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"k8s.io/apimachinery/pkg/labels"
 	toolscache "k8s.io/client-go/tools/cache"
@@ -59,7 +58,7 @@ func TestATracedRolloutIsATraceOfItsWavesAndEachStampNamesItsNodesSpan(t *testin
 	for _, p := range fleetProcs() {
 		p.Stop()
 	}
-	rcv := traceFleetToReceiver(t)
+	rcv := otlptest.TraceTo(t, "iteron-fleet")
 	writes := runTracedFleet(t)
 	key := client.ObjectKey{Namespace: ns, Name: "traced"}
 	h := watchStamps(t, key)
@@ -128,34 +127,6 @@ func TestATracedRolloutIsATraceOfItsWavesAndEachStampNamesItsNodesSpan(t *testin
 	deployment := checkRolloutTrace(t, spans, key, first.Status.UpdateRevision, pool, h.firstTraceparents())
 	t.Logf("trace %s: the first deployment (revision %s); trace %s: the rollout of revision %s; every activation's iteron.dev/traceparent names its node's span",
 		deployment.TraceID(), first.Status.UpdateRevision, rollout.TraceID(), done.Status.UpdateRevision)
-}
-
-// traceFleetToReceiver turns tracing on in this process as the OTEL_*
-// variables of a fleet controller exporting to a receiver would: only
-// rollouts are sampled (calls never are), batches go out every 50 ms.
-func traceFleetToReceiver(t *testing.T) *otlptest.Receiver {
-	t.Helper()
-	rcv := otlptest.Start(t)
-	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://"+rcv.Endpoint())
-	t.Setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
-	t.Setenv("OTEL_EXPORTER_OTLP_INSECURE", "true")
-	t.Setenv("OTEL_TRACES_SAMPLER", "parentbased_always_off")
-	t.Setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
-	shutdown, err := tracing.FromEnvironment(context.Background(), "iteron-fleet")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !tracing.Enabled() {
-		t.Fatal("tracing is off with OTEL_EXPORTER_OTLP_ENDPOINT set")
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := shutdown(ctx); err != nil {
-			t.Errorf("tracing shutdown: %v", err)
-		}
-	})
-	return rcv
 }
 
 // activationWrites counts the fleet controller's requests that change an
